@@ -1,0 +1,33 @@
+# nexjob-aws. `make help` lists the targets.
+# Everything runs against the default emulator (moto, pinned, installed into
+# .cache/venv and started on 127.0.0.1 by localstack/with-emulator.sh) unless
+# AWS_ENDPOINT_URL is set (LocalStack) or NEXJOB_REAL_AWS=1.
+
+SHELL := /bin/bash
+GO ?= go
+EMU := ./localstack/with-emulator.sh
+FUZZTIME ?= 5s
+
+.PHONY: help run test test-go bench lint vet emulator bootstrap clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+run: ## the demo: start the emulator, provision, run the worker, enqueue the seed's jobs, print the tables
+	$(EMU) $(GO) run ./cmd/nexjob demo
+
+test: vet ## every test against the default emulator (started and stopped here)
+	$(EMU) $(GO) test -count=1 -timeout 20m ./...
+
+bench: ## benchmarks against the default emulator
+	$(EMU) $(GO) test -run '^$$' -bench . -benchtime 200x ./...
+
+vet: ## gofmt check and go vet
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
+	$(GO) vet ./...
+
+emulator: ## run the default emulator in the foreground (prints its endpoint)
+	$(EMU) bash -c 'echo "export AWS_ENDPOINT_URL=$$AWS_ENDPOINT_URL"; sleep infinity'
+
+clean: ## remove the emulator's virtualenv and build output
+	rm -rf .cache build

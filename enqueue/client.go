@@ -1,0 +1,293 @@
+package enqueue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// JobArgs is a job's input. The type names its kind: one kind, one worker.
+// Args are encoded as JSON into the ledger.
+type JobArgs interface {
+	Kind() string
+}
+
+// The DuplicatePolicy values, re-exported from ledger for callers.
+type DuplicatePolicy = ledger.DuplicatePolicy
+
+const (
+	AllowAfterFailed = ledger.AllowAfterFailed
+	RejectIfFailed   = ledger.RejectIfFailed
+	RejectAlways     = ledger.RejectAlways
+)
+
+// SQS is the part of *sqs.Client the producer uses.
+type SQS interface {
+	SendMessage(context.Context, *sqs.SendMessageInput, ...func(*sqs.Options)) (*sqs.SendMessageOutput, error)
+}
+
+// Defaults.
+const (
+	// DefaultMaxAttempts is NexJob's default attempt budget.
+	DefaultMaxAttempts = 10
+	// DefaultScheduleTolerance is how far in the past a RunAt may be and
+	// still run at once rather than be refused (clock skew, slow callers).
+	DefaultScheduleTolerance = time.Minute
+	// MaxSQSDelay is SQS's limit on DelaySeconds. Longer schedules are
+	// carried forward by the worker in hops of at most this.
+	MaxSQSDelay = 900 * time.Second
+)
+
+// ClientOptions tune a Client. The zero value is ready to use.
+type ClientOptions struct {
+	// DynamoDB replaces the client built from the aws.Config (tests wrap
+	// the real one to inject faults). Defaults to dynamodb.NewFromConfig.
+	DynamoDB ledger.DynamoDB
+	// SQS replaces the client built from the aws.Config. Defaults to
+	// sqs.NewFromConfig.
+	SQS SQS
+	// Ledger passes options to the ledger (clock, key secret).
+	Ledger ledger.Options
+	// Logger receives one line per enqueue: job id, kind, outcome. Never
+	// the key or the args. Defaults to slog.Default().
+	Logger *slog.Logger
+	// ScheduleTolerance: see DefaultScheduleTolerance.
+	ScheduleTolerance time.Duration
+}
+
+// Client enqueues jobs: one conditional DynamoDB write, then one SQS send.
+type Client struct {
+	cfg       aws.Config
+	store     *ledger.Store
+	sqs       SQS
+	queueURL  string
+	log       *slog.Logger
+	tolerance time.Duration
+}
+
+// New returns a Client for the ledger table and the job queue. It does no
+// I/O; call Ping to check at start that both exist.
+func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, error) {
+	var o ClientOptions
+	if opts != nil {
+		o = *opts
+	}
+	if queueURL == "" {
+		return nil, errors.New("nexjob: enqueue needs the job queue URL")
+	}
+	if o.DynamoDB == nil {
+		o.DynamoDB = dynamodb.NewFromConfig(cfg)
+	}
+	if o.SQS == nil {
+		o.SQS = sqs.NewFromConfig(cfg)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.ScheduleTolerance <= 0 {
+		o.ScheduleTolerance = DefaultScheduleTolerance
+	}
+	store, err := ledger.New(o.DynamoDB, table, &o.Ledger)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance}, nil
+}
+
+// Store returns the ledger the client writes to.
+func (c *Client) Store() *ledger.Store { return c.store }
+
+// Opts are the per-job options of Enqueue. A nil *Opts means all defaults.
+type Opts struct {
+	// IdempotencyKey deduplicates enqueues of the same logical operation.
+	// Empty means no key: every call creates a job. A key of only white
+	// space, longer than ledger.MaxKeyLen bytes or not UTF-8 is refused.
+	IdempotencyKey string
+	// DuplicatePolicy decides what a key held by a terminal job does.
+	// Defaults to AllowAfterFailed.
+	DuplicatePolicy DuplicatePolicy
+	// Delay schedules the job this far ahead. Defaults to 0 (run now).
+	Delay time.Duration
+	// RunAt schedules the job at this time; exclusive with Delay. A time
+	// in the past within ScheduleTolerance means now; further back is
+	// refused. Defaults to now.
+	RunAt time.Time
+	// Deadline: a job not started by then becomes Expired and never runs.
+	// Must be after the run time. Defaults to none.
+	Deadline time.Time
+	// MaxAttempts is the attempt budget. Defaults to DefaultMaxAttempts.
+	MaxAttempts int
+}
+
+// Result is the outcome of an accepted enqueue.
+type Result struct {
+	ID        string       // the job's id: the new job's, or the existing one's
+	State     ledger.State // the job's state as this call saw it
+	Duplicate bool         // true: an active job already held the key; nothing was written or sent
+}
+
+// Enqueue records a job and sends it to SQS.
+//
+// With an idempotency key, an active job holding the key is returned as a
+// duplicate (Result.Duplicate); a terminal one is replaced by a new job or,
+// if the policy says so, refused with a *DuplicateJobError. Bad input gives
+// an *InputError and writes nothing. If the ledger write succeeds and the
+// send fails, the error is a *DispatchError naming the recorded job.
+func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result, error) {
+	var o Opts
+	if opts != nil {
+		o = *opts
+	}
+	rec, err := c.newRecord(args, &o)
+	if err != nil {
+		return Result{}, err
+	}
+	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy)
+	if err != nil {
+		if errors.Is(err, ledger.ErrItemTooLarge) {
+			return Result{}, &InputError{Field: "args", Reason: "too large for a job record", Err: err}
+		}
+		return Result{}, c.missing(err)
+	}
+	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
+	if !created {
+		c.log.InfoContext(ctx, "nexjob: enqueue deduplicated", "job_id", got.ID, "kind", got.Kind, "state", got.State)
+		return res, nil
+	}
+	if err := c.Dispatch(ctx, got); err != nil {
+		return res, &DispatchError{JobID: got.ID, Err: c.missing(err)}
+	}
+	c.log.InfoContext(ctx, "nexjob: enqueued", "job_id", got.ID, "kind", got.Kind, "state", got.State)
+	return res, nil
+}
+
+// newRecord validates the input and builds the record to insert.
+func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
+	if args == nil || isNilPointer(args) {
+		return ledger.Record{}, invalid("args", "nil")
+	}
+	kind := args.Kind()
+	if kind == "" || len(kind) > 128 {
+		return ledger.Record{}, invalid("args", "Kind() must be 1 to 128 bytes")
+	}
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return ledger.Record{}, &InputError{Field: "args", Reason: "cannot be encoded as JSON", Err: err}
+	}
+	if string(raw) == "null" {
+		return ledger.Record{}, invalid("args", "nil")
+	}
+	if len(raw) > ledger.MaxArgsBytes {
+		return ledger.Record{}, invalid("args", fmt.Sprintf("%d bytes encoded, the limit is %d", len(raw), ledger.MaxArgsBytes))
+	}
+	if err := checkKey(o.IdempotencyKey); err != nil {
+		return ledger.Record{}, err
+	}
+	if !o.DuplicatePolicy.Valid() {
+		return ledger.Record{}, invalid("DuplicatePolicy", fmt.Sprintf("unknown value %d", int(o.DuplicatePolicy)))
+	}
+	switch {
+	case o.MaxAttempts < 0:
+		return ledger.Record{}, invalid("MaxAttempts", "negative")
+	case o.MaxAttempts == 0:
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	now := c.store.Now()
+	runAt, err := c.runAt(now, o)
+	if err != nil {
+		return ledger.Record{}, err
+	}
+	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts}
+	if runAt.After(now) {
+		rec.State, rec.RunAt = ledger.Scheduled, runAt.UnixMilli()
+	}
+	if !o.Deadline.IsZero() {
+		if !o.Deadline.After(maxTime(runAt, now)) {
+			return ledger.Record{}, invalid("Deadline", "must be after the run time")
+		}
+		rec.Deadline = o.Deadline.UnixMilli()
+	}
+	return rec, nil
+}
+
+func (c *Client) runAt(now time.Time, o *Opts) (time.Time, error) {
+	switch {
+	case o.Delay < 0:
+		return time.Time{}, invalid("Delay", "negative")
+	case o.Delay > 0 && !o.RunAt.IsZero():
+		return time.Time{}, invalid("RunAt", "set together with Delay")
+	case o.Delay > 0:
+		return now.Add(o.Delay), nil
+	case o.RunAt.IsZero():
+		return now, nil
+	case o.RunAt.Before(now.Add(-c.tolerance)):
+		return time.Time{}, invalid("RunAt", fmt.Sprintf("%s is in the past beyond the %s tolerance", o.RunAt.UTC().Format(time.RFC3339), c.tolerance))
+	}
+	return o.RunAt, nil
+}
+
+func checkKey(key string) error {
+	switch {
+	case key == "":
+		return nil
+	case strings.TrimSpace(key) == "":
+		return invalid("IdempotencyKey", "empty (only white space)")
+	case len(key) > ledger.MaxKeyLen:
+		return invalid("IdempotencyKey", fmt.Sprintf("%d bytes, the limit is %d", len(key), ledger.MaxKeyLen))
+	case !utf8.ValidString(key):
+		return invalid("IdempotencyKey", "not valid UTF-8")
+	}
+	return nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// Dispatch sends the job's SQS message. A job scheduled more than
+// MaxSQSDelay ahead is sent with the longest delay and carried forward by
+// the worker until due. Dispatching a job twice is harmless: the worker's
+// claim is conditional.
+func (c *Client) Dispatch(ctx context.Context, rec ledger.Record) error {
+	msg := Message{V: 1, ID: rec.ID, Kind: rec.Kind}
+	var delay time.Duration
+	if rec.State == ledger.Scheduled && rec.RunAt != 0 {
+		msg.RunAt = rec.RunAt
+		delay = ledger.Millis(rec.RunAt).Sub(c.store.Now())
+	}
+	return c.send(ctx, msg, delay)
+}
+
+func (c *Client) send(ctx context.Context, msg Message, delay time.Duration) error {
+	secs := int32((delay + time.Second - 1) / time.Second)
+	secs = max(0, min(secs, int32(MaxSQSDelay/time.Second)))
+	_, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
+		QueueUrl:     aws.String(c.queueURL),
+		MessageBody:  aws.String(msg.encode()),
+		DelaySeconds: secs,
+	})
+	if err != nil {
+		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
+	}
+	return nil
+}
+
+func isNilPointer(v any) bool {
+	r := reflect.ValueOf(v)
+	return r.Kind() == reflect.Pointer && r.IsNil()
+}

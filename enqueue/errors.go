@@ -1,0 +1,63 @@
+package enqueue
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// DuplicateJobError is returned when the DuplicatePolicy rejects an enqueue
+// because a job with the same key is in a terminal state. It carries the
+// existing job's id and state, the policy and the key. Nothing was written.
+type DuplicateJobError = ledger.DuplicateJobError
+
+// ErrInvalidInput matches every *InputError with errors.Is.
+var ErrInvalidInput = errors.New("nexjob: invalid input")
+
+// InputError reports bad input to Enqueue. Nothing was written to DynamoDB
+// and nothing was sent to SQS.
+type InputError struct {
+	Field  string // the option or argument at fault, e.g. "IdempotencyKey"
+	Reason string
+	Err    error // the underlying cause, if any
+}
+
+func (e *InputError) Error() string {
+	return fmt.Sprintf("nexjob: invalid %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidInput) true.
+func (e *InputError) Is(target error) bool { return target == ErrInvalidInput }
+
+// Unwrap returns the underlying cause.
+func (e *InputError) Unwrap() error { return e.Err }
+
+func invalid(field, reason string) error { return &InputError{Field: field, Reason: reason} }
+
+// DispatchError reports that the job was written to the ledger but its SQS
+// message was not sent. The job exists (JobID) and is not lost: see the
+// package documentation for how it is recovered.
+type DispatchError struct {
+	JobID string
+	Err   error
+}
+
+func (e *DispatchError) Error() string {
+	return fmt.Sprintf("nexjob: job %s recorded but not sent to SQS: %v", e.JobID, e.Err)
+}
+
+func (e *DispatchError) Unwrap() error { return e.Err }
+
+// MissingResourceError reports that the ledger table or the job queue does
+// not exist (or is not visible with these credentials and region).
+type MissingResourceError struct {
+	Resource string // table name or queue URL
+	Err      error
+}
+
+func (e *MissingResourceError) Error() string {
+	return fmt.Sprintf("nexjob: %s does not exist: %v", e.Resource, e.Err)
+}
+
+func (e *MissingResourceError) Unwrap() error { return e.Err }

@@ -1,0 +1,85 @@
+// Package provision creates the ledger table and the job queues through the
+// SDK, from the one schema that ledger and enqueue export. It serves local
+// emulators and tests; on AWS the CDK construct in infra/ creates the same
+// resources.
+//
+// Every function is idempotent: resources that exist are left as they are.
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	ddbtypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// Table creates the ledger table with TTL on, and waits until it is active.
+func Table(ctx context.Context, db *dynamodb.Client, name string) error {
+	_, err := db.CreateTable(ctx, ledger.CreateTableInput(name))
+	var inUse *ddbtypes.ResourceInUseException
+	if err != nil && !errors.As(err, &inUse) {
+		return fmt.Errorf("provision: create table %s: %w", name, err)
+	}
+	w := dynamodb.NewTableExistsWaiter(db, func(o *dynamodb.TableExistsWaiterOptions) { o.MinDelay = 100 * time.Millisecond })
+	if err := w.Wait(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(name)}, time.Minute); err != nil {
+		return fmt.Errorf("provision: wait for table %s: %w", name, err)
+	}
+	if _, err := db.UpdateTimeToLive(ctx, ledger.UpdateTimeToLiveInput(name)); err != nil {
+		return fmt.Errorf("provision: enable TTL on %s: %w", name, err)
+	}
+	return nil
+}
+
+// QueueSpec describes the job queue and its dead-letter queue.
+type QueueSpec struct {
+	Name              string        // the job queue; the DLQ is Name+"-dlq"
+	VisibilityTimeout time.Duration // defaults to 30 s
+	MaxReceiveCount   int           // receives before the DLQ; defaults to 5
+}
+
+// Queues creates the DLQ and the job queue redriving to it, and returns
+// both URLs.
+func Queues(ctx context.Context, q *sqs.Client, spec QueueSpec) (queueURL, dlqURL string, err error) {
+	if spec.VisibilityTimeout == 0 {
+		spec.VisibilityTimeout = 30 * time.Second
+	}
+	if spec.MaxReceiveCount == 0 {
+		spec.MaxReceiveCount = 5
+	}
+	dlq, err := q.CreateQueue(ctx, &sqs.CreateQueueInput{
+		QueueName:  aws.String(spec.Name + "-dlq"),
+		Attributes: map[string]string{"MessageRetentionPeriod": "1209600", "SqsManagedSseEnabled": "true"},
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("provision: create DLQ: %w", err)
+	}
+	attrs, err := q.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl: dlq.QueueUrl, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn},
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("provision: DLQ ARN: %w", err)
+	}
+	redrive := fmt.Sprintf(`{"deadLetterTargetArn":%q,"maxReceiveCount":"%d"}`,
+		attrs.Attributes[string(sqstypes.QueueAttributeNameQueueArn)], spec.MaxReceiveCount)
+	main, err := q.CreateQueue(ctx, &sqs.CreateQueueInput{
+		QueueName: aws.String(spec.Name),
+		Attributes: map[string]string{
+			"VisibilityTimeout":    strconv.Itoa(int(spec.VisibilityTimeout / time.Second)),
+			"RedrivePolicy":        redrive,
+			"SqsManagedSseEnabled": "true",
+		},
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("provision: create queue: %w", err)
+	}
+	return aws.ToString(main.QueueUrl), aws.ToString(dlq.QueueUrl), nil
+}

@@ -1,0 +1,36 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrNotFound: no job has this id, or its record is past its retention.
+	ErrNotFound = errors.New("nexjob: job not found")
+	// ErrBadID: the string cannot be a job id; nothing was read.
+	ErrBadID = errors.New("nexjob: malformed job id")
+	// ErrItemTooLarge: the record would exceed DynamoDB's 400 KB item limit.
+	ErrItemTooLarge = errors.New("nexjob: job record over DynamoDB's item size limit")
+	// ErrContention: a write lost its condition to concurrent writers more
+	// times than it retries. Nothing of this call was written; retry it.
+	ErrContention = errors.New("nexjob: too much contention on the idempotency key")
+)
+
+// DuplicateJobError is returned when the DuplicatePolicy rejects an enqueue
+// because a job with the same idempotency key is in a terminal state.
+// Nothing was written. Match it with errors.As.
+//
+// Its message never contains the key itself (keys may hold personal data);
+// the Key field is for the caller's own use.
+type DuplicateJobError struct {
+	ExistingJobID string          // the job that holds the key
+	Policy        DuplicatePolicy // the policy that rejected the enqueue
+	ExistingState State           // the existing job's terminal state
+	Key           string          // the idempotency key as the caller gave it
+	KeyHash       string          // the key's stored hash
+}
+
+func (e *DuplicateJobError) Error() string {
+	return fmt.Sprintf("nexjob: duplicate job rejected by %s: job %s is %s", e.Policy, e.ExistingJobID, e.ExistingState)
+}

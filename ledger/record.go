@@ -1,0 +1,136 @@
+package ledger
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base32"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Record is one job as the ledger keeps it. Times are Unix milliseconds
+// (ExpiresAt, the TTL attribute, is Unix seconds as DynamoDB requires); zero
+// means unset.
+type Record struct {
+	PK          string `dynamodbav:"pk"`
+	ID          string `dynamodbav:"id"`
+	Kind        string `dynamodbav:"kind"`
+	Args        string `dynamodbav:"args"`
+	State       State  `dynamodbav:"state"`
+	Attempt     int    `dynamodbav:"attempt"`
+	MaxAttempts int    `dynamodbav:"maxAttempts"`
+	KeyHash     string `dynamodbav:"keyHash,omitempty"`
+	Policy      string `dynamodbav:"policy,omitempty"`
+	CreatedAt   int64  `dynamodbav:"createdAt"`
+	UpdatedAt   int64  `dynamodbav:"updatedAt"`
+	RunAt       int64  `dynamodbav:"runAt,omitempty"`
+	Deadline    int64  `dynamodbav:"deadline,omitempty"`
+	LeaseUntil  int64  `dynamodbav:"leaseUntil,omitempty"`
+	Token       int64  `dynamodbav:"token,omitempty"`
+	LastError   string `dynamodbav:"lastError,omitempty"`
+	ExpiresAt   int64  `dynamodbav:"expiresAt,omitempty"`
+	ParentID    string `dynamodbav:"parentId,omitempty"`
+}
+
+// Keyed reports whether the job was enqueued with an idempotency key.
+func (r *Record) Keyed() bool { return r.KeyHash != "" }
+
+// ExpiredAt reports whether the record is past its retention at now: such a
+// record counts as gone in every read and condition, although DynamoDB
+// deletes it later (up to days) and emulators never do.
+func (r *Record) ExpiredAt(now time.Time) bool {
+	return r.ExpiresAt != 0 && r.ExpiresAt <= now.Unix()
+}
+
+// Millis converts a record time to a time.Time; zero stays zero.
+func Millis(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// MaxKeyLen bounds idempotency keys before hashing. Keys are hashed, so the
+// stored size does not depend on it; the bound catches keys that are
+// clearly not keys (a whole payload passed by mistake).
+const MaxKeyLen = 1024
+
+var b32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// hashKey returns the 128-bit hash of an idempotency key, base32 encoded
+// (26 characters). With a secret it is an HMAC, so that low-entropy keys
+// such as "welcome-<user id>" cannot be confirmed by hashing guesses.
+func hashKey(secret []byte, key string) string {
+	var sum []byte
+	if len(secret) > 0 {
+		m := hmac.New(sha256.New, secret)
+		m.Write([]byte(key))
+		sum = m.Sum(nil)
+	} else {
+		s := sha256.Sum256([]byte(key))
+		sum = s[:]
+	}
+	return b32.EncodeToString(sum[:16])
+}
+
+const (
+	keyPrefix = "k#"
+	jobPrefix = "j#"
+	idSep     = "."
+)
+
+// newID returns a fresh job id. A keyed job's id carries its key hash so
+// that the job can be found from its id alone, without an index: the
+// record that *is* the key lives under "k#<hash>".
+func newID(keyHash string) string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("ledger: crypto/rand failed: %v", err))
+	}
+	id := b32.EncodeToString(b[:])
+	if keyHash != "" {
+		id += idSep + keyHash
+	}
+	return id
+}
+
+// locate returns the partition keys where the job with this id may live:
+// the key record first for keyed jobs, then the job's own record (where an
+// unkeyed job lives and where a keyed one is archived when its key is
+// re-used).
+func locate(id string) (keyPK, jobPK string, err error) {
+	if !validID(id) {
+		return "", "", fmt.Errorf("%w: %q", ErrBadID, truncate(id, 80))
+	}
+	if i := strings.Index(id, idSep); i >= 0 {
+		keyPK = keyPrefix + id[i+1:]
+	}
+	return keyPK, jobPrefix + id, nil
+}
+
+func validID(id string) bool {
+	parts := strings.Split(id, idSep)
+	if len(parts) > 2 {
+		return false
+	}
+	for _, p := range parts {
+		if len(p) != 26 {
+			return false
+		}
+		for _, c := range p {
+			if !(c >= 'a' && c <= 'z' || c >= '2' && c <= '7') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,61 @@
+package ledger
+
+import (
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Attribute names of a job item. They are the one schema that the ledger,
+// local provisioning and the CDK construct in infra/ share.
+const (
+	AttrPK          = "pk"          // partition key: "k#<key hash>" or "j#<job id>"
+	AttrID          = "id"          // job id
+	AttrKind        = "kind"        // job kind, from the args type
+	AttrArgs        = "args"        // JSON-encoded args
+	AttrState       = "state"       // one of the seven States
+	AttrAttempt     = "attempt"     // attempts started so far
+	AttrMaxAttempts = "maxAttempts" // attempt budget
+	AttrKeyHash     = "keyHash"     // hashed idempotency key; absent when unkeyed
+	AttrPolicy      = "policy"      // DuplicatePolicy name, for the record
+	AttrCreatedAt   = "createdAt"   // Unix milliseconds
+	AttrUpdatedAt   = "updatedAt"   // Unix milliseconds
+	AttrRunAt       = "runAt"       // Unix milliseconds; when a Scheduled job is due
+	AttrDeadline    = "deadline"    // Unix milliseconds; not started by then: Expired
+	AttrLeaseUntil  = "leaseUntil"  // Unix milliseconds; a Processing run's lease
+	AttrToken       = "token"       // fencing token, incremented by every claim
+	AttrLastError   = "lastError"   // last failure, for people
+	AttrExpiresAt   = "expiresAt"   // TTL attribute, Unix seconds; set on terminal writes
+	AttrParentID    = "parentId"    // continuation parent
+)
+
+// TTLAttribute is the attribute DynamoDB's time to live must be enabled on.
+const TTLAttribute = AttrExpiresAt
+
+// CreateTableInput describes the ledger table: on-demand, one string
+// partition key. infra/ builds the same table with CDK from these names;
+// local provisioning creates it from this value.
+func CreateTableInput(table string) *dynamodb.CreateTableInput {
+	return &dynamodb.CreateTableInput{
+		TableName:   aws.String(table),
+		BillingMode: types.BillingModePayPerRequest,
+		AttributeDefinitions: []types.AttributeDefinition{
+			{AttributeName: aws.String(AttrPK), AttributeType: types.ScalarAttributeTypeS},
+		},
+		KeySchema: []types.KeySchemaElement{
+			{AttributeName: aws.String(AttrPK), KeyType: types.KeyTypeHash},
+		},
+		SSESpecification: &types.SSESpecification{Enabled: aws.Bool(true)},
+	}
+}
+
+// UpdateTimeToLiveInput turns on DynamoDB's TTL on TTLAttribute.
+func UpdateTimeToLiveInput(table string) *dynamodb.UpdateTimeToLiveInput {
+	return &dynamodb.UpdateTimeToLiveInput{
+		TableName: aws.String(table),
+		TimeToLiveSpecification: &types.TimeToLiveSpecification{
+			AttributeName: aws.String(TTLAttribute),
+			Enabled:       aws.Bool(true),
+		},
+	}
+}

@@ -1,0 +1,334 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// DynamoDB is the part of *dynamodb.Client the ledger uses. Tests wrap a
+// real client in it to inject faults.
+type DynamoDB interface {
+	GetItem(context.Context, *dynamodb.GetItemInput, ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
+	PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	DeleteItem(context.Context, *dynamodb.DeleteItemInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
+	TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error)
+	Query(context.Context, *dynamodb.QueryInput, ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
+}
+
+// Options tune a Store. The zero value is ready to use.
+type Options struct {
+	// Now is the clock. Defaults to time.Now; tests inject their own.
+	Now func() time.Time
+	// KeySecret, when set, makes key hashes HMAC-SHA-256 under this secret
+	// instead of plain SHA-256. Set it when keys carry guessable personal
+	// data. Changing it orphans every existing key. Defaults to none.
+	KeySecret []byte
+}
+
+// Store reads and writes job records in one DynamoDB table.
+type Store struct {
+	db     DynamoDB
+	table  string
+	now    func() time.Time
+	secret []byte
+}
+
+// New returns a Store over the named table. It does no I/O; a missing table
+// shows as a *types.ResourceNotFoundException wrapped in the first call's
+// error.
+func New(db DynamoDB, table string, opts *Options) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("nexjob: ledger needs a DynamoDB client")
+	}
+	if table == "" {
+		return nil, errors.New("nexjob: ledger needs a table name")
+	}
+	s := &Store{db: db, table: table, now: time.Now}
+	if opts != nil {
+		if opts.Now != nil {
+			s.now = opts.Now
+		}
+		s.secret = append([]byte(nil), opts.KeySecret...)
+	}
+	return s, nil
+}
+
+// Table returns the table name.
+func (s *Store) Table() string { return s.table }
+
+// Now returns the store's clock reading.
+func (s *Store) Now() time.Time { return s.now() }
+
+// HashKey returns the stored form of an idempotency key.
+func (s *Store) HashKey(key string) string { return hashKey(s.secret, key) }
+
+// maxItemBytes leaves room under DynamoDB's 400 KB for attribute names and
+// the fields around args.
+const maxItemBytes = 400*1024 - 2048
+
+// MaxArgsBytes is the largest encoded args a record can hold.
+const MaxArgsBytes = maxItemBytes
+
+// Insert writes a new job unless the idempotency key says otherwise. rec
+// gives the job's kind, args, state and times; Insert sets its PK, ID,
+// KeyHash, Policy, CreatedAt and UpdatedAt. With an empty key the job is
+// always new.
+//
+// With a key, one conditional PutItem on the key's record decides: it
+// succeeds when the key is free (no record, or one past its retention). When
+// it fails, DynamoDB returns the holder in the same response: an active
+// holder is returned with created=false; a terminal holder that the policy
+// protects gives a *DuplicateJobError; a terminal holder that the policy
+// lets go is archived under its job id and replaced in one transaction (the
+// rare path, and the only one that costs more than one write).
+func (s *Store) Insert(ctx context.Context, rec Record, key string, policy DuplicatePolicy) (Record, bool, error) {
+	if !policy.Valid() {
+		return Record{}, false, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
+	}
+	if len(rec.Args) > MaxArgsBytes {
+		return Record{}, false, fmt.Errorf("%w: args are %d bytes, the limit is %d", ErrItemTooLarge, len(rec.Args), MaxArgsBytes)
+	}
+	now := s.now()
+	rec.CreatedAt, rec.UpdatedAt = now.UnixMilli(), now.UnixMilli()
+	rec.Policy = policy.String()
+	if key == "" {
+		rec.KeyHash = ""
+		rec.ID = newID("")
+		rec.PK = jobPrefix + rec.ID
+		cond := expression.AttributeNotExists(expression.Name(AttrPK))
+		if err := s.put(ctx, rec, cond); err != nil {
+			return Record{}, false, err
+		}
+		return rec, true, nil
+	}
+	rec.KeyHash = s.HashKey(key)
+	rec.ID = newID(rec.KeyHash)
+	rec.PK = keyPrefix + rec.KeyHash
+	const tries = 8
+	for range tries {
+		err := s.put(ctx, rec, keyFree(now))
+		var held *heldError
+		if !errors.As(err, &held) {
+			if err != nil {
+				return Record{}, false, err
+			}
+			return rec, true, nil
+		}
+		old := held.rec
+		switch {
+		case old.State.Active():
+			return old, false, nil
+		case !policy.Allows(old.State):
+			return Record{}, false, &DuplicateJobError{
+				ExistingJobID: old.ID, Policy: policy, ExistingState: old.State, Key: key, KeyHash: rec.KeyHash,
+			}
+		}
+		err = s.replace(ctx, old, rec)
+		if err == nil {
+			return rec, true, nil
+		}
+		if !errors.Is(err, errLostRace) {
+			return Record{}, false, err
+		}
+		// Someone else changed the key's record first: decide again.
+	}
+	return Record{}, false, ErrContention
+}
+
+// keyFree is the condition under which a key's record may be overwritten
+// without a look: it does not exist, or it is past its retention.
+func keyFree(now time.Time) expression.ConditionBuilder {
+	return expression.AttributeNotExists(expression.Name(AttrPK)).
+		Or(expression.Name(AttrExpiresAt).LessThanEqual(expression.Value(now.Unix())))
+}
+
+// heldError carries the record that made a conditional write fail.
+type heldError struct {
+	rec Record
+	err error
+}
+
+func (e *heldError) Error() string { return e.err.Error() }
+func (e *heldError) Unwrap() error { return e.err }
+
+var errLostRace = errors.New("nexjob: lost a conditional write race")
+
+func (s *Store) put(ctx context.Context, rec Record, cond expression.ConditionBuilder) error {
+	item, err := attributevalue.MarshalMap(rec)
+	if err != nil {
+		return fmt.Errorf("nexjob: encode job record: %w", err)
+	}
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return fmt.Errorf("nexjob: build condition: %w", err)
+	}
+	_, err = s.db.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:                           aws.String(s.table),
+		Item:                                item,
+		ConditionExpression:                 expr.Condition(),
+		ExpressionAttributeNames:            expr.Names(),
+		ExpressionAttributeValues:           expr.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	return s.conditionError("put job", err)
+}
+
+// conditionError turns a failed condition into a *heldError carrying the
+// item DynamoDB returned, and wraps any other error.
+func (s *Store) conditionError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		var old Record
+		if len(ccf.Item) == 0 {
+			return &heldError{err: fmt.Errorf("nexjob: %s in %s: %w", op, s.table, err)}
+		}
+		if derr := attributevalue.UnmarshalMap(ccf.Item, &old); derr != nil {
+			return fmt.Errorf("nexjob: decode job record: %w", derr)
+		}
+		return &heldError{rec: old, err: fmt.Errorf("nexjob: %s in %s: %w", op, s.table, err)}
+	}
+	return fmt.Errorf("nexjob: %s in %s: %w", op, s.table, err)
+}
+
+// replace archives old under its own job id and puts rec in its place, in
+// one transaction conditional on old still being what we saw.
+func (s *Store) replace(ctx context.Context, old, rec Record) error {
+	archived := old
+	archived.PK = jobPrefix + old.ID
+	arch, err := attributevalue.MarshalMap(archived)
+	if err != nil {
+		return fmt.Errorf("nexjob: encode job record: %w", err)
+	}
+	item, err := attributevalue.MarshalMap(rec)
+	if err != nil {
+		return fmt.Errorf("nexjob: encode job record: %w", err)
+	}
+	archCond, err := expression.NewBuilder().
+		WithCondition(expression.AttributeNotExists(expression.Name(AttrPK))).Build()
+	if err != nil {
+		return fmt.Errorf("nexjob: build condition: %w", err)
+	}
+	sameCond, err := expression.NewBuilder().WithCondition(
+		expression.Name(AttrID).Equal(expression.Value(old.ID)).
+			And(expression.Name(AttrState).Equal(expression.Value(old.State))).
+			And(expression.Name(AttrUpdatedAt).Equal(expression.Value(old.UpdatedAt))),
+	).Build()
+	if err != nil {
+		return fmt.Errorf("nexjob: build condition: %w", err)
+	}
+	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
+		TransactItems: []types.TransactWriteItem{
+			{Put: &types.Put{
+				TableName: aws.String(s.table), Item: arch,
+				ConditionExpression:      archCond.Condition(),
+				ExpressionAttributeNames: archCond.Names(),
+			}},
+			{Put: &types.Put{
+				TableName: aws.String(s.table), Item: item,
+				ConditionExpression:       sameCond.Condition(),
+				ExpressionAttributeNames:  sameCond.Names(),
+				ExpressionAttributeValues: sameCond.Values(),
+			}},
+		},
+	})
+	var tce *types.TransactionCanceledException
+	if errors.As(err, &tce) {
+		for _, r := range tce.CancellationReasons {
+			if code := aws.ToString(r.Code); code != "" && code != "None" && code != "ConditionalCheckFailed" {
+				return fmt.Errorf("nexjob: re-use key in %s: %w", s.table, err)
+			}
+		}
+		return errLostRace
+	}
+	if err != nil {
+		return fmt.Errorf("nexjob: re-use key in %s: %w", s.table, err)
+	}
+	return nil
+}
+
+// Get returns the job with this id. A record past its retention is
+// ErrNotFound. A keyed job costs one read, or two once its key was re-used.
+func (s *Store) Get(ctx context.Context, id string) (Record, error) {
+	keyPK, jobPK, err := locate(id)
+	if err != nil {
+		return Record{}, err
+	}
+	for _, pk := range []string{keyPK, jobPK} {
+		if pk == "" {
+			continue
+		}
+		rec, ok, err := s.getPK(ctx, pk)
+		if err != nil {
+			return Record{}, err
+		}
+		if ok && rec.ID == id {
+			if rec.ExpiredAt(s.now()) {
+				return Record{}, ErrNotFound
+			}
+			return rec, nil
+		}
+	}
+	return Record{}, ErrNotFound
+}
+
+func (s *Store) getPK(ctx context.Context, pk string) (Record, bool, error) {
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName:      aws.String(s.table),
+		Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
+		ConsistentRead: aws.Bool(true),
+	})
+	if err != nil {
+		return Record{}, false, fmt.Errorf("nexjob: get job from %s: %w", s.table, err)
+	}
+	if len(out.Item) == 0 {
+		return Record{}, false, nil
+	}
+	var rec Record
+	if err := attributevalue.UnmarshalMap(out.Item, &rec); err != nil {
+		return Record{}, false, fmt.Errorf("nexjob: decode job record: %w", err)
+	}
+	return rec, true, nil
+}
+
+// Delete removes the job with this id; deleting a keyed job frees its key.
+// Deleting a job that does not exist is not an error.
+func (s *Store) Delete(ctx context.Context, id string) error {
+	keyPK, jobPK, err := locate(id)
+	if err != nil {
+		return err
+	}
+	for _, pk := range []string{keyPK, jobPK} {
+		if pk == "" {
+			continue
+		}
+		cond, err := expression.NewBuilder().
+			WithCondition(expression.Name(AttrID).Equal(expression.Value(id))).Build()
+		if err != nil {
+			return fmt.Errorf("nexjob: build condition: %w", err)
+		}
+		_, err = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
+			TableName:                 aws.String(s.table),
+			Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
+			ConditionExpression:       cond.Condition(),
+			ExpressionAttributeNames:  cond.Names(),
+			ExpressionAttributeValues: cond.Values(),
+		})
+		var ccf *types.ConditionalCheckFailedException
+		if err != nil && !errors.As(err, &ccf) {
+			return fmt.Errorf("nexjob: delete job from %s: %w", s.table, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs a command against the default emulator, started here and stopped
+# after: installs moto (pinned) into .cache/venv when missing, starts
+# localstack/emulator.py on a free 127.0.0.1 port, exports the standard SDK
+# settings, runs "$@" and stops the emulator whatever happens.
+#
+# When AWS_ENDPOINT_URL is already set (LocalStack, another emulator) or
+# NEXJOB_REAL_AWS=1, nothing is started and "$@" runs as it is.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+MOTO_VERSION=${MOTO_VERSION:-5.2.5}
+venv="$top/.cache/venv"
+
+if [[ -n "${AWS_ENDPOINT_URL:-}" || "${NEXJOB_REAL_AWS:-}" == 1 ]]; then
+  exec "$@"
+fi
+
+if ! "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
+  echo "emulator: installing moto[server]==$MOTO_VERSION into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+fi
+
+port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+log="$top/.cache/emulator-$port.log"
+"$venv/bin/python" "$top/localstack/emulator.py" --port "$port" >"$log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT INT TERM
+for _ in $(seq 1 100); do
+  if curl -fs "http://127.0.0.1:$port/moto-api/" >/dev/null 2>&1; then break; fi
+  if ! kill -0 $pid 2>/dev/null; then echo "emulator: failed to start, see $log" >&2; cat "$log" >&2; exit 1; fi
+  sleep 0.1
+done
+echo "emulator: moto $MOTO_VERSION on http://127.0.0.1:$port (DynamoDB serialised)" >&2
+
+export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
+export AWS_REGION=${AWS_REGION:-us-east-1}
+export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
+export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test}
+export NEXJOB_EMULATOR=moto
+"$@"
