@@ -270,10 +270,12 @@ func (c *Client) Dispatch(ctx context.Context, rec ledger.Record) error {
 		msg.RunAt = rec.RunAt
 		delay = ledger.Millis(rec.RunAt).Sub(c.store.Now())
 	}
-	return c.send(ctx, msg, delay)
+	return c.Send(ctx, msg, delay)
 }
 
-func (c *Client) send(ctx context.Context, msg Message, delay time.Duration) error {
+// Send sends one job message with a delay, capped at MaxSQSDelay. The
+// worker uses it to carry a long schedule forward.
+func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
 	secs := int32((delay + time.Second - 1) / time.Second)
 	secs = max(0, min(secs, int32(MaxSQSDelay/time.Second)))
 	_, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{

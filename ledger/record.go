@@ -28,7 +28,7 @@ type Record struct {
 	RunAt       int64  `dynamodbav:"runAt,omitempty"`
 	Deadline    int64  `dynamodbav:"deadline,omitempty"`
 	LeaseUntil  int64  `dynamodbav:"leaseUntil,omitempty"`
-	Token       int64  `dynamodbav:"token,omitempty"`
+	Token       int64  `dynamodbav:"token"`
 	LastError   string `dynamodbav:"lastError,omitempty"`
 	ExpiresAt   int64  `dynamodbav:"expiresAt,omitempty"`
 	ParentID    string `dynamodbav:"parentId,omitempty"`

@@ -1,0 +1,361 @@
+package handler_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+type email struct{ To string }
+
+func (email) Kind() string { return "email" }
+
+type orphanKind struct{}
+
+func (orphanKind) Kind() string { return "no-worker-for-this" }
+
+// clock is a test clock that the handler's ledger reads; tests move it.
+type clock struct{ off atomic.Int64 }
+
+func (c *clock) Now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *clock) Advance(d time.Duration) { c.off.Add(int64(d)) }
+
+type rig struct {
+	e     *awstest.Env
+	prod  *enqueue.Client
+	h     *handler.Handler
+	poll  *poller.Poller
+	clock *clock
+	calls atomic.Int32
+}
+
+// newRig builds a handler whose email worker runs work; retries have no
+// backoff so tests need not wait.
+func newRig(t *testing.T, work func(ctx context.Context, j *handler.Job[email]) error, hopts *handler.Options) *rig {
+	t.Helper()
+	r := &rig{e: awstest.New(t, nil), clock: &clock{}}
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(ctx context.Context, j *handler.Job[email]) error {
+		r.calls.Add(1)
+		return work(ctx, j)
+	}), &handler.KindOptions{Backoff: func(int) time.Duration { return 0 }})
+	var o handler.Options
+	if hopts != nil {
+		o = *hopts
+	}
+	o.Ledger.Now = r.clock.Now
+	var err error
+	if r.h, err = handler.New(r.e.Cfg, r.e.Table, r.e.QueueURL, reg, &o); err != nil {
+		t.Fatal(err)
+	}
+	if r.prod, err = enqueue.New(r.e.Cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Ledger: ledger.Options{Now: r.clock.Now}}); err != nil {
+		t.Fatal(err)
+	}
+	r.poll = poller.New(r.e.SQS, r.e.QueueURL, r.h.Handle, &poller.Options{WaitTime: -1})
+	return r
+}
+
+// drain polls until the queue is empty (nothing visible, delayed or in
+// flight).
+func (r *rig) drain(t *testing.T) {
+	t.Helper()
+	for range 200 {
+		n, err := r.poll.Poll(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 && r.e.QueueDepth(t, r.e.QueueURL) == 0 {
+			return
+		}
+		if n == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Fatal("queue did not drain")
+}
+
+func (r *rig) enqueue(t *testing.T, args enqueue.JobArgs, o *enqueue.Opts) string {
+	t.Helper()
+	res, err := r.prod.Enqueue(context.Background(), args, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.ID
+}
+
+func (r *rig) get(t *testing.T, id string) ledger.Record {
+	t.Helper()
+	rec, err := r.prod.Store().Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+func expect(t *testing.T, rec ledger.Record, st ledger.State, attempt int, lastErr string) {
+	t.Helper()
+	if rec.State != st || rec.Attempt != attempt || !strings.Contains(rec.LastError, lastErr) {
+		t.Fatalf("job %s: state %s attempt %d lastError %q; want %s, %d, containing %q", rec.ID, rec.State, rec.Attempt, rec.LastError, st, attempt, lastErr)
+	}
+}
+
+func TestSuccess(t *testing.T) {
+	t.Parallel()
+	var got email
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error { got = j.Args; return nil }, nil)
+	id := r.enqueue(t, email{To: "a@example.com"}, &enqueue.Opts{IdempotencyKey: "welcome-1"})
+	r.drain(t)
+	rec := r.get(t, id)
+	expect(t, rec, ledger.Succeeded, 1, "")
+	if got.To != "a@example.com" || r.calls.Load() != 1 {
+		t.Fatalf("worker saw %+v, called %d times", got, r.calls.Load())
+	}
+	if rec.ExpiresAt == 0 || rec.ExpiresAt < r.clock.Now().Add(7*24*time.Hour-time.Minute).Unix() {
+		t.Fatalf("Succeeded record's TTL %d, want about 7 days ahead", rec.ExpiresAt)
+	}
+}
+
+func TestRetryThenSuccess(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		if j.Attempt == 1 {
+			return errors.New("smtp 451 try later")
+		}
+		return nil
+	}, nil)
+	id := r.enqueue(t, email{To: "b@example.com"}, nil)
+	r.drain(t)
+	expect(t, r.get(t, id), ledger.Succeeded, 2, "smtp 451")
+	if r.calls.Load() != 2 {
+		t.Fatalf("worker called %d times, want 2", r.calls.Load())
+	}
+}
+
+func TestAttemptsExhausted(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		return errors.New("mailbox unavailable")
+	}, nil)
+	id := r.enqueue(t, email{To: "c@example.com"}, &enqueue.Opts{MaxAttempts: 3})
+	r.drain(t)
+	expect(t, r.get(t, id), ledger.Failed, 3, "mailbox unavailable")
+	if r.calls.Load() != 3 {
+		t.Fatalf("worker called %d times, want 3", r.calls.Load())
+	}
+}
+
+func TestPermanentError(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		return handler.Permanent(errors.New("address does not exist"))
+	}, nil)
+	id := r.enqueue(t, email{To: "d@example.com"}, nil)
+	r.drain(t)
+	expect(t, r.get(t, id), ledger.Failed, 1, "address does not exist")
+	if r.calls.Load() != 1 {
+		t.Fatalf("worker called %d times, want 1", r.calls.Load())
+	}
+}
+
+func TestDeadlinePassed(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, func(context.Context, *handler.Job[email]) error { return nil }, nil)
+	id := r.enqueue(t, email{To: "e@example.com"}, &enqueue.Opts{Deadline: r.clock.Now().Add(time.Minute)})
+	r.clock.Advance(2 * time.Minute)
+	r.drain(t)
+	expect(t, r.get(t, id), ledger.Expired, 1, "deadline")
+	if r.calls.Load() != 0 {
+		t.Fatalf("worker called %d times for an expired job", r.calls.Load())
+	}
+}
+
+func TestUnknownKindAndMalformedBody(t *testing.T) {
+	t.Parallel()
+	r0 := awstest.New(t, nil)
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(context.Context, *handler.Job[email]) error { return nil }), nil)
+	h, err := handler.New(r0.Cfg, r0.Table, r0.QueueURL, reg, &handler.Options{DLQURL: r0.DLQURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod, err := enqueue.New(r0.Cfg, r0.Table, r0.QueueURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := prod.Enqueue(context.Background(), orphanKind{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"not json", `{"v":1,"id":"","kind":"x"}`, `{"v":1,"id":"zzzz","kind":"email"}`} {
+		if _, err := r0.SQS.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(r0.QueueURL), MessageBody: aws.String(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := poller.New(r0.SQS, r0.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
+	for range 20 {
+		if n, _ := p.Poll(context.Background()); n == 0 && r0.QueueDepth(t, r0.QueueURL) == 0 {
+			break
+		}
+	}
+	rec, err := prod.Store().Get(context.Background(), res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, rec, ledger.Failed, 1, "no worker registered")
+	dead := r0.Messages(t, r0.DLQURL)
+	if len(dead) != 3 {
+		t.Fatalf("DLQ holds %d messages, want the 3 that are not jobs", len(dead))
+	}
+}
+
+func TestMixedBatchReportsExactlyTheFailures(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, func(context.Context, *handler.Job[email]) error { return nil }, nil)
+	var ids []string
+	for range 3 {
+		ids = append(ids, r.enqueue(t, email{To: "f@example.com"}, nil))
+	}
+	busy := r.enqueue(t, email{To: "busy@example.com"}, nil)
+	if _, err := r.prod.Store().Claim(context.Background(), busy, time.Hour); err != nil {
+		t.Fatal(err) // another worker holds it under a live lease
+	}
+	for _, body := range []string{"garbage", `{"v":2}`} {
+		if _, err := r.e.SQS.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: aws.String(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := r.e.Messages(t, r.e.QueueURL)
+	if len(msgs) != 6 {
+		t.Fatalf("%d messages, want 6", len(msgs))
+	}
+	var wantFailed []string
+	for _, m := range msgs {
+		body := aws.ToString(m.Body)
+		if !strings.Contains(body, `"id"`) || strings.Contains(body, busy) {
+			wantFailed = append(wantFailed, aws.ToString(m.MessageId))
+		}
+	}
+	resp, err := r.h.Handle(context.Background(), poller.Event(r.e.QueueURL, msgs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failed []string
+	for _, f := range resp.BatchItemFailures {
+		failed = append(failed, f.ItemIdentifier)
+	}
+	slices.Sort(failed)
+	slices.Sort(wantFailed)
+	if !slices.Equal(failed, wantFailed) {
+		t.Fatalf("BatchItemFailures = %v, want %v", failed, wantFailed)
+	}
+	for _, id := range ids {
+		expect(t, r.get(t, id), ledger.Succeeded, 1, "")
+	}
+}
+
+func TestRedeliveredSucceededJobDoesNotRun(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, func(context.Context, *handler.Job[email]) error { return nil }, nil)
+	r.enqueue(t, email{To: "g@example.com"}, nil)
+	msgs := r.e.Messages(t, r.e.QueueURL)
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages", len(msgs))
+	}
+	ev := poller.Event(r.e.QueueURL, msgs)
+	for range 3 { // the first delivery, then two redeliveries of the same message
+		resp, err := r.h.Handle(context.Background(), ev)
+		if err != nil || len(resp.BatchItemFailures) != 0 {
+			t.Fatalf("handle: %+v %v", resp, err)
+		}
+	}
+	if r.calls.Load() != 1 {
+		t.Fatalf("worker ran %d times, want 1", r.calls.Load())
+	}
+}
+
+// TestJobCost counts the AWS requests of one keyed job enqueued, run once
+// and succeeded (the poller's receive and delete are the event source
+// mapping's, not ours, and use another client).
+func TestJobCost(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	cfg := e.Cfg.Copy()
+	counter := awstest.Count(&cfg)
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(context.Context, *handler.Job[email]) error { return nil }), nil)
+	h, err := handler.New(cfg, e.Table, e.QueueURL, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Producer().Enqueue(context.Background(), email{To: "h@example.com"}, &enqueue.Opts{IdempotencyKey: "welcome-h"}); err != nil {
+		t.Fatal(err)
+	}
+	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
+	for range 20 {
+		if n, _ := p.Poll(context.Background()); n > 0 {
+			break
+		}
+	}
+	want := []string{"DynamoDB.PutItem", "SQS.SendMessage", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem"}
+	if got := counter.Calls(); !slices.Equal(got, want) {
+		t.Fatalf("requests = %v, want %v", got, want)
+	}
+}
+
+// TestBatchRunsConcurrently: ten 200 ms jobs of one batch overlap in time.
+func TestBatchRunsConcurrently(t *testing.T) {
+	t.Parallel()
+	type span struct{ start, end time.Time }
+	var mu sync.Mutex
+	var spans []span
+	r := newRig(t, func(ctx context.Context, j *handler.Job[email]) error {
+		s := span{start: time.Now()}
+		time.Sleep(200 * time.Millisecond)
+		s.end = time.Now()
+		mu.Lock()
+		spans = append(spans, s)
+		mu.Unlock()
+		return nil
+	}, nil)
+	for range 10 {
+		r.enqueue(t, email{To: "i@example.com"}, nil)
+	}
+	msgs := r.e.Messages(t, r.e.QueueURL)
+	if _, err := r.h.Handle(context.Background(), events.SQSEvent(poller.Event(r.e.QueueURL, msgs))); err != nil {
+		t.Fatal(err)
+	}
+	if len(spans) != 10 {
+		t.Fatalf("%d jobs ran", len(spans))
+	}
+	// The most jobs running at one instant: at some job's start, count the
+	// jobs whose span contains it.
+	most := 0
+	for _, a := range spans {
+		n := 0
+		for _, b := range spans {
+			if !b.start.After(a.start) && b.end.After(a.start) {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	if most < 3 {
+		t.Fatalf("at most %d of 10 jobs ran at once; they ran one after another", most)
+	}
+	t.Logf("up to %d of 10 jobs ran at once", most)
+}

@@ -1,0 +1,97 @@
+package handler
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// Job is one run of a job as its worker sees it.
+type Job[T enqueue.JobArgs] struct {
+	ID          string // the job id
+	Attempt     int    // 1 for the first run
+	MaxAttempts int
+	KeyHash     string // hashed idempotency key; "" when unkeyed
+	Args        T
+}
+
+// Worker runs jobs of one kind. Work's error decides what happens next: nil
+// succeeds; Permanent(err) fails the job at once; RetryAfter(d, err) retries
+// after d; any other error retries with backoff until attempts run out.
+type Worker[T enqueue.JobArgs] interface {
+	Work(ctx context.Context, job *Job[T]) error
+}
+
+// WorkFunc makes a function a Worker.
+type WorkFunc[T enqueue.JobArgs] func(ctx context.Context, job *Job[T]) error
+
+// Work calls f.
+func (f WorkFunc[T]) Work(ctx context.Context, job *Job[T]) error { return f(ctx, job) }
+
+// KindOptions tune one kind. The zero value takes every default.
+type KindOptions struct {
+	// Backoff gives the wait before the next attempt after a failed one
+	// (attempt counts from 1). Defaults to DefaultBackoff.
+	Backoff func(attempt int) time.Duration
+	// OnDeadLetter is called once when a job of this kind becomes Failed,
+	// with the record (its LastError says why). A hook that fails or panics
+	// is logged and never blocks the batch. Defaults to none.
+	OnDeadLetter func(ctx context.Context, rec ledger.Record) error
+}
+
+type entry struct {
+	run  func(ctx context.Context, rec ledger.Record) error
+	opts KindOptions
+}
+
+// Registry maps kinds to workers. Register every kind before handling.
+type Registry struct {
+	mu    sync.RWMutex
+	kinds map[string]*entry
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry { return &Registry{kinds: map[string]*entry{}} }
+
+// AddWorker registers the worker for T's kind. It panics on a nil worker,
+// on a kind registered twice and on an args type whose Kind is empty: a
+// bad registration is a programming error that must fail at start.
+func AddWorker[T enqueue.JobArgs](r *Registry, w Worker[T], opts *KindOptions) {
+	if w == nil || reflect.ValueOf(w).Kind() == reflect.Func && reflect.ValueOf(w).IsNil() {
+		panic("nexjob: AddWorker with a nil worker")
+	}
+	var zero T
+	kind := zero.Kind()
+	if kind == "" {
+		panic(fmt.Sprintf("nexjob: %T has an empty Kind()", zero))
+	}
+	e := &entry{run: func(ctx context.Context, rec ledger.Record) error {
+		job := &Job[T]{ID: rec.ID, Attempt: rec.Attempt, MaxAttempts: rec.MaxAttempts, KeyHash: rec.KeyHash}
+		if err := json.Unmarshal([]byte(rec.Args), &job.Args); err != nil {
+			return Permanent(fmt.Errorf("nexjob: args of job %s do not decode as %T: %w", rec.ID, zero, err))
+		}
+		return w.Work(ctx, job)
+	}}
+	if opts != nil {
+		e.opts = *opts
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.kinds[kind]; dup {
+		panic(fmt.Sprintf("nexjob: kind %q registered twice", kind))
+	}
+	r.kinds[kind] = e
+}
+
+func (r *Registry) lookup(kind string) (*entry, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.kinds[kind]
+	return e, ok
+}

@@ -1,0 +1,151 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// NotClaimableError is returned by Claim when the job exists but may not
+// be run now. Current is the record as DynamoDB had it when the condition
+// failed (returned by the same request: no extra read).
+type NotClaimableError struct {
+	Current Record
+}
+
+func (e *NotClaimableError) Error() string {
+	return fmt.Sprintf("nexjob: job %s is %s, not claimable", e.Current.ID, e.Current.State)
+}
+
+// ErrFenced: the write was refused because the record moved on (another
+// run claimed the job after this run's lease ran out, or it was finished).
+// The record keeps the newer run's result.
+var ErrFenced = errors.New("nexjob: lease lost; a newer run owns the job")
+
+// Claim moves a job to Processing with one conditional update: from
+// Enqueued, from Scheduled once due, or from Processing whose lease has run
+// out (an orphan: its attempt is spent). It increments the attempt and the
+// fencing token and sets the lease; the update returns the new record, so a
+// claim costs one write and no read.
+//
+// A job that exists but may not run now gives a *NotClaimableError with the
+// current record; a missing job or one past its retention, ErrNotFound.
+func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Record, error) {
+	now := s.now()
+	nowMs := now.UnixMilli()
+	st := expression.Name(AttrState)
+	cond := expression.Name(AttrID).Equal(expression.Value(id)).
+		And(expression.Name(AttrAttempt).LessThan(expression.Name(AttrMaxAttempts))).
+		And(expression.Or(
+			st.Equal(expression.Value(Enqueued)),
+			st.Equal(expression.Value(Scheduled)).And(expression.Name(AttrRunAt).LessThanEqual(expression.Value(nowMs))),
+			st.Equal(expression.Value(Processing)).And(expression.Name(AttrLeaseUntil).LessThanEqual(expression.Value(nowMs))),
+		))
+	upd := expression.Set(st, expression.Value(Processing)).
+		Set(expression.Name(AttrLeaseUntil), expression.Value(now.Add(lease).UnixMilli())).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
+		Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Plus(expression.Value(1))).
+		Set(expression.Name(AttrToken), expression.Name(AttrToken).Plus(expression.Value(1)))
+	keyPK, jobPK, err := locate(id)
+	if err != nil {
+		return Record{}, err
+	}
+	for _, pk := range []string{keyPK, jobPK} {
+		if pk == "" {
+			continue
+		}
+		rec, err := s.update(ctx, pk, cond, upd)
+		var held *heldError
+		if !errors.As(err, &held) {
+			return rec, err
+		}
+		if held.rec.ID == id {
+			if held.rec.ExpiredAt(now) {
+				return Record{}, ErrNotFound
+			}
+			return Record{}, &NotClaimableError{Current: held.rec}
+		}
+		// The key now belongs to another job (or nothing): look at the
+		// job's own record.
+	}
+	return Record{}, ErrNotFound
+}
+
+// Finish describes the write that ends a run. Zero fields are left alone.
+type Finish struct {
+	State     State     // the new state; required
+	LastError string    // kept for people; "" clears nothing
+	RunAt     time.Time // for Scheduled (a retry)
+	ExpiresAt time.Time // the TTL; zero keeps the record forever
+	// Refund gives the attempt back (a run cut off by the invocation's
+	// deadline did not really happen).
+	Refund bool
+}
+
+// Finish ends the run that claimed rec: one update, conditional on the
+// record still carrying rec's fencing token and being Processing. If it
+// does not, the error is ErrFenced and nothing is written.
+func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error) {
+	if !f.State.Valid() || f.State == Processing {
+		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
+	}
+	now := s.now()
+	upd := expression.Set(expression.Name(AttrState), expression.Value(f.State)).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(now.UnixMilli())).
+		Remove(expression.Name(AttrLeaseUntil))
+	if f.LastError != "" {
+		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(f.LastError, 4000)))
+	}
+	if !f.RunAt.IsZero() {
+		upd = upd.Set(expression.Name(AttrRunAt), expression.Value(f.RunAt.UnixMilli()))
+	}
+	if !f.ExpiresAt.IsZero() {
+		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(f.ExpiresAt.Unix()))
+	}
+	if f.Refund {
+		upd = upd.Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Minus(expression.Value(1)))
+	}
+	cond := expression.Name(AttrID).Equal(expression.Value(rec.ID)).
+		And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
+		And(expression.Name(AttrState).Equal(expression.Value(Processing)))
+	out, err := s.update(ctx, rec.PK, cond, upd)
+	var held *heldError
+	if errors.As(err, &held) {
+		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
+	}
+	return out, err
+}
+
+// update runs one conditional UpdateItem returning the new record; a failed
+// condition is a *heldError with the current record.
+func (s *Store) update(ctx context.Context, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (Record, error) {
+	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return Record{}, fmt.Errorf("nexjob: build update: %w", err)
+	}
+	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(s.table),
+		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
+		ConditionExpression:                 expr.Condition(),
+		UpdateExpression:                    expr.Update(),
+		ExpressionAttributeNames:            expr.Names(),
+		ExpressionAttributeValues:           expr.Values(),
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	if err := s.conditionError("update job", err); err != nil {
+		return Record{}, err
+	}
+	var rec Record
+	if err := attributevalue.UnmarshalMap(out.Attributes, &rec); err != nil {
+		return Record{}, fmt.Errorf("nexjob: decode job record: %w", err)
+	}
+	return rec, nil
+}
