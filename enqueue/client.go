@@ -154,12 +154,9 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	if err != nil {
 		return Result{}, err
 	}
-	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy)
+	got, created, err := c.insert(ctx, rec, &o)
 	if err != nil {
-		if errors.Is(err, ledger.ErrItemTooLarge) {
-			return Result{}, &InputError{Field: "args", Reason: "too large for a job record", Err: err}
-		}
-		return Result{}, c.missing(err)
+		return Result{}, err
 	}
 	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
 	if !created {
@@ -171,6 +168,17 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	}
 	c.log.InfoContext(ctx, "nexjob: enqueued", "job_id", got.ID, "kind", got.Kind, "state", got.State)
 	return res, nil
+}
+
+func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, error) {
+	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy)
+	if errors.Is(err, ledger.ErrItemTooLarge) {
+		return got, false, &InputError{Field: "args", Reason: "too large for a job record", Err: err}
+	}
+	if err != nil {
+		return got, false, c.missing(err)
+	}
+	return got, created, nil
 }
 
 // newRecord validates the input and builds the record to insert.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -267,3 +269,5 @@ func TestArgsRoundTrip(t *testing.T) {
 		t.Fatalf("message %+v %v", m, err)
 	}
 }
+
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -150,7 +150,10 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 // process handles one message and reports whether it may be deleted.
 func (h *Handler) process(ctx context.Context, m events.SQSMessage) bool {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < h.o.StopBefore {
-		return false // not claimed: it comes back, no attempt spent
+		// Not claimed: it comes back after the visibility timeout, with no
+		// attempt spent.
+		h.log.WarnContext(ctx, "nexjob: invocation nearly over, message left for redelivery", "message_id", m.MessageId, "left", time.Until(dl))
+		return false
 	}
 	msg, err := enqueue.DecodeMessage(m.Body)
 	if err != nil {
@@ -263,6 +266,13 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		return false // the message comes back; the lease decides what then
 	}
 	switch out.State {
+	case ledger.Succeeded:
+		if err := h.producer.ReleaseContinuations(ctx, out); err != nil {
+			// The message comes back, finds the parent Succeeded and
+			// releases again; released children are not released twice.
+			h.log.ErrorContext(ctx, "nexjob: releasing continuations failed", "job_id", rec.ID, "err", err)
+			return false
+		}
 	case ledger.Scheduled, ledger.Enqueued:
 		if err := h.producer.Dispatch(ctx, out); err != nil {
 			// The message comes back and finds the job Scheduled: it is
@@ -312,6 +322,14 @@ func (h *Handler) carryForward(ctx context.Context, msg enqueue.Message, now tim
 // notClaimable decides the fate of a message whose job may not run now.
 func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enqueue.Message, cur ledger.Record, now time.Time) bool {
 	switch {
+	case cur.State == ledger.Succeeded && len(cur.Children) > 0:
+		// A replay after a crash between the parent's completion and its
+		// children's release: release again (idempotent).
+		if err := h.producer.ReleaseContinuations(ctx, cur); err != nil {
+			h.log.ErrorContext(ctx, "nexjob: releasing continuations failed", "job_id", cur.ID, "err", err)
+			return false
+		}
+		return true
 	case cur.State.Terminal() || cur.State == ledger.AwaitingContinuation:
 		return true // a duplicate delivery, or the parent will dispatch it
 	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli():

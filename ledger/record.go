@@ -8,30 +8,33 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // Record is one job as the ledger keeps it. Times are Unix milliseconds
 // (ExpiresAt, the TTL attribute, is Unix seconds as DynamoDB requires); zero
 // means unset.
 type Record struct {
-	PK          string `dynamodbav:"pk"`
-	ID          string `dynamodbav:"id"`
-	Kind        string `dynamodbav:"kind"`
-	Args        string `dynamodbav:"args"`
-	State       State  `dynamodbav:"state"`
-	Attempt     int    `dynamodbav:"attempt"`
-	MaxAttempts int    `dynamodbav:"maxAttempts"`
-	KeyHash     string `dynamodbav:"keyHash,omitempty"`
-	Policy      string `dynamodbav:"policy,omitempty"`
-	CreatedAt   int64  `dynamodbav:"createdAt"`
-	UpdatedAt   int64  `dynamodbav:"updatedAt"`
-	RunAt       int64  `dynamodbav:"runAt,omitempty"`
-	Deadline    int64  `dynamodbav:"deadline,omitempty"`
-	LeaseUntil  int64  `dynamodbav:"leaseUntil,omitempty"`
-	Token       int64  `dynamodbav:"token"`
-	LastError   string `dynamodbav:"lastError,omitempty"`
-	ExpiresAt   int64  `dynamodbav:"expiresAt,omitempty"`
-	ParentID    string `dynamodbav:"parentId,omitempty"`
+	PK          string   `dynamodbav:"pk"`
+	ID          string   `dynamodbav:"id"`
+	Kind        string   `dynamodbav:"kind"`
+	Args        string   `dynamodbav:"args"`
+	State       State    `dynamodbav:"state"`
+	Attempt     int      `dynamodbav:"attempt"`
+	MaxAttempts int      `dynamodbav:"maxAttempts"`
+	KeyHash     string   `dynamodbav:"keyHash,omitempty"`
+	Policy      string   `dynamodbav:"policy,omitempty"`
+	CreatedAt   int64    `dynamodbav:"createdAt"`
+	UpdatedAt   int64    `dynamodbav:"updatedAt"`
+	RunAt       int64    `dynamodbav:"runAt,omitempty"`
+	Deadline    int64    `dynamodbav:"deadline,omitempty"`
+	LeaseUntil  int64    `dynamodbav:"leaseUntil,omitempty"`
+	Token       int64    `dynamodbav:"token"`
+	LastError   string   `dynamodbav:"lastError,omitempty"`
+	ExpiresAt   int64    `dynamodbav:"expiresAt,omitempty"`
+	ParentID    string   `dynamodbav:"parentId,omitempty"`
+	Children    []string `dynamodbav:"children,stringset,omitempty"` // continuations waiting on this job
 }
 
 // Keyed reports whether the job was enqueued with an idempotency key.
@@ -133,4 +136,9 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// stringSet is a one-element DynamoDB string set for ADD.
+func stringSet(v string) *types.AttributeValueMemberSS {
+	return &types.AttributeValueMemberSS{Value: []string{v}}
 }

@@ -27,6 +27,7 @@ const (
 	AttrLastError   = "lastError"   // last failure, for people
 	AttrExpiresAt   = "expiresAt"   // TTL attribute, Unix seconds; set on terminal writes
 	AttrParentID    = "parentId"    // continuation parent
+	AttrChildren    = "children"    // string set: continuations waiting on this job
 )
 
 // TTLAttribute is the attribute DynamoDB's time to live must be enabled on.

@@ -41,7 +41,7 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 	now := s.now()
 	nowMs := now.UnixMilli()
 	st := expression.Name(AttrState)
-	cond := expression.Name(AttrID).Equal(expression.Value(id)).
+	cond := isJob(id).
 		And(expression.Name(AttrAttempt).LessThan(expression.Name(AttrMaxAttempts))).
 		And(expression.Or(
 			st.Equal(expression.Value(Enqueued)),
@@ -53,10 +53,19 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
 		Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Plus(expression.Value(1))).
 		Set(expression.Name(AttrToken), expression.Name(AttrToken).Plus(expression.Value(1)))
+	return s.updateByID(ctx, id, cond, upd)
+}
+
+// updateByID runs a conditional update on the job with this id, wherever
+// it lives (its key's record, or its own). The condition must include
+// id = :id. A failed condition on the job gives *NotClaimableError with
+// the current record.
+func (s *Store) updateByID(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (Record, error) {
 	keyPK, jobPK, err := locate(id)
 	if err != nil {
 		return Record{}, err
 	}
+	now := s.now()
 	for _, pk := range []string{keyPK, jobPK} {
 		if pk == "" {
 			continue
@@ -148,4 +157,10 @@ func (s *Store) update(ctx context.Context, pk string, cond expression.Condition
 		return Record{}, fmt.Errorf("nexjob: decode job record: %w", err)
 	}
 	return rec, nil
+}
+
+// isJob is the condition that the item is this job (a key's record may
+// hold another job by now).
+func isJob(id string) expression.ConditionBuilder {
+	return expression.Name(AttrID).Equal(expression.Value(id))
 }

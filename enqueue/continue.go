@@ -1,0 +1,151 @@
+package enqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// ContinueWith adds a job that runs once the parent job succeeds. The child
+// waits as AwaitingContinuation and is released (Enqueued and sent) when the
+// parent succeeds; if the parent already succeeded it is enqueued at once.
+// A parent that fails leaves its children waiting: its dead-letter hook can
+// release or cancel them (ReleaseContinuations, CancelContinuations).
+//
+// Children take idempotency keys like any job; a waiting child is active, so
+// a duplicate returns it. Delay and RunAt are refused: a continuation runs
+// when its parent is done. An unknown parent is an *InputError.
+//
+// Cost: one read of the parent, one write for the child, one for the link.
+func (c *Client) ContinueWith(ctx context.Context, parentID string, args JobArgs, opts *Opts) (Result, error) {
+	var o Opts
+	if opts != nil {
+		o = *opts
+	}
+	if o.Delay != 0 || !o.RunAt.IsZero() {
+		return Result{}, invalid("Delay", "a continuation runs when its parent is done; Delay and RunAt do not apply")
+	}
+	rec, err := c.newRecord(args, &o)
+	if err != nil {
+		return Result{}, err
+	}
+	parent, err := c.store.Get(ctx, parentID)
+	switch {
+	case errors.Is(err, ledger.ErrBadID) || errors.Is(err, ledger.ErrNotFound):
+		return Result{}, &InputError{Field: "parentID", Reason: "no such job", Err: err}
+	case err != nil:
+		return Result{}, c.missing(err)
+	}
+	if parent.State == ledger.Succeeded {
+		return c.Enqueue(ctx, args, &o)
+	}
+	rec.State, rec.ParentID = ledger.AwaitingContinuation, parentID
+	got, created, err := c.insert(ctx, rec, &o)
+	if err != nil || (!created && (got.State != ledger.AwaitingContinuation || got.ParentID != parentID)) {
+		return Result{ID: got.ID, State: got.State, Duplicate: !created}, err
+	}
+	// Link (again, for a duplicate: a caller retrying after a crash between
+	// the two writes must not leave the child unlinked).
+	_, linked, err := c.store.Link(ctx, parentID, got.ID)
+	if err != nil {
+		if errors.Is(err, ledger.ErrNotFound) {
+			_, _, _ = c.store.Cancel(ctx, got.ID, "parent job vanished before the continuation was linked", time.Time{})
+			return Result{}, &InputError{Field: "parentID", Reason: "no such job", Err: err}
+		}
+		return Result{}, c.missing(err)
+	}
+	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
+	if !linked { // the parent succeeded meanwhile
+		rel, ok, err := c.store.Release(ctx, got.ID)
+		if err != nil {
+			return res, c.missing(err)
+		}
+		res.State = rel.State
+		if ok {
+			if err := c.Dispatch(ctx, rel); err != nil {
+				return res, &DispatchError{JobID: rel.ID, Err: c.missing(err)}
+			}
+		}
+	}
+	c.log.InfoContext(ctx, "nexjob: continuation added", "job_id", got.ID, "parent_id", parentID, "state", res.State, "duplicate", res.Duplicate)
+	return res, nil
+}
+
+// ReleaseContinuations enqueues and sends every child waiting on parent.
+// Each child is released by one conditional update, so replaying a
+// release (a parent's completion retried) releases nothing twice; a child
+// already released but never started is sent again, which is harmless.
+func (c *Client) ReleaseContinuations(ctx context.Context, parent ledger.Record) error {
+	var errs []error
+	for _, id := range parent.Children {
+		rec, released, err := c.store.Release(ctx, id)
+		switch {
+		case errors.Is(err, ledger.ErrNotFound):
+			continue
+		case err != nil:
+			errs = append(errs, err)
+			continue
+		case !released && (rec.State != ledger.Enqueued || rec.Attempt > 0):
+			continue
+		}
+		if err := c.Dispatch(ctx, rec); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("nexjob: release continuations of %s: %w", parent.ID, errors.Join(errs...))
+	}
+	return nil
+}
+
+// CancelContinuations ends every child still waiting on parent as Failed
+// with the reason; the record is kept for retention.
+func (c *Client) CancelContinuations(ctx context.Context, parent ledger.Record, reason string, retention time.Duration) error {
+	var exp time.Time
+	if retention > 0 {
+		exp = c.store.Now().Add(retention)
+	}
+	var errs []error
+	for _, id := range parent.Children {
+		if _, _, err := c.store.Cancel(ctx, id, reason, exp); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Requeue moves a terminal job (Succeeded, Failed, Expired) back to
+// Enqueued with a fresh attempt budget and sends it: one conditional
+// update and one send. The job is active again, so enqueues with its key
+// deduplicate to it. An active job gives a *NotTerminalError; a job whose
+// key a newer job took, ledger.ErrKeyReused; an unknown one,
+// ledger.ErrNotFound.
+func (c *Client) Requeue(ctx context.Context, jobID string) (Result, error) {
+	rec, err := c.store.Requeue(ctx, jobID)
+	var nc *ledger.NotClaimableError
+	if errors.As(err, &nc) {
+		return Result{}, &NotTerminalError{JobID: jobID, State: nc.Current.State}
+	}
+	if err != nil {
+		return Result{}, c.missing(err)
+	}
+	res := Result{ID: rec.ID, State: rec.State}
+	if err := c.Dispatch(ctx, rec); err != nil {
+		return res, &DispatchError{JobID: rec.ID, Err: c.missing(err)}
+	}
+	c.log.InfoContext(ctx, "nexjob: requeued", "job_id", rec.ID, "kind", rec.Kind)
+	return res, nil
+}
+
+// NotTerminalError: Requeue of a job that is still active.
+type NotTerminalError struct {
+	JobID string
+	State ledger.State
+}
+
+func (e *NotTerminalError) Error() string {
+	return fmt.Sprintf("nexjob: job %s is %s; only terminal jobs can be requeued", e.JobID, e.State)
+}

@@ -1,0 +1,3 @@
+module github.com/nexjob/nexjob-aws/infra
+
+go 1.26

@@ -1,0 +1,84 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+)
+
+// Link records child as a continuation of parent: one update adding the
+// child's id to the parent's Children set, conditional on the parent not
+// having Succeeded. It returns linked=false with the parent when the parent
+// already Succeeded: the caller must then release the child itself. The
+// child's id is kept in the parent, not found through an index, so that
+// the parent's completing write returns its children (strongly consistent,
+// no query, no index write).
+func (s *Store) Link(ctx context.Context, parentID, childID string) (Record, bool, error) {
+	cond := isJob(parentID).And(expression.Name(AttrState).NotEqual(expression.Value(Succeeded)))
+	upd := expression.Add(expression.Name(AttrChildren), expression.Value(stringSet(childID)))
+	rec, err := s.updateByID(ctx, parentID, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, false, nil
+	}
+	return rec, err == nil, err
+}
+
+// Release moves a waiting continuation to Enqueued: one update conditional
+// on it still waiting, so a child is released once however many times its
+// parent's completion is replayed. released=false means it was not waiting.
+func (s *Store) Release(ctx context.Context, childID string) (Record, bool, error) {
+	return s.leaveWaiting(ctx, childID, Enqueued, "", time.Time{})
+}
+
+// Cancel ends a waiting continuation as Failed with the reason.
+func (s *Store) Cancel(ctx context.Context, childID, reason string, expiresAt time.Time) (Record, bool, error) {
+	return s.leaveWaiting(ctx, childID, Failed, reason, expiresAt)
+}
+
+func (s *Store) leaveWaiting(ctx context.Context, id string, to State, reason string, expiresAt time.Time) (Record, bool, error) {
+	cond := isJob(id).And(expression.Name(AttrState).Equal(expression.Value(AwaitingContinuation)))
+	upd := expression.Set(expression.Name(AttrState), expression.Value(to)).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli()))
+	if reason != "" {
+		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, 4000)))
+	}
+	if !expiresAt.IsZero() {
+		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(expiresAt.Unix()))
+	}
+	rec, err := s.updateByID(ctx, id, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, false, nil
+	}
+	return rec, err == nil, err
+}
+
+// ErrKeyReused: the job's idempotency key now belongs to a newer job, so
+// the old job cannot become active again (two active jobs would share the
+// key). Enqueue with the key instead.
+var ErrKeyReused = errors.New("nexjob: the job's idempotency key belongs to a newer job")
+
+// Requeue moves a terminal job back to Enqueued with a fresh attempt budget
+// (attempt 0, no TTL, last error kept): one update conditional on the job
+// still being terminal. A job that is active gives a *NotClaimableError
+// with its record; one whose key was re-used, ErrKeyReused.
+func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
+	st := expression.Name(AttrState)
+	cond := isJob(id).
+		And(expression.Or(st.Equal(expression.Value(Succeeded)), st.Equal(expression.Value(Failed)), st.Equal(expression.Value(Expired)))).
+		And(expression.AttributeNotExists(expression.Name(AttrKeyHash)).Or(expression.Name(AttrPK).BeginsWith(keyPrefix)))
+	upd := expression.Set(st, expression.Value(Enqueued)).
+		Set(expression.Name(AttrAttempt), expression.Value(0)).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli())).
+		Remove(expression.Name(AttrExpiresAt)).
+		Remove(expression.Name(AttrRunAt))
+	rec, err := s.updateByID(ctx, id, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) && nc.Current.State.Terminal() && nc.Current.KeyHash != "" {
+		return Record{}, ErrKeyReused
+	}
+	return rec, err
+}

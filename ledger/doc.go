@@ -1,0 +1,42 @@
+// Package ledger keeps the record of every job in one DynamoDB table: the
+// job record, the seven states, and every read and write of it. It imports
+// nothing else of this project.
+//
+// # The record that is the key
+//
+// A job with an idempotency key lives under the partition key
+// "k#<hash of the key>", so that the one conditional PutItem that creates
+// it also enforces the DuplicatePolicy: the write succeeds only if the key
+// is free, and when it fails DynamoDB returns the holder in the same
+// response (ReturnValuesOnConditionCheckFailure), so deciding "existing id",
+// "new job" or "rejected" costs no read. A job without a key lives under
+// "j#<id>". When a terminal job's key is re-used, the old record is
+// archived under "j#<old id>" and replaced in one transaction: the only
+// enqueue path that costs more than one write. A keyed job's id carries its
+// key hash, so Get finds any job from its id alone, without an index.
+//
+// Keys are stored hashed (128 bits of SHA-256, or of HMAC-SHA-256 with
+// Options.KeySecret): no raw key, whatever personal data it holds, reaches
+// the table, and the stored length is fixed.
+//
+// # Retention
+//
+// Terminal writes set the TTL attribute (expiresAt). DynamoDB deletes late
+// (up to days) and emulators never, so every read and condition here treats
+// a record past its expiresAt as gone: its key is free at once.
+//
+// # Runs and fencing
+//
+// Claim moves a job to Processing with a lease and a new fencing token in
+// one conditional update that returns the record; Finish is conditional on
+// that token, so a worker whose lease ran out cannot overwrite the result
+// of the run that took over (ErrFenced).
+//
+// # How it fails
+//
+// AWS errors are wrapped with %w (errors.As reaches the SDK's types, e.g.
+// *types.ResourceNotFoundException for a missing table). Policy rejections
+// are *DuplicateJobError; a job that may not run now, *NotClaimableError
+// with its current record; unknown ids, ErrNotFound or ErrBadID. A write
+// either happens whole or not at all.
+package ledger
