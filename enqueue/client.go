@@ -65,6 +65,10 @@ type ClientOptions struct {
 	Logger *slog.Logger
 	// ScheduleTolerance: see DefaultScheduleTolerance.
 	ScheduleTolerance time.Duration
+	// MaxDelay caps one SQS delay; a longer schedule is carried forward
+	// in hops of MaxDelay. Defaults to MaxSQSDelay; tests shorten it to
+	// drive long schedules with an injected clock.
+	MaxDelay time.Duration
 }
 
 // Client enqueues jobs: one conditional DynamoDB write, then one SQS send.
@@ -75,6 +79,7 @@ type Client struct {
 	queueURL  string
 	log       *slog.Logger
 	tolerance time.Duration
+	maxDelay  time.Duration
 }
 
 // New returns a Client for the ledger table and the job queue. It does no
@@ -99,11 +104,14 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if o.ScheduleTolerance <= 0 {
 		o.ScheduleTolerance = DefaultScheduleTolerance
 	}
+	if o.MaxDelay <= 0 || o.MaxDelay > MaxSQSDelay {
+		o.MaxDelay = MaxSQSDelay
+	}
 	store, err := ledger.New(o.DynamoDB, table, &o.Ledger)
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance}, nil
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay}, nil
 }
 
 // Store returns the ledger the client writes to.
@@ -281,11 +289,11 @@ func (c *Client) Dispatch(ctx context.Context, rec ledger.Record) error {
 	return c.Send(ctx, msg, delay)
 }
 
-// Send sends one job message with a delay, capped at MaxSQSDelay. The
+// Send sends one job message with a delay, capped at MaxDelay. The
 // worker uses it to carry a long schedule forward.
 func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
+	delay = max(0, min(delay, c.maxDelay))
 	secs := int32((delay + time.Second - 1) / time.Second)
-	secs = max(0, min(secs, int32(MaxSQSDelay/time.Second)))
 	_, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
 		QueueUrl:     aws.String(c.queueURL),
 		MessageBody:  aws.String(msg.encode()),

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/internal/awstest"
@@ -34,23 +32,49 @@ func newClient(t *testing.T, e *awstest.Env, opts *enqueue.ClientOptions) *enque
 	return c
 }
 
-// setState moves a job's record to a state the producer cannot reach by
-// itself (the worker's transitions), as a fixture written to the real table.
-func setState(t *testing.T, e *awstest.Env, c *enqueue.Client, id string, st ledger.State, expiresAt int64) {
+// stage creates a job holding key in state st through the real APIs:
+// Enqueue (Enqueued, Scheduled with a delay), ContinueWith
+// (AwaitingContinuation), and the ledger's own Claim and Finish, the
+// transitions the worker makes (Processing, Succeeded, Failed, Expired).
+// expiresAt, when set, is the terminal record's TTL.
+func stage(t *testing.T, c *enqueue.Client, key string, st ledger.State, expiresAt time.Time) enqueue.Result {
 	t.Helper()
-	rec, err := c.Store().Get(context.Background(), id)
+	ctx := context.Background()
+	opts := &enqueue.Opts{IdempotencyKey: key}
+	var res enqueue.Result
+	var err error
+	switch st {
+	case ledger.Scheduled:
+		opts.Delay = time.Hour
+		res, err = c.Enqueue(ctx, payment{OrderID: key}, opts)
+	case ledger.AwaitingContinuation:
+		var parent enqueue.Result
+		if parent, err = c.Enqueue(ctx, payment{OrderID: key + "-parent"}, nil); err == nil {
+			res, err = c.ContinueWith(ctx, parent.ID, payment{OrderID: key}, opts)
+		}
+	default:
+		res, err = c.Enqueue(ctx, payment{OrderID: key}, opts)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec.State, rec.ExpiresAt = st, expiresAt
-	rec.UpdatedAt++
-	item, err := attributevalue.MarshalMap(rec)
+	if st == res.State {
+		return res
+	}
+	rec, err := c.Store().Claim(ctx, res.ID, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: aws.String(e.Table), Item: item}); err != nil {
-		t.Fatal(err)
+	if st != ledger.Processing {
+		if rec, err = c.Store().Finish(ctx, rec, ledger.Finish{State: st, LastError: "staged", ExpiresAt: expiresAt}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	if rec.State != st {
+		t.Fatalf("staged %s, got %s", st, rec.State)
+	}
+	res.State = rec.State
+	return res
 }
 
 type outcome int
@@ -97,23 +121,11 @@ func TestPolicyMatrix(t *testing.T) {
 				key := "payment-" + sit.name
 				var first enqueue.Result
 				if sit.state != "" {
-					opts := &enqueue.Opts{IdempotencyKey: key}
-					if sit.state == ledger.Scheduled {
-						opts.Delay = time.Hour
+					exp := time.Now().Add(time.Hour)
+					if sit.past {
+						exp = time.Now().Add(-time.Second)
 					}
-					var err error
-					if first, err = c.Enqueue(ctx, payment{OrderID: sit.name}, opts); err != nil {
-						t.Fatal(err)
-					}
-					if sit.state != first.State {
-						var exp int64
-						if sit.past {
-							exp = time.Now().Add(-time.Second).Unix()
-						} else if sit.state.Terminal() {
-							exp = time.Now().Add(time.Hour).Unix()
-						}
-						setState(t, e, c, first.ID, sit.state, exp)
-					}
+					first = stage(t, c, key, sit.state, exp)
 				}
 				got, err := c.Enqueue(ctx, payment{OrderID: sit.name}, &enqueue.Opts{IdempotencyKey: key, DuplicatePolicy: policy})
 				checkOutcome(t, sit.name, want[policy][i], first, got, err, policy, sit.state, key)
@@ -200,11 +212,7 @@ func TestReuseKeepsOldRecordReadable(t *testing.T) {
 	e := awstest.New(t, nil)
 	c := newClient(t, e, nil)
 	ctx := context.Background()
-	first, err := c.Enqueue(ctx, payment{OrderID: "1"}, &enqueue.Opts{IdempotencyKey: "payment-1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	setState(t, e, c, first.ID, ledger.Succeeded, time.Now().Add(time.Hour).Unix())
+	first := stage(t, c, "payment-1", ledger.Succeeded, time.Now().Add(time.Hour))
 	second, err := c.Enqueue(ctx, payment{OrderID: "1"}, &enqueue.Opts{IdempotencyKey: "payment-1"})
 	if err != nil || second.Duplicate {
 		t.Fatalf("re-use: %+v %v", second, err)

@@ -65,6 +65,9 @@ type Options struct {
 	SQS      SQS
 	// Ledger passes options to the ledger (clock, key secret).
 	Ledger ledger.Options
+	// MaxDelay caps one SQS delay (see enqueue.ClientOptions.MaxDelay).
+	// Defaults to enqueue.MaxSQSDelay.
+	MaxDelay time.Duration
 	// Logger defaults to slog.Default(). Logs carry job ids and kinds,
 	// never args or keys.
 	Logger *slog.Logger
@@ -110,7 +113,7 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 		o.Retention = &DefaultRetention
 	}
 	p, err := enqueue.New(cfg, table, queueURL, &enqueue.ClientOptions{
-		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger,
+		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay,
 	})
 	if err != nil {
 		return nil, err

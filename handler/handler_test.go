@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
@@ -42,28 +43,54 @@ type rig struct {
 	poll  *poller.Poller
 	clock *clock
 	calls atomic.Int32
+
+	mu     sync.Mutex
+	perJob map[string]int // worker runs by job id
+}
+
+func (r *rig) runs(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.perJob[id]
 }
 
 // newRig builds a handler whose email worker runs work; retries have no
 // backoff so tests need not wait.
 func newRig(t *testing.T, work func(ctx context.Context, j *handler.Job[email]) error, hopts *handler.Options) *rig {
+	return newRigWith(t, work, rigConfig{hopts: hopts})
+}
+
+type rigConfig struct {
+	hopts *handler.Options
+	hook  func(context.Context, ledger.Record) error // the email kind's dead-letter hook
+	queue *awstest.QueueOptions
+}
+
+func newRigWith(t *testing.T, work func(ctx context.Context, j *handler.Job[email]) error, rc rigConfig) *rig {
 	t.Helper()
-	r := &rig{e: awstest.New(t, nil), clock: &clock{}}
+	hopts, hook := rc.hopts, rc.hook
+	r := &rig{e: awstest.New(t, rc.queue), clock: &clock{}, perJob: map[string]int{}}
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[email](func(ctx context.Context, j *handler.Job[email]) error {
 		r.calls.Add(1)
+		r.mu.Lock()
+		r.perJob[j.ID]++
+		r.mu.Unlock()
 		return work(ctx, j)
-	}), &handler.KindOptions{Backoff: func(int) time.Duration { return 0 }})
+	}), &handler.KindOptions{Backoff: func(int) time.Duration { return 0 }, OnDeadLetter: hook})
 	var o handler.Options
 	if hopts != nil {
 		o = *hopts
 	}
 	o.Ledger.Now = r.clock.Now
+	if o.MaxDelay == 0 {
+		o.MaxDelay = time.Second // long schedules hop every second; tests move the clock
+	}
 	var err error
 	if r.h, err = handler.New(r.e.Cfg, r.e.Table, r.e.QueueURL, reg, &o); err != nil {
 		t.Fatal(err)
 	}
-	if r.prod, err = enqueue.New(r.e.Cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Ledger: ledger.Options{Now: r.clock.Now}}); err != nil {
+	if r.prod, err = enqueue.New(r.e.Cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Ledger: o.Ledger, MaxDelay: o.MaxDelay}); err != nil {
 		t.Fatal(err)
 	}
 	r.poll = poller.New(r.e.SQS, r.e.QueueURL, r.h.Handle, &poller.Options{WaitTime: -1})
@@ -71,10 +98,10 @@ func newRig(t *testing.T, work func(ctx context.Context, j *handler.Job[email]) 
 }
 
 // drain polls until the queue is empty (nothing visible, delayed or in
-// flight).
+// flight), for a minute at most.
 func (r *rig) drain(t *testing.T) {
 	t.Helper()
-	for range 200 {
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); {
 		n, err := r.poll.Poll(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -87,6 +114,42 @@ func (r *rig) drain(t *testing.T) {
 		}
 	}
 	t.Fatal("queue did not drain")
+}
+
+// deliver hands received messages to the handler as one batch, as often
+// as asked (redeliveries), then deletes what the handler acknowledged.
+func (r *rig) deliver(t *testing.T, msgs []sqstypes.Message, times int) {
+	t.Helper()
+	var resp events.SQSEventResponse
+	var err error
+	for range times {
+		if resp, err = r.h.Handle(context.Background(), poller.Event(r.e.QueueURL, msgs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failed := map[string]bool{}
+	for _, f := range resp.BatchItemFailures {
+		failed[f.ItemIdentifier] = true
+	}
+	for _, m := range msgs {
+		if !failed[aws.ToString(m.MessageId)] {
+			if _, err := r.e.SQS.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(r.e.QueueURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// pollFor polls for d of real time, whatever the queue holds.
+func (r *rig) pollFor(t *testing.T, d time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		if n, err := r.poll.Poll(context.Background()); err != nil {
+			t.Fatal(err)
+		} else if n == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }
 
 func (r *rig) enqueue(t *testing.T, args enqueue.JobArgs, o *enqueue.Opts) string {

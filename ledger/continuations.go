@@ -42,6 +42,7 @@ func (s *Store) leaveWaiting(ctx context.Context, id string, to State, reason st
 	cond := isJob(id).And(expression.Name(AttrState).Equal(expression.Value(AwaitingContinuation)))
 	upd := expression.Set(expression.Name(AttrState), expression.Value(to)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli()))
+	upd = s.withIndex(upd, to, s.now().UnixMilli())
 	if reason != "" {
 		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, 4000)))
 	}
@@ -75,6 +76,7 @@ func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 		Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli())).
 		Remove(expression.Name(AttrExpiresAt)).
 		Remove(expression.Name(AttrRunAt))
+	upd = s.withIndex(upd, Enqueued, s.now().UnixMilli())
 	rec, err := s.updateByID(ctx, id, cond, upd)
 	var nc *NotClaimableError
 	if errors.As(err, &nc) && nc.Current.State.Terminal() && nc.Current.KeyHash != "" {

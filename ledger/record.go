@@ -35,6 +35,8 @@ type Record struct {
 	ExpiresAt   int64    `dynamodbav:"expiresAt,omitempty"`
 	ParentID    string   `dynamodbav:"parentId,omitempty"`
 	Children    []string `dynamodbav:"children,stringset,omitempty"` // continuations waiting on this job
+	ListState   State    `dynamodbav:"listState,omitempty"`          // the byState index's key; set only for indexed states
+	ListAt      int64    `dynamodbav:"listAt,omitempty"`             // the byState index's sort key (Unix ms)
 }
 
 // Keyed reports whether the job was enqueued with an idempotency key.

@@ -28,7 +28,15 @@ const (
 	AttrExpiresAt   = "expiresAt"   // TTL attribute, Unix seconds; set on terminal writes
 	AttrParentID    = "parentId"    // continuation parent
 	AttrChildren    = "children"    // string set: continuations waiting on this job
+	AttrListState   = "listState"   // byState index partition key; present only in indexed states
+	AttrListAt      = "listAt"      // byState index sort key, Unix milliseconds
 )
+
+// IndexByState is the sparse global secondary index that lists jobs by
+// state, newest first. Only records in indexed states carry its key (see
+// Options.IndexAllStates), so the hot path (Enqueued → Processing →
+// Succeeded) writes nothing to it by default.
+const IndexByState = "byState"
 
 // TTLAttribute is the attribute DynamoDB's time to live must be enabled on.
 const TTLAttribute = AttrExpiresAt
@@ -42,7 +50,17 @@ func CreateTableInput(table string) *dynamodb.CreateTableInput {
 		BillingMode: types.BillingModePayPerRequest,
 		AttributeDefinitions: []types.AttributeDefinition{
 			{AttributeName: aws.String(AttrPK), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String(AttrListState), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String(AttrListAt), AttributeType: types.ScalarAttributeTypeN},
 		},
+		GlobalSecondaryIndexes: []types.GlobalSecondaryIndex{{
+			IndexName: aws.String(IndexByState),
+			KeySchema: []types.KeySchemaElement{
+				{AttributeName: aws.String(AttrListState), KeyType: types.KeyTypeHash},
+				{AttributeName: aws.String(AttrListAt), KeyType: types.KeyTypeRange},
+			},
+			Projection: &types.Projection{ProjectionType: types.ProjectionTypeAll},
+		}},
 		KeySchema: []types.KeySchemaElement{
 			{AttributeName: aws.String(AttrPK), KeyType: types.KeyTypeHash},
 		},

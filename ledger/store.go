@@ -32,14 +32,21 @@ type Options struct {
 	// instead of plain SHA-256. Set it when keys carry guessable personal
 	// data. Changing it orphans every existing key. Defaults to none.
 	KeySecret []byte
+	// IndexAllStates puts every state in the byState index, so that
+	// Enqueued, Processing and Succeeded jobs can be listed too. It costs
+	// about five more write units per job (index writes on enqueue, claim
+	// and completion). Defaults to false: only Scheduled,
+	// AwaitingContinuation, Failed and Expired are listed.
+	IndexAllStates bool
 }
 
 // Store reads and writes job records in one DynamoDB table.
 type Store struct {
 	db     DynamoDB
 	table  string
-	now    func() time.Time
-	secret []byte
+	now      func() time.Time
+	secret   []byte
+	indexAll bool
 }
 
 // New returns a Store over the named table. It does no I/O; a missing table
@@ -58,6 +65,7 @@ func New(db DynamoDB, table string, opts *Options) (*Store, error) {
 			s.now = opts.Now
 		}
 		s.secret = append([]byte(nil), opts.KeySecret...)
+		s.indexAll = opts.IndexAllStates
 	}
 	return s, nil
 }
@@ -100,6 +108,9 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	now := s.now()
 	rec.CreatedAt, rec.UpdatedAt = now.UnixMilli(), now.UnixMilli()
 	rec.Policy = policy.String()
+	if s.Indexed(rec.State) {
+		rec.ListState, rec.ListAt = rec.State, rec.UpdatedAt
+	}
 	if key == "" {
 		rec.KeyHash = ""
 		rec.ID = newID("")

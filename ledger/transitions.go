@@ -53,6 +53,7 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
 		Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Plus(expression.Value(1))).
 		Set(expression.Name(AttrToken), expression.Name(AttrToken).Plus(expression.Value(1)))
+	upd = s.withIndex(upd, Processing, nowMs)
 	return s.updateByID(ctx, id, cond, upd)
 }
 
@@ -109,6 +110,7 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	upd := expression.Set(expression.Name(AttrState), expression.Value(f.State)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(now.UnixMilli())).
 		Remove(expression.Name(AttrLeaseUntil))
+	upd = s.withIndex(upd, f.State, now.UnixMilli())
 	if f.LastError != "" {
 		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(f.LastError, 4000)))
 	}
