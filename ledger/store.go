@@ -42,8 +42,8 @@ type Options struct {
 
 // Store reads and writes job records in one DynamoDB table.
 type Store struct {
-	db     DynamoDB
-	table  string
+	db       DynamoDB
+	table    string
 	now      func() time.Time
 	secret   []byte
 	indexAll bool
