@@ -284,6 +284,23 @@ func TestUnknownKindAndMalformedBody(t *testing.T) {
 	if len(dead) != 3 {
 		t.Fatalf("DLQ holds %d messages, want the 3 that are not jobs", len(dead))
 	}
+	// The DLQ consumer keeps each in the ledger with its reason.
+	if resp, err := h.HandleDeadLetters(context.Background(), poller.Event(r0.DLQURL, dead)); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("dead letters: %+v %v", resp, err)
+	}
+	failed, _, err := prod.Store().List(context.Background(), ledger.Failed, 10, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := 0
+	for _, rec := range failed {
+		if rec.Kind == handler.DeadLetterKind && strings.Contains(rec.Args, `"body"`) && rec.LastError != "" {
+			kept++
+		}
+	}
+	if kept != 3 {
+		t.Fatalf("%d non-job messages kept in the ledger, want 3: %+v", kept, failed)
+	}
 }
 
 func TestMixedBatchReportsExactlyTheFailures(t *testing.T) {

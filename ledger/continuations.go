@@ -84,3 +84,28 @@ func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 	}
 	return rec, err
 }
+
+// DeadLetter ends a job whose message reached the dead-letter queue: one
+// update to Failed with the reason, conditional on the job still being
+// Enqueued, Scheduled or Processing. dead=false means it had already ended
+// (a duplicate in the DLQ): nothing was written.
+func (s *Store) DeadLetter(ctx context.Context, id, reason string, expiresAt time.Time) (Record, bool, error) {
+	st := expression.Name(AttrState)
+	cond := isJob(id).And(expression.Or(
+		st.Equal(expression.Value(Enqueued)), st.Equal(expression.Value(Scheduled)), st.Equal(expression.Value(Processing))))
+	nowMs := s.now().UnixMilli()
+	upd := expression.Set(st, expression.Value(Failed)).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
+		Set(expression.Name(AttrLastError), expression.Value(truncate(reason, 4000))).
+		Remove(expression.Name(AttrLeaseUntil))
+	upd = s.withIndex(upd, Failed, nowMs)
+	if !expiresAt.IsZero() {
+		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(expiresAt.Unix()))
+	}
+	rec, err := s.updateByID(ctx, id, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, false, nil
+	}
+	return rec, err == nil, err
+}

@@ -100,6 +100,7 @@ func (p *Poller) Poll(ctx context.Context) (int, error) {
 		MaxNumberOfMessages:         p.o.BatchSize,
 		WaitTimeSeconds:             int32(p.o.WaitTime / time.Second),
 		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+		MessageAttributeNames:       []string{"All"},
 	})
 	if err != nil || len(out.Messages) == 0 {
 		return 0, err
@@ -137,13 +138,18 @@ func Event(queueURL string, msgs []sqstypes.Message) events.SQSEvent {
 		for k, v := range m.Attributes {
 			attrs[k] = v
 		}
+		mattrs := map[string]events.SQSMessageAttribute{}
+		for k, v := range m.MessageAttributes {
+			mattrs[k] = events.SQSMessageAttribute{StringValue: v.StringValue, DataType: aws.ToString(v.DataType)}
+		}
 		ev.Records = append(ev.Records, events.SQSMessage{
-			MessageId:      aws.ToString(m.MessageId),
-			ReceiptHandle:  aws.ToString(m.ReceiptHandle),
-			Body:           aws.ToString(m.Body),
-			Attributes:     attrs,
-			EventSource:    "aws:sqs",
-			EventSourceARN: queueURL,
+			MessageId:         aws.ToString(m.MessageId),
+			ReceiptHandle:     aws.ToString(m.ReceiptHandle),
+			Body:              aws.ToString(m.Body),
+			Attributes:        attrs,
+			MessageAttributes: mattrs,
+			EventSource:       "aws:sqs",
+			EventSourceARN:    queueURL,
 		})
 	}
 	return ev

@@ -1,0 +1,274 @@
+package handler_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// crashJob appends "start" and "end" lines to a file shared across worker
+// processes, so the test can see every run, including cut-off ones.
+type crashJob struct {
+	N     int  `json:"n"`
+	Sleep int  `json:"sleepMs"`
+	Exit  bool `json:"exit,omitempty"` // a poison job: the process dies every time it runs
+}
+
+func (crashJob) Kind() string { return "crash-test" }
+
+// TestMain doubles as the separate worker process of the crash tests: with
+// NEXJOB_CRASH_WORKER=1 the test binary runs a local worker until killed.
+func TestMain(m *testing.M) {
+	if os.Getenv("NEXJOB_CRASH_WORKER") == "1" {
+		crashWorker()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+func crashWorker() {
+	ctx := context.Background()
+	cfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		panic(err)
+	}
+	runs, err := os.OpenFile(os.Getenv("NEXJOB_RUNS_FILE"), os.O_APPEND|os.O_WRONLY|os.O_CREATE|os.O_SYNC, 0o600)
+	if err != nil {
+		panic(err)
+	}
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[crashJob](func(ctx context.Context, j *handler.Job[crashJob]) error {
+		fmt.Fprintf(runs, "start %s %d %d\n", j.ID, j.Attempt, time.Now().UnixNano())
+		if j.Args.Exit {
+			os.Exit(3) // not a panic: the process is gone, as with a runtime fatal error or an OOM kill
+		}
+		time.Sleep(time.Duration(j.Args.Sleep) * time.Millisecond)
+		fmt.Fprintf(runs, "end %s %d %d\n", j.ID, j.Attempt, time.Now().UnixNano())
+		return nil
+	}), nil)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	h, err := handler.New(cfg, os.Getenv("NEXJOB_TABLE"), os.Getenv("NEXJOB_QUEUE_URL"), reg, &handler.Options{Logger: log, StopBefore: 500 * time.Millisecond})
+	if err != nil {
+		panic(err)
+	}
+	p := poller.New(sqs.NewFromConfig(cfg), os.Getenv("NEXJOB_QUEUE_URL"), h.Handle, &poller.Options{FunctionTimeout: 2 * time.Second, WaitTime: -1, Logger: log})
+	_ = p.Run(ctx)
+}
+
+// startWorker starts the test binary as a worker process.
+func startWorker(t *testing.T, e *awstest.Env, runsFile string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "NEXJOB_CRASH_WORKER=1", "NEXJOB_TABLE="+e.Table, "NEXJOB_QUEUE_URL="+e.QueueURL, "NEXJOB_RUNS_FILE="+runsFile)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+type run struct {
+	attempt    int
+	start, end int64
+}
+
+func readRuns(t *testing.T, path string) map[string][]run {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	runs := map[string][]run{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) != 4 {
+			continue // a line cut by SIGKILL
+		}
+		attempt, _ := strconv.Atoi(fs[2])
+		at, _ := strconv.ParseInt(fs[3], 10, 64)
+		rs := runs[fs[1]]
+		switch fs[0] {
+		case "start":
+			rs = append(rs, run{attempt: attempt, start: at})
+		case "end":
+			if len(rs) > 0 && rs[len(rs)-1].attempt == attempt {
+				rs[len(rs)-1].end = at
+			}
+		}
+		runs[fs[1]] = rs
+	}
+	return runs
+}
+
+// TestCrashRecovery kills the worker process with SIGKILL in the middle of
+// jobs, several times, restarts it, and checks that all 100 jobs end
+// Succeeded, none is lost, and a job ran again only if a kill cut its
+// earlier run.
+func TestCrashRecovery(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, &awstest.QueueOptions{VisibilityTimeout: 3 * time.Second, MaxReceiveCount: 20})
+	runsFile := t.TempDir() + "/runs"
+	prod, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 100 {
+		res, err := prod.Enqueue(context.Background(), crashJob{N: i, Sleep: 250}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	var kills []int64
+	for range 4 {
+		w := startWorker(t, e, runsFile)
+		time.Sleep(1200 * time.Millisecond)
+		kills = append(kills, time.Now().UnixNano())
+		_ = w.Process.Signal(syscall.SIGKILL)
+		_ = w.Wait()
+	}
+	w := startWorker(t, e, runsFile)
+	defer func() { _ = w.Process.Kill(); _ = w.Wait() }()
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		done := 0
+		for _, id := range ids {
+			rec, err := prod.Store().Get(context.Background(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.State == ledger.Succeeded {
+				done++
+			}
+		}
+		if done == len(ids) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d jobs Succeeded after the kills", done, len(ids))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	runs := readRuns(t, runsFile)
+	twice, cut := 0, 0
+	for _, id := range ids {
+		rs := runs[id]
+		if len(rs) == 0 {
+			t.Errorf("job %s Succeeded without a recorded run", id)
+			continue
+		}
+		if len(rs) > 1 {
+			twice++
+		}
+		for i := 0; i+1 < len(rs); i++ {
+			if !killedBetween(kills, rs[i].start, rs[i+1].start) {
+				t.Errorf("job %s ran again (attempt %d) with no kill during its run %d", id, rs[i+1].attempt, rs[i].attempt)
+			}
+		}
+		for _, r := range rs {
+			if r.end == 0 {
+				cut++
+			}
+		}
+	}
+	t.Logf("100 jobs, %d kills: all Succeeded, %d ran more than once, %d runs cut by a kill, 0 lost", len(kills), twice, cut)
+	if cut == 0 {
+		t.Fatal("no run was cut: the kills did not hit jobs in flight, so the test proved nothing")
+	}
+}
+
+func killedBetween(kills []int64, from, to int64) bool {
+	for _, k := range kills {
+		if k > from && k < to {
+			return true
+		}
+	}
+	return false
+}
+
+var quiet = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+
+// TestPoisonMessage: a job that kills its worker process every time reaches
+// the DLQ through maxReceiveCount; the DLQ consumer marks it Failed with the
+// reason and calls its dead-letter hook once, even if the dead letter is
+// delivered twice.
+func TestPoisonMessage(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, &awstest.QueueOptions{VisibilityTimeout: 2 * time.Second, MaxReceiveCount: 2})
+	runsFile := t.TempDir() + "/runs"
+	prod, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := prod.Enqueue(context.Background(), crashJob{Exit: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keep a worker alive: it dies on the poison job; start it again.
+	deadline := time.Now().Add(60 * time.Second)
+	for e.QueueDepth(t, e.DLQURL) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the poison message never reached the DLQ")
+		}
+		w := startWorker(t, e, runsFile)
+		exited := make(chan struct{})
+		go func() { _ = w.Wait(); close(exited) }()
+		select {
+		case <-exited:
+		case <-time.After(3 * time.Second):
+			_ = w.Process.Kill()
+			<-exited
+		}
+	}
+	hooked := 0
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[crashJob](func(context.Context, *handler.Job[crashJob]) error { return nil }),
+		&handler.KindOptions{OnDeadLetter: func(_ context.Context, rec ledger.Record) error {
+			if rec.ID == res.ID {
+				hooked++
+			}
+			return nil
+		}})
+	h, err := handler.New(e.Cfg, e.Table, e.QueueURL, reg, &handler.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := e.Messages(t, e.DLQURL)
+	if len(dead) != 1 {
+		t.Fatalf("%d messages in the DLQ", len(dead))
+	}
+	ev := poller.Event(e.DLQURL, dead)
+	for range 2 { // delivered twice: recorded once
+		if resp, err := h.HandleDeadLetters(context.Background(), ev); err != nil || len(resp.BatchItemFailures) != 0 {
+			t.Fatalf("dead letters: %+v %v", resp, err)
+		}
+	}
+	rec, err := prod.Store().Get(context.Background(), res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != ledger.Failed || !strings.Contains(rec.LastError, "dead-letter queue") || hooked != 1 {
+		t.Fatalf("poison job: %s %q, hook called %d times", rec.State, rec.LastError, hooked)
+	}
+	t.Logf("poison job: %d runs before the DLQ; ledger says %q", len(readRuns(t, runsFile)[res.ID]), rec.LastError)
+}
