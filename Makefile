@@ -6,9 +6,11 @@
 SHELL := /bin/bash
 GO ?= go
 EMU := ./localstack/with-emulator.sh
-FUZZTIME ?= 5s
+FUZZTIME ?= 3s
+# package:FuzzTarget pairs; `make test` runs each briefly, `make fuzz FUZZTIME=5m` for real.
+FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzCursor ./handler/guard:FuzzChangeFromImages
 
-.PHONY: help run test test-go bench lint vet emulator bootstrap clean
+.PHONY: help run test fuzz bench vet emulator clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -16,8 +18,14 @@ help: ## list the targets
 run: ## the demo: start the emulator, provision, run the worker, enqueue the seed's jobs, print the tables
 	$(EMU) $(GO) run ./cmd/nexjob demo
 
-test: vet ## every test against the default emulator (started and stopped here)
+test: vet ## every test against the default emulator (started and stopped here), then a short fuzz run
 	$(EMU) $(GO) test -count=1 -timeout 20m ./...
+	@$(MAKE) --no-print-directory fuzz
+
+fuzz: ## run each fuzz target for FUZZTIME (seed corpora in testdata/fuzz)
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+	  echo "fuzz $$fn ($$pkg) for $(FUZZTIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; done
 
 bench: ## benchmarks against the default emulator
 	$(EMU) $(GO) test -run '^$$' -bench . -benchtime 200x ./...

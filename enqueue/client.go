@@ -45,6 +45,9 @@ const (
 	// DefaultScheduleTolerance is how far in the past a RunAt may be and
 	// still run at once rather than be refused (clock skew, slow callers).
 	DefaultScheduleTolerance = time.Minute
+	// DefaultRedispatchAfter: see ClientOptions.RedispatchAfter; the
+	// dispatch guard waits as long before it checks a job.
+	DefaultRedispatchAfter = 2 * time.Minute
 	// MaxSQSDelay is SQS's limit on DelaySeconds. Longer schedules are
 	// carried forward by the worker in hops of at most this.
 	MaxSQSDelay = 900 * time.Second
@@ -65,6 +68,12 @@ type ClientOptions struct {
 	Logger *slog.Logger
 	// ScheduleTolerance: see DefaultScheduleTolerance.
 	ScheduleTolerance time.Duration
+	// RedispatchAfter: a duplicate enqueue of a job that has waited this
+	// long unclaimed since it became due sends its message again (its
+	// producer may have died between the write and the send). A job known
+	// to be unsent (its send failed) is re-sent at once. Defaults to
+	// DefaultRedispatchAfter.
+	RedispatchAfter time.Duration
 	// MaxDelay caps one SQS delay; a longer schedule is carried forward
 	// in hops of MaxDelay. Defaults to MaxSQSDelay; tests shorten it to
 	// drive long schedules with an injected clock.
@@ -80,6 +89,7 @@ type Client struct {
 	log       *slog.Logger
 	tolerance time.Duration
 	maxDelay  time.Duration
+	redisp    time.Duration
 }
 
 // New returns a Client for the ledger table and the job queue. It does no
@@ -104,6 +114,9 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if o.ScheduleTolerance <= 0 {
 		o.ScheduleTolerance = DefaultScheduleTolerance
 	}
+	if o.RedispatchAfter <= 0 {
+		o.RedispatchAfter = DefaultRedispatchAfter
+	}
 	if o.MaxDelay <= 0 || o.MaxDelay > MaxSQSDelay {
 		o.MaxDelay = MaxSQSDelay
 	}
@@ -111,7 +124,7 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay}, nil
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter}, nil
 }
 
 // Store returns the ledger the client writes to.
@@ -143,7 +156,10 @@ type Opts struct {
 type Result struct {
 	ID        string       // the job's id: the new job's, or the existing one's
 	State     ledger.State // the job's state as this call saw it
-	Duplicate bool         // true: an active job already held the key; nothing was written or sent
+	Duplicate bool         // true: an active job already held the key; nothing new was written
+	// Redispatched: the duplicate's job had apparently never been sent
+	// (see ClientOptions.RedispatchAfter), and this call sent it.
+	Redispatched bool
 }
 
 // Enqueue records a job and sends it to SQS.
@@ -169,13 +185,43 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
 	if !created {
 		c.log.InfoContext(ctx, "nexjob: enqueue deduplicated", "job_id", got.ID, "kind", got.Kind, "state", got.State)
-		return res, nil
+		if !c.unsent(got) {
+			return res, nil
+		}
+		res.Redispatched = true
 	}
 	if err := c.Dispatch(ctx, got); err != nil {
+		if mErr := c.store.MarkUndispatched(ctx, got.ID); mErr != nil {
+			c.log.ErrorContext(ctx, "nexjob: could not mark an unsent job; the dispatch guard will find it", "job_id", got.ID, "err", mErr)
+		}
 		return res, &DispatchError{JobID: got.ID, Err: c.missing(err)}
+	}
+	if got.Undispatched {
+		if err := c.store.ClearUndispatched(ctx, got.ID); err != nil {
+			c.log.WarnContext(ctx, "nexjob: could not clear the unsent mark", "job_id", got.ID, "err", err)
+		}
 	}
 	c.log.InfoContext(ctx, "nexjob: enqueued", "job_id", got.ID, "kind", got.Kind, "state", got.State)
 	return res, nil
+}
+
+// unsent reports whether an existing job looks as if its message was never
+// sent: marked so after a failed send, or waiting unclaimed since it became
+// due for longer than RedispatchAfter.
+func (c *Client) unsent(rec ledger.Record) bool {
+	if rec.Attempt != 0 {
+		return false
+	}
+	if rec.Undispatched && (rec.State == ledger.Enqueued || rec.State == ledger.Scheduled) {
+		return true
+	}
+	due := rec.UpdatedAt
+	if rec.State == ledger.Scheduled {
+		due = max(due, rec.RunAt)
+	} else if rec.State != ledger.Enqueued {
+		return false
+	}
+	return c.store.Now().Sub(ledger.Millis(due)) > c.redisp
 }
 
 func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, error) {
@@ -296,7 +342,7 @@ func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) err
 	secs := int32((delay + time.Second - 1) / time.Second)
 	_, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
 		QueueUrl:     aws.String(c.queueURL),
-		MessageBody:  aws.String(msg.encode()),
+		MessageBody:  aws.String(msg.Encode()),
 		DelaySeconds: secs,
 	})
 	if err != nil {

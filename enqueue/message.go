@@ -13,6 +13,9 @@ type Message struct {
 	ID    string `json:"id"`              // job id
 	Kind  string `json:"kind"`            // job kind, for people reading a DLQ
 	RunAt int64  `json:"runAt,omitempty"` // Unix ms; before it the message is carried forward without touching DynamoDB
+	// Check marks the dispatch guard's message: at RunAt the worker looks
+	// whether the job was ever started and runs it if not.
+	Check bool `json:"check,omitempty"`
 }
 
 // MaxBodyBytes bounds what DecodeMessage accepts; a job message is < 200 bytes.
@@ -37,7 +40,8 @@ func DecodeMessage(body string) (Message, error) {
 	return m, nil
 }
 
-func (m Message) encode() string {
+// Encode returns the SQS body.
+func (m Message) Encode() string {
 	b, _ := json.Marshal(m) // cannot fail: strings and ints
 	return string(b)
 }

@@ -166,6 +166,9 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage) bool {
 	if msg.RunAt > now.UnixMilli() {
 		return h.carryForward(ctx, msg, now)
 	}
+	if msg.Check && !h.neverStarted(ctx, msg, now) {
+		return true // the job's own message did its work
+	}
 	lease, deadline := h.lease(ctx, now)
 	rec, err := h.store.Claim(ctx, msg.ID, lease)
 	var nc *ledger.NotClaimableError
@@ -189,6 +192,22 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage) bool {
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: fmt.Sprintf("%v: %q", ErrUnknownKind, rec.Kind)})
 	}
 	return h.run(ctx, e, rec, deadline)
+}
+
+// neverStarted answers a dispatch guard's check: is the job still waiting,
+// unstarted, past its run time? One eventually consistent read; a stale
+// answer costs at most a refused claim.
+func (h *Handler) neverStarted(ctx context.Context, msg enqueue.Message, now time.Time) bool {
+	rec, err := h.store.Peek(ctx, msg.ID)
+	if err != nil {
+		return false
+	}
+	waiting := rec.State == ledger.Enqueued || rec.State == ledger.Scheduled && rec.RunAt <= now.UnixMilli()
+	if waiting && rec.Attempt == 0 {
+		h.log.WarnContext(ctx, "nexjob: job was never sent; the guard's check runs it", "job_id", rec.ID, "kind", rec.Kind)
+		return true
+	}
+	return false
 }
 
 // lease returns the claim's lease and the run's deadline. Under Lambda the

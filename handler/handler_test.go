@@ -193,57 +193,55 @@ func TestSuccess(t *testing.T) {
 	}
 }
 
-func TestRetryThenSuccess(t *testing.T) {
+// TestOutcomes: one job per case through real SQS messages, from enqueue
+// to its final record.
+func TestOutcomes(t *testing.T) {
 	t.Parallel()
-	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
-		if j.Attempt == 1 {
-			return errors.New("smtp 451 try later")
-		}
-		return nil
-	}, nil)
-	id := r.enqueue(t, email{To: "b@example.com"}, nil)
-	r.drain(t)
-	expect(t, r.get(t, id), ledger.Succeeded, 2, "smtp 451")
-	if r.calls.Load() != 2 {
-		t.Fatalf("worker called %d times, want 2", r.calls.Load())
+	cases := []struct {
+		name    string
+		work    func(context.Context, *handler.Job[email]) error
+		opts    func(c *clock) *enqueue.Opts
+		advance time.Duration // moved on the clock before the worker runs
+		state   ledger.State
+		attempt int
+		lastErr string
+		calls   int32
+	}{
+		{name: "error, retry, success", work: func(_ context.Context, j *handler.Job[email]) error {
+			if j.Attempt == 1 {
+				return errors.New("smtp 451 try later")
+			}
+			return nil
+		}, state: ledger.Succeeded, attempt: 2, lastErr: "smtp 451", calls: 2},
+		{name: "attempts exhausted", work: func(context.Context, *handler.Job[email]) error { return errors.New("mailbox unavailable") },
+			opts:  func(*clock) *enqueue.Opts { return &enqueue.Opts{MaxAttempts: 3} },
+			state: ledger.Failed, attempt: 3, lastErr: "mailbox unavailable", calls: 3},
+		{name: "permanent error", work: func(context.Context, *handler.Job[email]) error {
+			return handler.Permanent(errors.New("address does not exist"))
+		}, state: ledger.Failed, attempt: 1, lastErr: "address does not exist", calls: 1},
+		{name: "panic", work: func(context.Context, *handler.Job[email]) error { panic("nil map") },
+			opts:  func(*clock) *enqueue.Opts { return &enqueue.Opts{MaxAttempts: 2} },
+			state: ledger.Failed, attempt: 2, lastErr: "worker panicked: nil map", calls: 2},
+		{name: "deadline passed", work: ok,
+			opts:    func(c *clock) *enqueue.Opts { return &enqueue.Opts{Deadline: c.Now().Add(time.Minute)} },
+			advance: 2 * time.Minute, state: ledger.Expired, attempt: 1, lastErr: "deadline", calls: 0},
 	}
-}
-
-func TestAttemptsExhausted(t *testing.T) {
-	t.Parallel()
-	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
-		return errors.New("mailbox unavailable")
-	}, nil)
-	id := r.enqueue(t, email{To: "c@example.com"}, &enqueue.Opts{MaxAttempts: 3})
-	r.drain(t)
-	expect(t, r.get(t, id), ledger.Failed, 3, "mailbox unavailable")
-	if r.calls.Load() != 3 {
-		t.Fatalf("worker called %d times, want 3", r.calls.Load())
-	}
-}
-
-func TestPermanentError(t *testing.T) {
-	t.Parallel()
-	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
-		return handler.Permanent(errors.New("address does not exist"))
-	}, nil)
-	id := r.enqueue(t, email{To: "d@example.com"}, nil)
-	r.drain(t)
-	expect(t, r.get(t, id), ledger.Failed, 1, "address does not exist")
-	if r.calls.Load() != 1 {
-		t.Fatalf("worker called %d times, want 1", r.calls.Load())
-	}
-}
-
-func TestDeadlinePassed(t *testing.T) {
-	t.Parallel()
-	r := newRig(t, func(context.Context, *handler.Job[email]) error { return nil }, nil)
-	id := r.enqueue(t, email{To: "e@example.com"}, &enqueue.Opts{Deadline: r.clock.Now().Add(time.Minute)})
-	r.clock.Advance(2 * time.Minute)
-	r.drain(t)
-	expect(t, r.get(t, id), ledger.Expired, 1, "deadline")
-	if r.calls.Load() != 0 {
-		t.Fatalf("worker called %d times for an expired job", r.calls.Load())
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, tc.work, nil)
+			var opts *enqueue.Opts
+			if tc.opts != nil {
+				opts = tc.opts(r.clock)
+			}
+			id := r.enqueue(t, email{To: "b@example.com"}, opts)
+			r.clock.Advance(tc.advance)
+			r.drain(t)
+			expect(t, r.get(t, id), tc.state, tc.attempt, tc.lastErr)
+			if n := r.calls.Load(); n != tc.calls {
+				t.Fatalf("worker called %d times, want %d", n, tc.calls)
+			}
+		})
 	}
 }
 

@@ -109,3 +109,31 @@ func (s *Store) DeadLetter(ctx context.Context, id, reason string, expiresAt tim
 	}
 	return rec, err == nil, err
 }
+
+// MarkUndispatched records that the job's SQS send failed after it was
+// written (the rare path: one update), so that a caller retrying its key
+// re-sends it at once. A job already claimed is left alone.
+func (s *Store) MarkUndispatched(ctx context.Context, id string) error {
+	return s.setUndispatched(ctx, id, true)
+}
+
+// ClearUndispatched removes the mark once the job was sent.
+func (s *Store) ClearUndispatched(ctx context.Context, id string) error {
+	return s.setUndispatched(ctx, id, false)
+}
+
+func (s *Store) setUndispatched(ctx context.Context, id string, on bool) error {
+	cond := isJob(id).And(expression.Name(AttrAttempt).Equal(expression.Value(0)))
+	var upd expression.UpdateBuilder
+	if on {
+		upd = expression.Set(expression.Name(AttrUndispatched), expression.Value(true))
+	} else {
+		upd = expression.Remove(expression.Name(AttrUndispatched))
+	}
+	_, err := s.updateByID(ctx, id, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nil // claimed meanwhile: it was sent after all
+	}
+	return err
+}

@@ -37,6 +37,9 @@ type Record struct {
 	Children    []string `dynamodbav:"children,stringset,omitempty"` // continuations waiting on this job
 	ListState   State    `dynamodbav:"listState,omitempty"`          // the byState index's key; set only for indexed states
 	ListAt      int64    `dynamodbav:"listAt,omitempty"`             // the byState index's sort key (Unix ms)
+	// Undispatched marks a job whose SQS send failed after it was written;
+	// a caller retrying its key sends it again at once.
+	Undispatched bool `dynamodbav:"undispatched,omitempty"`
 }
 
 // Keyed reports whether the job was enqueued with an idempotency key.

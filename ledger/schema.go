@@ -9,27 +9,28 @@ import (
 // Attribute names of a job item. They are the one schema that the ledger,
 // local provisioning and the CDK construct in infra/ share.
 const (
-	AttrPK          = "pk"          // partition key: "k#<key hash>" or "j#<job id>"
-	AttrID          = "id"          // job id
-	AttrKind        = "kind"        // job kind, from the args type
-	AttrArgs        = "args"        // JSON-encoded args
-	AttrState       = "state"       // one of the seven States
-	AttrAttempt     = "attempt"     // attempts started so far
-	AttrMaxAttempts = "maxAttempts" // attempt budget
-	AttrKeyHash     = "keyHash"     // hashed idempotency key; absent when unkeyed
-	AttrPolicy      = "policy"      // DuplicatePolicy name, for the record
-	AttrCreatedAt   = "createdAt"   // Unix milliseconds
-	AttrUpdatedAt   = "updatedAt"   // Unix milliseconds
-	AttrRunAt       = "runAt"       // Unix milliseconds; when a Scheduled job is due
-	AttrDeadline    = "deadline"    // Unix milliseconds; not started by then: Expired
-	AttrLeaseUntil  = "leaseUntil"  // Unix milliseconds; a Processing run's lease
-	AttrToken       = "token"       // fencing token, incremented by every claim
-	AttrLastError   = "lastError"   // last failure, for people
-	AttrExpiresAt   = "expiresAt"   // TTL attribute, Unix seconds; set on terminal writes
-	AttrParentID    = "parentId"    // continuation parent
-	AttrChildren    = "children"    // string set: continuations waiting on this job
-	AttrListState   = "listState"   // byState index partition key; present only in indexed states
-	AttrListAt      = "listAt"      // byState index sort key, Unix milliseconds
+	AttrPK           = "pk"           // partition key: "k#<key hash>" or "j#<job id>"
+	AttrID           = "id"           // job id
+	AttrKind         = "kind"         // job kind, from the args type
+	AttrArgs         = "args"         // JSON-encoded args
+	AttrState        = "state"        // one of the seven States
+	AttrAttempt      = "attempt"      // attempts started so far
+	AttrMaxAttempts  = "maxAttempts"  // attempt budget
+	AttrKeyHash      = "keyHash"      // hashed idempotency key; absent when unkeyed
+	AttrPolicy       = "policy"       // DuplicatePolicy name, for the record
+	AttrCreatedAt    = "createdAt"    // Unix milliseconds
+	AttrUpdatedAt    = "updatedAt"    // Unix milliseconds
+	AttrRunAt        = "runAt"        // Unix milliseconds; when a Scheduled job is due
+	AttrDeadline     = "deadline"     // Unix milliseconds; not started by then: Expired
+	AttrLeaseUntil   = "leaseUntil"   // Unix milliseconds; a Processing run's lease
+	AttrToken        = "token"        // fencing token, incremented by every claim
+	AttrLastError    = "lastError"    // last failure, for people
+	AttrExpiresAt    = "expiresAt"    // TTL attribute, Unix seconds; set on terminal writes
+	AttrParentID     = "parentId"     // continuation parent
+	AttrChildren     = "children"     // string set: continuations waiting on this job
+	AttrListState    = "listState"    // byState index partition key; present only in indexed states
+	AttrListAt       = "listAt"       // byState index sort key, Unix milliseconds
+	AttrUndispatched = "undispatched" // true while a written job's SQS send is known to have failed
 )
 
 // IndexByState is the sparse global secondary index that lists jobs by
@@ -65,6 +66,9 @@ func CreateTableInput(table string) *dynamodb.CreateTableInput {
 			{AttributeName: aws.String(AttrPK), KeyType: types.KeyTypeHash},
 		},
 		SSESpecification: &types.SSESpecification{Enabled: aws.Bool(true)},
+		// The dispatch guard reads the stream to catch jobs written but
+		// never sent (a producer that died between the two calls).
+		StreamSpecification: &types.StreamSpecification{StreamEnabled: aws.Bool(true), StreamViewType: types.StreamViewTypeNewAndOldImages},
 	}
 }
 

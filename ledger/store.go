@@ -269,9 +269,20 @@ func (s *Store) replace(ctx context.Context, old, rec Record) error {
 	return nil
 }
 
-// Get returns the job with this id. A record past its retention is
-// ErrNotFound. A keyed job costs one read, or two once its key was re-used.
+// Get returns the job with this id, read strongly consistent. A record
+// past its retention is ErrNotFound. A keyed job costs one read, or two
+// once its key was re-used.
 func (s *Store) Get(ctx context.Context, id string) (Record, error) {
+	return s.get(ctx, id, true)
+}
+
+// Peek is Get with an eventually consistent read (half the price; may be
+// a moment stale): for checks whose mistakes a conditional write catches.
+func (s *Store) Peek(ctx context.Context, id string) (Record, error) {
+	return s.get(ctx, id, false)
+}
+
+func (s *Store) get(ctx context.Context, id string, consistent bool) (Record, error) {
 	keyPK, jobPK, err := locate(id)
 	if err != nil {
 		return Record{}, err
@@ -280,7 +291,7 @@ func (s *Store) Get(ctx context.Context, id string) (Record, error) {
 		if pk == "" {
 			continue
 		}
-		rec, ok, err := s.getPK(ctx, pk)
+		rec, ok, err := s.getPK(ctx, pk, consistent)
 		if err != nil {
 			return Record{}, err
 		}
@@ -294,11 +305,11 @@ func (s *Store) Get(ctx context.Context, id string) (Record, error) {
 	return Record{}, ErrNotFound
 }
 
-func (s *Store) getPK(ctx context.Context, pk string) (Record, bool, error) {
+func (s *Store) getPK(ctx context.Context, pk string, consistent bool) (Record, bool, error) {
 	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:      aws.String(s.table),
 		Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
-		ConsistentRead: aws.Bool(true),
+		ConsistentRead: aws.Bool(consistent),
 	})
 	if err != nil {
 		return Record{}, false, fmt.Errorf("nexjob: get job from %s: %w", s.table, err)

@@ -1,0 +1,34 @@
+package enqueue_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+)
+
+// FuzzDecodeMessage: any SQS body either decodes to a valid job message
+// that survives a round trip, or is refused with ErrMalformedMessage.
+func FuzzDecodeMessage(f *testing.F) {
+	f.Add(`{"v":1,"id":"aaaaaaaaaaaaaaaaaaaaaaaaaa","kind":"email"}`)
+	f.Add(`{"v":1,"id":"x","kind":"k","runAt":123,"check":true}`)
+	f.Add(`{"v":2}`)
+	f.Add("\xff\xfe")
+	f.Add(`[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]`)
+	f.Fuzz(func(t *testing.T, body string) {
+		m, err := enqueue.DecodeMessage(body)
+		if err != nil {
+			if !errors.Is(err, enqueue.ErrMalformedMessage) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if m.ID == "" || m.Kind == "" || m.V != 1 {
+			t.Fatalf("accepted an invalid message %+v", m)
+		}
+		again, err := enqueue.DecodeMessage(m.Encode())
+		if err != nil || again != m {
+			t.Fatalf("round trip: %+v → %+v, %v", m, again, err)
+		}
+	})
+}

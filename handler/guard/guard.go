@@ -1,0 +1,199 @@
+// Package guard closes the gap between the ledger write and the SQS send.
+//
+// An enqueue writes the job, then sends its message. If the producer dies
+// between the two, or the send fails and the caller never retries, the job
+// exists but no message names it. The guard reads the ledger table's
+// DynamoDB stream: for every job that becomes Enqueued or Scheduled with no
+// attempt spent (a new job, a requeue, a released continuation) it sends one
+// delayed check message, due After past the job's run time. When the check
+// arrives, the worker reads the job (one eventually consistent read) and,
+// if it was never started, runs it; otherwise it drops the check.
+//
+// # Cost and latency
+//
+// Per job: no DynamoDB write; one check message sent in batches of ten
+// (0.1 SQS request), received and deleted by the event source mapping in
+// batches, and half a read unit. Stream reads by Lambda are free, and the
+// event source mapping's filter keeps other changes from invoking it. A
+// lost job runs about After (default 2 min) past its run time. A caller
+// that retries its key re-sends at once (see enqueue).
+//
+// # How it fails
+//
+// A send error fails the whole stream batch, which Lambda retries (checks
+// are idempotent: a second check of a started job is dropped). Records
+// that are not jobs, or not in a state that needs a check, are skipped.
+package guard
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// SQS is the part of *sqs.Client the guard uses.
+type SQS interface {
+	SendMessageBatch(context.Context, *sqs.SendMessageBatchInput, ...func(*sqs.Options)) (*sqs.SendMessageBatchOutput, error)
+}
+
+// Options tune a Guard. The zero value takes every default.
+type Options struct {
+	// After is how long past its run time a job may wait for its own
+	// message before the check runs it. Defaults to
+	// enqueue.DefaultRedispatchAfter.
+	After time.Duration
+	// MaxDelay caps one SQS delay (tests shorten it). Defaults to
+	// enqueue.MaxSQSDelay.
+	MaxDelay time.Duration
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Guard sends check messages for jobs the stream shows becoming runnable.
+type Guard struct {
+	sqs      SQS
+	queueURL string
+	o        Options
+}
+
+// New returns a Guard sending to the job queue.
+func New(client SQS, queueURL string, opts *Options) *Guard {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.After <= 0 {
+		o.After = enqueue.DefaultRedispatchAfter
+	}
+	if o.MaxDelay <= 0 || o.MaxDelay > enqueue.MaxSQSDelay {
+		o.MaxDelay = enqueue.MaxSQSDelay
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return &Guard{sqs: client, queueURL: queueURL, o: o}
+}
+
+// Change is what the guard needs of one stream record.
+type Change struct {
+	ID       string
+	Kind     string
+	State    ledger.State
+	OldState ledger.State // "" for an insert
+	Attempt  int
+	RunAt    int64 // Unix ms, for Scheduled
+}
+
+// needsCheck: the job just became runnable with no attempt spent.
+func (c Change) needsCheck() bool {
+	return c.ID != "" && c.Attempt == 0 && c.State != c.OldState &&
+		(c.State == ledger.Enqueued || c.State == ledger.Scheduled)
+}
+
+// HandleStream is the Lambda handler for the table's stream.
+func (g *Guard) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (events.DynamoDBEventResponse, error) {
+	var changes []Change
+	for _, r := range ev.Records {
+		if r.EventName != "INSERT" && r.EventName != "MODIFY" {
+			continue
+		}
+		changes = append(changes, ChangeFromImages(r.Change.NewImage, r.Change.OldImage))
+	}
+	return events.DynamoDBEventResponse{}, g.Check(ctx, changes)
+}
+
+// Check sends a check message for every change that needs one.
+func (g *Guard) Check(ctx context.Context, changes []Change) error {
+	now := g.o.Now()
+	var batch []sqstypes.SendMessageBatchRequestEntry
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		out, err := g.sqs.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(g.queueURL), Entries: batch})
+		batch = batch[:0]
+		if err != nil {
+			return fmt.Errorf("nexjob guard: send checks: %w", err)
+		}
+		if len(out.Failed) > 0 {
+			return fmt.Errorf("nexjob guard: %d checks not sent: %s", len(out.Failed), aws.ToString(out.Failed[0].Message))
+		}
+		return nil
+	}
+	for _, c := range changes {
+		if !c.needsCheck() {
+			continue
+		}
+		due := max(now.UnixMilli(), c.RunAt)
+		checkAt := ledger.Millis(due).Add(g.o.After)
+		msg := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: checkAt.UnixMilli(), Check: true}
+		delay := min(checkAt.Sub(now), g.o.MaxDelay)
+		batch = append(batch, sqstypes.SendMessageBatchRequestEntry{
+			Id:           aws.String(strconv.Itoa(len(batch))),
+			MessageBody:  aws.String(msg.Encode()),
+			DelaySeconds: int32((delay + time.Second - 1) / time.Second),
+		})
+		if len(batch) == 10 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+// ChangeFromImages reads a Lambda stream record's images. Attributes of
+// an unexpected type are ignored, never a panic: the stream is input.
+func ChangeFromImages(newImg, oldImg map[string]events.DynamoDBAttributeValue) Change {
+	get := func(img map[string]events.DynamoDBAttributeValue) attrs {
+		return func(k string, number bool) (string, bool) {
+			v, ok := img[k]
+			switch {
+			case !ok:
+				return "", false
+			case number && v.DataType() == events.DataTypeNumber:
+				return v.Number(), true
+			case !number && v.DataType() == events.DataTypeString:
+				return v.String(), true
+			}
+			return "", false
+		}
+	}
+	return changeFrom(get(newImg), get(oldImg))
+}
+
+// attrs reads a string (or, with number, a number's text) attribute of one
+// image, whatever client library decoded it.
+type attrs func(name string, number bool) (string, bool)
+
+func changeFrom(newImg, oldImg attrs) Change {
+	str := func(img attrs, k string) string { v, _ := img(k, false); return v }
+	num := func(k string) int64 {
+		if v, ok := newImg(k, true); ok {
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+				return n
+			}
+		}
+		return -1
+	}
+	return Change{
+		ID: str(newImg, ledger.AttrID), Kind: str(newImg, ledger.AttrKind),
+		State: ledger.State(str(newImg, ledger.AttrState)), OldState: ledger.State(str(oldImg, ledger.AttrState)),
+		Attempt: int(num(ledger.AttrAttempt)), RunAt: max(num(ledger.AttrRunAt), 0),
+	}
+}

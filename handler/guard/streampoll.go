@@ -1,0 +1,112 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
+	stypes "github.com/aws/aws-sdk-go-v2/service/dynamodbstreams/types"
+)
+
+// StreamPoller reads the ledger table's stream and hands changes to a
+// Guard, playing the part of Lambda's stream event source mapping. It is
+// for local use (tests, emulators); on AWS the event source mapping does
+// this. It starts at the stream's beginning and follows every shard.
+type StreamPoller struct {
+	db      *dynamodb.Client
+	streams *dynamodbstreams.Client
+	table   string
+	g       *Guard
+	iters   map[string]*string // shard id → next iterator; nil when closed
+}
+
+// NewStreamPoller returns a poller over the table's latest stream.
+func NewStreamPoller(db *dynamodb.Client, streams *dynamodbstreams.Client, table string, g *Guard) *StreamPoller {
+	return &StreamPoller{db: db, streams: streams, table: table, g: g, iters: map[string]*string{}}
+}
+
+// Run polls until ctx is done.
+func (p *StreamPoller) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		if err := p.Poll(ctx); err != nil && ctx.Err() == nil {
+			p.g.o.Logger.WarnContext(ctx, "nexjob guard: stream poll failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Poll reads what every shard has now and checks it.
+func (p *StreamPoller) Poll(ctx context.Context) error {
+	t, err := p.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(p.table)})
+	if err != nil {
+		return fmt.Errorf("describe table: %w", err)
+	}
+	if t.Table.LatestStreamArn == nil {
+		return fmt.Errorf("table %s has no stream", p.table)
+	}
+	d, err := p.streams.DescribeStream(ctx, &dynamodbstreams.DescribeStreamInput{StreamArn: t.Table.LatestStreamArn})
+	if err != nil {
+		return fmt.Errorf("describe stream: %w", err)
+	}
+	for _, sh := range d.StreamDescription.Shards {
+		id := aws.ToString(sh.ShardId)
+		it, seen := p.iters[id]
+		if !seen {
+			out, err := p.streams.GetShardIterator(ctx, &dynamodbstreams.GetShardIteratorInput{
+				StreamArn: t.Table.LatestStreamArn, ShardId: sh.ShardId, ShardIteratorType: stypes.ShardIteratorTypeTrimHorizon,
+			})
+			if err != nil {
+				return fmt.Errorf("shard iterator: %w", err)
+			}
+			it = out.ShardIterator
+		}
+		for it != nil {
+			out, err := p.streams.GetRecords(ctx, &dynamodbstreams.GetRecordsInput{ShardIterator: it})
+			if err != nil {
+				return fmt.Errorf("get records: %w", err)
+			}
+			var changes []Change
+			for _, r := range out.Records {
+				if r.Dynamodb == nil || (r.EventName != stypes.OperationTypeInsert && r.EventName != stypes.OperationTypeModify) {
+					continue
+				}
+				changes = append(changes, changeFromStream(r.Dynamodb.NewImage, r.Dynamodb.OldImage))
+			}
+			if err := p.g.Check(ctx, changes); err != nil {
+				return err // the iterator is not advanced: the same records come again
+			}
+			it = out.NextShardIterator
+			p.iters[id] = it
+			if len(out.Records) == 0 {
+				break
+			}
+		}
+	}
+	return nil
+}
+
+func changeFromStream(newImg, oldImg map[string]stypes.AttributeValue) Change {
+	get := func(img map[string]stypes.AttributeValue) attrs {
+		return func(k string, number bool) (string, bool) {
+			switch v := img[k].(type) {
+			case *stypes.AttributeValueMemberN:
+				if number {
+					return v.Value, true
+				}
+			case *stypes.AttributeValueMemberS:
+				if !number {
+					return v.Value, true
+				}
+			}
+			return "", false
+		}
+	}
+	return changeFrom(get(newImg), get(oldImg))
+}

@@ -1,0 +1,51 @@
+package ledger
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// FuzzKeyAndID: any key hashes to a fixed-length id suffix; ids made from
+// it locate the key's record; any string given as an id either locates or
+// is refused with ErrBadID, never a panic.
+func FuzzKeyAndID(f *testing.F) {
+	f.Add("payment-1001", "")
+	f.Add("", "aaaaaaaaaaaaaaaaaaaaaaaaaa.bbbbbbbbbbbbbbbbbbbbbbbbbb")
+	f.Add("welcome-\xff", "../../etc")
+	f.Add(strings.Repeat("k", 5000), "a.b.c")
+	f.Fuzz(func(t *testing.T, key, id string) {
+		h := hashKey(nil, key)
+		if len(h) != 26 || hashKey([]byte("s"), key) == h {
+			t.Fatalf("hash %q", h)
+		}
+		keyPK, jobPK, err := locate(newID(h))
+		if err != nil || keyPK != keyPrefix+h || !strings.HasPrefix(jobPK, jobPrefix) {
+			t.Fatalf("locate(newID): %q %q %v", keyPK, jobPK, err)
+		}
+		if _, _, err := locate(id); err != nil && !errors.Is(err, ErrBadID) {
+			t.Fatalf("untyped error %v", err)
+		}
+	})
+}
+
+// FuzzCursor: List's cursors come back from users; any string is either a
+// cursor that re-encodes to itself or ErrBadCursor.
+func FuzzCursor(f *testing.F) {
+	good, _ := encodeCursor(nil)
+	f.Add(good)
+	f.Add("eyJzOnBrIjoiayNhIiwiczpsaXN0U3RhdGUiOiJGYWlsZWQiLCJuOmxpc3RBdCI6IjEyIn0")
+	f.Add("!!!")
+	f.Fuzz(func(t *testing.T, c string) {
+		key, err := decodeCursor(c)
+		if err != nil {
+			if !errors.Is(err, ErrBadCursor) {
+				t.Fatalf("untyped error %v", err)
+			}
+			return
+		}
+		if _, err := encodeCursor(key); err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+	})
+}
