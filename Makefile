@@ -10,7 +10,9 @@ FUZZTIME ?= 3s
 # package:FuzzTarget pairs; `make test` runs each briefly, `make fuzz FUZZTIME=5m` for real.
 FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzCursor ./handler/guard:FuzzChangeFromImages
 
-.PHONY: help run test fuzz bench vet emulator clean
+LAMBDAS := worker deadletter guard
+
+.PHONY: help run test fuzz bench vet emulator lambdas synth up down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -18,8 +20,9 @@ help: ## list the targets
 run: ## the demo: start the emulator, provision, run the worker, enqueue the seed's jobs, print the tables
 	$(EMU) $(GO) run ./cmd/nexjob demo
 
-test: vet ## every test against the default emulator (started and stopped here), then a short fuzz run
+test: vet ## every test against the default emulator (started and stopped here), the CDK tests, a short fuzz run
 	$(EMU) $(GO) test -count=1 -timeout 20m ./...
+	cd infra && $(GO) test -count=1 -timeout 20m ./...
 	@$(MAKE) --no-print-directory fuzz
 
 fuzz: ## run each fuzz target for FUZZTIME (seed corpora in testdata/fuzz)
@@ -33,9 +36,24 @@ bench: ## benchmarks against the default emulator
 vet: ## gofmt check and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
+	cd infra && $(GO) vet ./...
 
 emulator: ## run the default emulator in the foreground (prints its endpoint)
 	$(EMU) bash -c 'echo "export AWS_ENDPOINT_URL=$$AWS_ENDPOINT_URL"; sleep infinity'
+
+lambdas: ## build each Lambda's bootstrap (linux/arm64) into build/lambda/NAME/
+	@for f in $(LAMBDAS); do mkdir -p build/lambda/$$f; \
+	  GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/lambda/$$f/bootstrap ./lambda/$$f || exit 1; done
+
+synth: lambdas ## write the CloudFormation template to infra/cdk.out (no CDK CLI needed)
+	cd infra && $(GO) run ./app
+	@ls infra/cdk.out/*.template.json
+
+up: ## start LocalStack with docker compose (needs a Docker engine)
+	docker compose up -d --wait
+
+down: ## stop LocalStack
+	docker compose down
 
 clean: ## remove the emulator's virtualenv and build output
 	rm -rf .cache build

@@ -7,7 +7,7 @@ app, threaded so that SQS long polls do not block anything, but holds one
 lock around every DynamoDB request: DynamoDB is served one request at a time,
 as a conditional write must appear to be.
 
-Usage: python emulator.py --port PORT   (listens on 127.0.0.1 only)
+Usage: python emulator.py --port PORT [--host 127.0.0.1]
 Health: GET /moto-api/ ; reset: POST /moto-api/reset
 """
 
@@ -44,11 +44,14 @@ class SerialDynamoDB:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
+    # 127.0.0.1 unless told otherwise (the compose profile binds the
+    # container's interface and publishes it on the host's 127.0.0.1).
+    parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(
-        "127.0.0.1",
+        args.host,
         args.port,
         SerialDynamoDB(app),
         threaded=True,

@@ -3,6 +3,7 @@
 //
 //	nexjob demo                      run the seed's jobs end to end and print the tables
 //	nexjob provision NAME            create table NAME and queues NAME, NAME-dlq
+//	nexjob schema                    print the table definition for the AWS CLI (LocalStack's hook)
 //	nexjob get     -table T ID       print a job's record
 //	nexjob requeue -table T -queue URL ID   requeue a terminal job
 //
@@ -33,7 +34,7 @@ func main() {
 }
 
 func usage() error {
-	return fmt.Errorf("usage: nexjob demo | provision NAME | get -table T ID | requeue -table T -queue URL ID")
+	return fmt.Errorf("usage: nexjob demo | provision NAME | schema | get -table T ID | requeue -table T -queue URL ID")
 }
 
 func run(ctx context.Context, args []string) error {
@@ -53,6 +54,13 @@ func run(ctx context.Context, args []string) error {
 	switch args[0] {
 	case "demo":
 		return demo(ctx, cfg, os.Stdout)
+	case "schema":
+		out, err := provision.TableJSON("nexjob")
+		if err != nil {
+			return err
+		}
+		fmt.Println(string(out))
+		return nil
 	case "provision":
 		if fs.NArg() != 1 {
 			return usage()

@@ -8,6 +8,7 @@ package provision
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -82,4 +83,50 @@ func Queues(ctx context.Context, q *sqs.Client, spec QueueSpec) (queueURL, dlqUR
 		return "", "", fmt.Errorf("provision: create queue: %w", err)
 	}
 	return aws.ToString(main.QueueUrl), aws.ToString(dlq.QueueUrl), nil
+}
+
+// TableJSON is ledger.CreateTableInput as the AWS CLI's --cli-input-json
+// takes it (nulls dropped): LocalStack's init hook creates the table from it.
+func TableJSON(name string) ([]byte, error) {
+	raw, err := json.Marshal(ledger.CreateTableInput(name))
+	if err != nil {
+		return nil, err
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return nil, err
+	}
+	return json.MarshalIndent(dropEmpty(v), "", "  ")
+}
+
+func dropEmpty(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := map[string]any{}
+		for k, e := range x {
+			if e = dropEmpty(e); e != nil {
+				out[k] = e
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		return out
+	case []any:
+		var out []any
+		for _, e := range x {
+			if e = dropEmpty(e); e != nil {
+				out = append(out, e)
+			}
+		}
+		if len(out) == 0 {
+			return nil
+		}
+		return out
+	case string:
+		if x == "" {
+			return nil
+		}
+	}
+	return v
 }

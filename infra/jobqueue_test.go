@@ -1,0 +1,243 @@
+package infra_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/nexjob/nexjob-aws/infra"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// synth builds a stack with a JobQueue (and a producer granted enqueue)
+// over placeholder bootstraps, and returns its template.
+func synth(t *testing.T) (assertions.Template, map[string]any) {
+	t.Helper()
+	code := t.TempDir()
+	for _, f := range []string{"worker", "deadletter", "guard"} {
+		if err := os.MkdirAll(filepath.Join(code, f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(code, f, "bootstrap"), []byte("placeholder "+f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	stack := awscdk.NewStack(app, jsii.String("Test"), nil)
+	q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{CodeDir: code})
+	producer := awsiam.NewRole(stack, jsii.String("Producer"), &awsiam.RoleProps{AssumedBy: awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil)})
+	q.GrantEnqueue(producer)
+	tpl := assertions.Template_FromStack(stack, nil)
+	var raw map[string]any
+	b, _ := json.Marshal(tpl.ToJSON())
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	return tpl, raw
+}
+
+func TestJobQueueTemplate(t *testing.T) {
+	tpl, raw := synth(t)
+	for typ, n := range map[string]float64{
+		"AWS::DynamoDB::Table": 1, "AWS::SQS::Queue": 2, "AWS::Lambda::Function": 3,
+		"AWS::Lambda::EventSourceMapping": 3, "AWS::CloudWatch::Alarm": 2, "AWS::Logs::LogGroup": 3,
+	} {
+		tpl.ResourceCountIs(jsii.String(typ), jsii.Number(n))
+	}
+
+	// The table: the ledger's schema, on demand, TTL, PITR, encryption, stream, index.
+	tpl.HasResourceProperties(jsii.String("AWS::DynamoDB::Table"), map[string]any{
+		"KeySchema":               []any{map[string]any{"AttributeName": ledger.AttrPK, "KeyType": "HASH"}},
+		"BillingMode":             "PAY_PER_REQUEST",
+		"TimeToLiveSpecification": map[string]any{"AttributeName": ledger.TTLAttribute, "Enabled": true},
+		"PointInTimeRecoverySpecification": map[string]any{"PointInTimeRecoveryEnabled": true},
+		"SSESpecification":                 map[string]any{"SSEEnabled": true},
+		"StreamSpecification":              map[string]any{"StreamViewType": "NEW_AND_OLD_IMAGES"},
+		"GlobalSecondaryIndexes": []any{map[string]any{
+			"IndexName": ledger.IndexByState,
+			"KeySchema": []any{
+				map[string]any{"AttributeName": ledger.AttrListState, "KeyType": "HASH"},
+				map[string]any{"AttributeName": ledger.AttrListAt, "KeyType": "RANGE"},
+			},
+			"Projection": map[string]any{"ProjectionType": "ALL"},
+		}},
+	})
+
+	// The queues: encrypted, redrive to the DLQ, visibility 6 × the 30 s timeout.
+	tpl.HasResourceProperties(jsii.String("AWS::SQS::Queue"), map[string]any{
+		"VisibilityTimeout":    180,
+		"SqsManagedSseEnabled": true,
+		"RedrivePolicy": map[string]any{
+			"deadLetterTargetArn": assertions.Match_AnyValue(),
+			"maxReceiveCount":     5,
+		},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::SQS::Queue"), map[string]any{
+		"MessageRetentionPeriod": 1209600, "SqsManagedSseEnabled": true, "VisibilityTimeout": 360,
+	})
+
+	// Functions: arm64, provided.al2023, bootstrap.
+	fns := tpl.FindResources(jsii.String("AWS::Lambda::Function"), nil)
+	for id, r := range *fns {
+		props := (*r)["Properties"].(map[string]any)
+		if props["Runtime"] != "provided.al2023" || props["Handler"] != "bootstrap" || !slices.Equal(toStrings(props["Architectures"]), []string{"arm64"}) {
+			t.Errorf("function %s: %v %v %v", id, props["Runtime"], props["Handler"], props["Architectures"])
+		}
+	}
+	tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+		"Timeout": 30, "MemorySize": 256,
+		"Environment": map[string]any{"Variables": map[string]any{
+			"NEXJOB_TABLE": assertions.Match_AnyValue(), "NEXJOB_QUEUE_URL": assertions.Match_AnyValue(), "NEXJOB_DLQ_URL": assertions.Match_AnyValue(),
+		}},
+	})
+
+	// SQS event sources report partial batch failures.
+	tpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
+		"BatchSize": 10, "FunctionResponseTypes": []any{"ReportBatchItemFailures"},
+		"EventSourceArn": map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("JobsQueue")), "Arn"}},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
+		"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
+		"EventSourceArn":        map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("JobsDLQ")), "Arn"}},
+	})
+	// The guard reads the stream, filtered to jobs that became runnable.
+	tpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
+		"StartingPosition": "TRIM_HORIZON",
+		"EventSourceArn":   map[string]any{"Fn::GetAtt": []any{assertions.Match_AnyValue(), "StreamArn"}},
+		"FilterCriteria": map[string]any{"Filters": []any{map[string]any{
+			"Pattern": `{"dynamodb":{"NewImage":{"attempt":{"N":["0"]},"state":{"S":["Enqueued","Scheduled"]}}},"eventName":["INSERT","MODIFY"]}`,
+		}}},
+	})
+
+	// Alarms on DLQ depth and the oldest message's age.
+	tpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		"MetricName": "ApproximateNumberOfMessagesVisible", "Threshold": 0, "ComparisonOperator": "GreaterThanThreshold",
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900,
+	})
+
+	checkIAM(t, raw)
+}
+
+// checkIAM asserts every policy's exact actions and that no statement
+// grants "*" or any resource wildcard broader than the table's indexes or
+// its stream.
+func checkIAM(t *testing.T, raw map[string]any) {
+	t.Helper()
+	want := map[string][][]string{
+		"JobsWorkerRole": {
+			{"logs:CreateLogStream", "logs:PutLogEvents"},
+			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
+			{"sqs:SendMessage", "sqs:ChangeMessageVisibility"},
+			{"sqs:SendMessage"},
+			{"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes"},
+		},
+		"JobsDeadLetterConsumerRole": {
+			{"logs:CreateLogStream", "logs:PutLogEvents"},
+			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
+			{"sqs:SendMessage"},
+			{"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes"},
+		},
+		"JobsDispatchGuardRole": {
+			{"logs:CreateLogStream", "logs:PutLogEvents"},
+			{"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator", "dynamodb:ListStreams"},
+			{"sqs:SendMessage"},
+		},
+		"Producer": {
+			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
+			{"sqs:SendMessage"},
+		},
+	}
+	seen := map[string]bool{}
+	for id, r := range raw["Resources"].(map[string]any) {
+		res := r.(map[string]any)
+		if res["Type"] == "AWS::IAM::ManagedPolicy" || res["Type"] == "AWS::IAM::Role" && res["Properties"].(map[string]any)["ManagedPolicyArns"] != nil {
+			t.Errorf("%s uses a managed policy", id)
+		}
+		if res["Type"] != "AWS::IAM::Policy" {
+			continue
+		}
+		var role string
+		for prefix := range want {
+			if len(id) > len(prefix) && id[:len(prefix)] == prefix {
+				role = prefix
+			}
+		}
+		if role == "" {
+			t.Errorf("unexpected policy %s", id)
+			continue
+		}
+		seen[role] = true
+		stmts := res["Properties"].(map[string]any)["PolicyDocument"].(map[string]any)["Statement"].([]any)
+		var got [][]string
+		for _, s := range stmts {
+			st := s.(map[string]any)
+			got = append(got, toStrings(st["Action"]))
+			checkResource(t, id, st["Resource"])
+			if st["Effect"] != "Allow" {
+				t.Errorf("%s: effect %v", id, st["Effect"])
+			}
+		}
+		if !slices.EqualFunc(got, want[role], slices.Equal) {
+			t.Errorf("%s actions:\n got %v\nwant %v", id, got, want[role])
+		}
+	}
+	for role := range want {
+		if !seen[role] {
+			t.Errorf("no policy for %s", role)
+		}
+	}
+}
+
+func checkResource(t *testing.T, id string, r any) {
+	t.Helper()
+	switch v := r.(type) {
+	case string:
+		if v == "*" {
+			t.Errorf("%s grants on *", id)
+		}
+	case []any:
+		for _, x := range v {
+			checkResource(t, id, x)
+		}
+	case map[string]any:
+		if j, ok := v["Fn::Join"].([]any); ok {
+			parts := j[1].([]any)
+			if last, ok := parts[len(parts)-1].(string); ok && last != "/index/*" && last[len(last)-1] == '*' && len(parts) < 3 {
+				t.Errorf("%s grants on a wildcard %v", id, parts)
+			}
+		}
+	}
+}
+
+func toStrings(v any) []string {
+	switch x := v.(type) {
+	case string:
+		return []string{x}
+	case []any:
+		var out []string
+		for _, e := range x {
+			out = append(out, e.(string))
+		}
+		return out
+	}
+	return nil
+}
+
+func TestJobQueueNeedsCode(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("no panic without CodeDir")
+		}
+	}()
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	infra.NewJobQueue(awscdk.NewStack(app, jsii.String("X"), nil), "Jobs", &infra.JobQueueProps{})
+}

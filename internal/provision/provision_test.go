@@ -1,0 +1,24 @@
+package provision
+
+import (
+	"bytes"
+	"os"
+	"testing"
+)
+
+// TestLocalStackTableJSON: LocalStack's init hook creates the table from
+// localstack/ready.d/table.json; it must be the ledger's schema. Regenerate
+// with `go run ./cmd/nexjob schema > localstack/ready.d/table.json`.
+func TestLocalStackTableJSON(t *testing.T) {
+	want, err := TableJSON("nexjob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile("../../localstack/ready.d/table.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(bytes.TrimSpace(got), bytes.TrimSpace(want)) {
+		t.Fatalf("localstack/ready.d/table.json is out of date with ledger.CreateTableInput:\n%s", want)
+	}
+}
