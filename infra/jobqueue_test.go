@@ -54,9 +54,9 @@ func TestJobQueueTemplate(t *testing.T) {
 
 	// The table: the ledger's schema, on demand, TTL, PITR, encryption, stream, index.
 	tpl.HasResourceProperties(jsii.String("AWS::DynamoDB::Table"), map[string]any{
-		"KeySchema":               []any{map[string]any{"AttributeName": ledger.AttrPK, "KeyType": "HASH"}},
-		"BillingMode":             "PAY_PER_REQUEST",
-		"TimeToLiveSpecification": map[string]any{"AttributeName": ledger.TTLAttribute, "Enabled": true},
+		"KeySchema":                        []any{map[string]any{"AttributeName": ledger.AttrPK, "KeyType": "HASH"}},
+		"BillingMode":                      "PAY_PER_REQUEST",
+		"TimeToLiveSpecification":          map[string]any{"AttributeName": ledger.TTLAttribute, "Enabled": true},
 		"PointInTimeRecoverySpecification": map[string]any{"PointInTimeRecoveryEnabled": true},
 		"SSESpecification":                 map[string]any{"SSEEnabled": true},
 		"StreamSpecification":              map[string]any{"StreamViewType": "NEW_AND_OLD_IMAGES"},
