@@ -141,8 +141,14 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	var kills []int64
 	for range 4 {
+		started := time.Now().UnixNano()
 		w := startWorker(t, e, runsFile)
-		time.Sleep(1200 * time.Millisecond)
+		// Kill only once this process has jobs in flight: a run started
+		// after the process did, and a little more than half a job's time.
+		for end := time.Now().Add(20 * time.Second); !startedSince(t, runsFile, started) && time.Now().Before(end); {
+			time.Sleep(20 * time.Millisecond)
+		}
+		time.Sleep(400 * time.Millisecond)
 		kills = append(kills, time.Now().UnixNano())
 		_ = w.Process.Signal(syscall.SIGKILL)
 		_ = w.Wait()
@@ -195,6 +201,21 @@ func TestCrashRecovery(t *testing.T) {
 	if cut == 0 {
 		t.Fatal("no run was cut: the kills did not hit jobs in flight, so the test proved nothing")
 	}
+}
+
+// startedSince reports whether a run started after t (Unix ns).
+func startedSince(t *testing.T, path string, since int64) bool {
+	if _, err := os.Stat(path); err != nil {
+		return false
+	}
+	for _, rs := range readRuns(t, path) {
+		for _, r := range rs {
+			if r.start > since {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func killedBetween(kills []int64, from, to int64) bool {

@@ -9,7 +9,9 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 MOTO_VERSION=${MOTO_VERSION:-5.2.5}
+AWSCLI_VERSION=${AWSCLI_VERSION:-1.46.2}
 venv="$top/.cache/venv"
+clivenv="$top/.cache/awscli"
 
 if [[ -n "${AWS_ENDPOINT_URL:-}" || "${NEXJOB_REAL_AWS:-}" == 1 ]]; then
   exec "$@"
@@ -20,6 +22,15 @@ if ! "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOT
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
 fi
+
+# The AWS CLI (its own virtualenv: its botocore pin differs from moto's),
+# for the test that runs LocalStack's init hook against the emulator.
+if ! "$clivenv/bin/aws" --version 2>&1 | grep -q "aws-cli/$AWSCLI_VERSION "; then
+  echo "emulator: installing awscli==$AWSCLI_VERSION into $clivenv" >&2
+  python3 -m venv "$clivenv"
+  "$clivenv/bin/pip" install -q --disable-pip-version-check "awscli==$AWSCLI_VERSION"
+fi
+export NEXJOB_AWS_CLI="$clivenv/bin/aws"
 
 port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log="$top/.cache/emulator-$port.log"

@@ -1,16 +1,18 @@
-package provision
+package provision_test
 
 import (
 	"bytes"
 	"os"
 	"testing"
+
+	"github.com/nexjob/nexjob-aws/internal/provision"
 )
 
 // TestLocalStackTableJSON: LocalStack's init hook creates the table from
 // localstack/ready.d/table.json; it must be the ledger's schema. Regenerate
 // with `go run ./cmd/nexjob schema > localstack/ready.d/table.json`.
 func TestLocalStackTableJSON(t *testing.T) {
-	want, err := TableJSON("nexjob")
+	want, err := provision.TableJSON("nexjob")
 	if err != nil {
 		t.Fatal(err)
 	}
