@@ -30,26 +30,39 @@ func (s *Store) Link(ctx context.Context, parentID, childID string) (Record, boo
 // on it still waiting, so a child is released once however many times its
 // parent's completion is replayed. released=false means it was not waiting.
 func (s *Store) Release(ctx context.Context, childID string) (Record, bool, error) {
-	return s.leaveWaiting(ctx, childID, Enqueued, "", time.Time{})
+	return s.move(ctx, childID, []State{AwaitingContinuation}, Enqueued, "", time.Time{})
 }
 
 // Cancel ends a waiting continuation as Failed with the reason.
 func (s *Store) Cancel(ctx context.Context, childID, reason string, expiresAt time.Time) (Record, bool, error) {
-	return s.leaveWaiting(ctx, childID, Failed, reason, expiresAt)
+	return s.move(ctx, childID, []State{AwaitingContinuation}, Failed, reason, expiresAt)
 }
 
-func (s *Store) leaveWaiting(ctx context.Context, id string, to State, reason string, expiresAt time.Time) (Record, bool, error) {
-	cond := isJob(id).And(expression.Name(AttrState).Equal(expression.Value(AwaitingContinuation)))
-	upd := expression.Set(expression.Name(AttrState), expression.Value(to)).
-		Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli()))
-	upd = s.withIndex(upd, to, s.now().UnixMilli())
+// move changes the job's state from one of from to to with one
+// conditional update, keeping the reason and the TTL if given. moved=false
+// (with the current record) means the job was in none of from.
+func (s *Store) move(ctx context.Context, id string, from []State, to State, reason string, expiresAt time.Time) (Record, bool, error) {
+	st := expression.Name(AttrState)
+	var in expression.ConditionBuilder
+	for i, f := range from {
+		if i == 0 {
+			in = st.Equal(expression.Value(f))
+		} else {
+			in = in.Or(st.Equal(expression.Value(f)))
+		}
+	}
+	nowMs := s.now().UnixMilli()
+	upd := expression.Set(st, expression.Value(to)).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
+		Remove(expression.Name(AttrLeaseUntil))
+	upd = s.withIndex(upd, to, nowMs)
 	if reason != "" {
 		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, 4000)))
 	}
 	if !expiresAt.IsZero() {
 		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(expiresAt.Unix()))
 	}
-	rec, err := s.updateByID(ctx, id, cond, upd)
+	rec, err := s.updateByID(ctx, id, isJob(id).And(in), upd)
 	var nc *NotClaimableError
 	if errors.As(err, &nc) {
 		return nc.Current, false, nil
@@ -90,24 +103,7 @@ func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 // Enqueued, Scheduled or Processing. dead=false means it had already ended
 // (a duplicate in the DLQ): nothing was written.
 func (s *Store) DeadLetter(ctx context.Context, id, reason string, expiresAt time.Time) (Record, bool, error) {
-	st := expression.Name(AttrState)
-	cond := isJob(id).And(expression.Or(
-		st.Equal(expression.Value(Enqueued)), st.Equal(expression.Value(Scheduled)), st.Equal(expression.Value(Processing))))
-	nowMs := s.now().UnixMilli()
-	upd := expression.Set(st, expression.Value(Failed)).
-		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
-		Set(expression.Name(AttrLastError), expression.Value(truncate(reason, 4000))).
-		Remove(expression.Name(AttrLeaseUntil))
-	upd = s.withIndex(upd, Failed, nowMs)
-	if !expiresAt.IsZero() {
-		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(expiresAt.Unix()))
-	}
-	rec, err := s.updateByID(ctx, id, cond, upd)
-	var nc *NotClaimableError
-	if errors.As(err, &nc) {
-		return nc.Current, false, nil
-	}
-	return rec, err == nil, err
+	return s.move(ctx, id, []State{Enqueued, Scheduled, Processing}, Failed, reason, expiresAt)
 }
 
 // MarkUndispatched records that the job's SQS send failed after it was

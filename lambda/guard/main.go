@@ -8,31 +8,25 @@
 package main
 
 import (
-	"context"
-	"log/slog"
 	"os"
 	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
-	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/handler/guard"
+	"github.com/nexjob/nexjob-aws/internal/lambdaenv"
 )
 
 func main() {
-	log := slog.New(slog.NewJSONHandler(os.Stdout, nil))
-	queueURL := os.Getenv("NEXJOB_QUEUE_URL")
-	after, err := time.ParseDuration(os.Getenv("NEXJOB_GUARD_AFTER"))
-	if queueURL == "" || (err != nil && os.Getenv("NEXJOB_GUARD_AFTER") != "") {
-		log.Error("nexjob guard: NEXJOB_QUEUE_URL must be set; NEXJOB_GUARD_AFTER must be a duration")
-		os.Exit(1)
+	env := lambdaenv.Load("guard", false)
+	var after time.Duration
+	if s := os.Getenv("NEXJOB_GUARD_AFTER"); s != "" {
+		var err error
+		if after, err = time.ParseDuration(s); err != nil {
+			lambdaenv.Fail(env.Log, "NEXJOB_GUARD_AFTER", err)
+		}
 	}
-	cfg, err := config.LoadDefaultConfig(context.Background())
-	if err != nil {
-		log.Error("nexjob guard: AWS config", "err", err)
-		os.Exit(1)
-	}
-	g := guard.New(sqs.NewFromConfig(cfg), queueURL, &guard.Options{After: after, Logger: log})
+	g := guard.New(sqs.NewFromConfig(env.Cfg), env.QueueURL, &guard.Options{After: after, Logger: env.Log})
 	lambda.Start(g.HandleStream)
 }
