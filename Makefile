@@ -12,7 +12,7 @@ FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzC
 
 LAMBDAS := worker deadletter guard
 
-.PHONY: help run test fuzz bench vet emulator lambdas synth up down clean
+.PHONY: help run test fuzz bench vet lint emulator lambdas synth up down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -37,6 +37,12 @@ vet: ## gofmt check and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
+
+GOLANGCI_LINT := github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+
+lint: ## golangci-lint (pinned; config and reasons in .golangci.yml)
+	$(GO) run $(GOLANGCI_LINT) run ./...
+	cd infra && $(GO) run $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
 
 emulator: ## run the default emulator in the foreground (prints its endpoint)
 	$(EMU) bash -c 'echo "export AWS_ENDPOINT_URL=$$AWS_ENDPOINT_URL"; sleep infinity'

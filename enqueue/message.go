@@ -32,7 +32,7 @@ func DecodeMessage(body string) (Message, error) {
 	}
 	var m Message
 	if err := json.Unmarshal([]byte(body), &m); err != nil {
-		return Message{}, fmt.Errorf("%w: %v", ErrMalformedMessage, err)
+		return Message{}, fmt.Errorf("%w: %w", ErrMalformedMessage, err)
 	}
 	if m.V != 1 || m.ID == "" || m.Kind == "" || m.RunAt < 0 {
 		return Message{}, fmt.Errorf("%w: missing or bad fields", ErrMalformedMessage)

@@ -414,7 +414,7 @@ func TestBatchRunsConcurrently(t *testing.T) {
 		r.enqueue(t, email{To: "i@example.com"}, nil)
 	}
 	msgs := r.e.Messages(t, r.e.QueueURL)
-	if _, err := r.h.Handle(context.Background(), events.SQSEvent(poller.Event(r.e.QueueURL, msgs))); err != nil {
+	if _, err := r.h.Handle(context.Background(), poller.Event(r.e.QueueURL, msgs)); err != nil {
 		t.Fatal(err)
 	}
 	if len(spans) != 10 {

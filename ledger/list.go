@@ -125,10 +125,10 @@ func decodeCursor(c string) (map[string]types.AttributeValue, error) {
 	}
 	key := map[string]types.AttributeValue{}
 	for k, v := range plain {
-		switch {
-		case k == "s:"+AttrPK || k == "s:"+AttrListState:
+		switch k {
+		case "s:" + AttrPK, "s:" + AttrListState:
 			key[k[2:]] = &types.AttributeValueMemberS{Value: v}
-		case k == "n:"+AttrListAt:
+		case "n:" + AttrListAt:
 			if _, err := strconv.ParseInt(v, 10, 64); err != nil {
 				return nil, ErrBadCursor
 			}

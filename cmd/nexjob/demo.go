@@ -128,7 +128,9 @@ func matrix(ctx context.Context, cfg aws.Config, table, queueURL string, log *sl
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	fmt.Fprintln(w)
 	return nil
 }
@@ -185,8 +187,11 @@ func runSeedJobs(ctx context.Context, cfg aws.Config, table, queueURL, dlqURL st
 		}
 		j.id = res.ID
 		again, err := c.Enqueue(ctx, j.args, &j.opts) // the caller retries: deduplicated
-		if err != nil || !again.Duplicate || again.ID != res.ID {
-			return fmt.Errorf("retry of %s was not deduplicated: %+v %v", j.label, again, err)
+		if err != nil {
+			return fmt.Errorf("retry of %s: %w", j.label, err)
+		}
+		if !again.Duplicate || again.ID != res.ID {
+			return fmt.Errorf("retry of %s was not deduplicated: %+v", j.label, again)
 		}
 	}
 	if err := waitTerminal(ctx, c.Store(), jobs, time.Minute); err != nil {
@@ -196,7 +201,7 @@ func runSeedJobs(ctx context.Context, cfg aws.Config, table, queueURL, dlqURL st
 	_, err = c.Enqueue(ctx, jobs[1].args, &jobs[1].opts)
 	var dup *enqueue.DuplicateJobError
 	if !errors.As(err, &dup) {
-		return fmt.Errorf("welcome-42 again: want DuplicateJobError, got %v", err)
+		return fmt.Errorf("welcome-42 again: want DuplicateJobError, got %w", err)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "job\tkind\tstate\tattempts\tlast error")
@@ -211,7 +216,9 @@ func runSeedJobs(ctx context.Context, cfg aws.Config, table, queueURL, dlqURL st
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", j.label, rec.Kind, rec.State, rec.Attempt, rec.MaxAttempts, last)
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
 	fmt.Fprintf(w, "\nwelcome-42 enqueued again after it succeeded: %v\n", dup)
 	stop()
 	<-done

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -152,8 +153,10 @@ func (e *Env) QueueDepth(t testing.TB, queueURL string) int {
 	}
 	n := 0
 	for _, v := range a.Attributes {
-		var i int
-		fmt.Sscan(v, &i)
+		i, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("queue attribute %q: %v", v, err)
+		}
 		n += i
 	}
 	return n

@@ -73,7 +73,7 @@ func TestUnderRuntimeInterfaceEmulator(t *testing.T) {
 		r, err := http.Post(url, "application/json", bytes.NewReader(body))
 		if err == nil {
 			err = json.NewDecoder(r.Body).Decode(&resp)
-			r.Body.Close()
+			_ = r.Body.Close()
 			if err != nil {
 				t.Fatalf("response: %v\n%s", err, logs.String())
 			}
@@ -118,6 +118,6 @@ func freeAddr(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return fmt.Sprint(l.Addr())
 }
