@@ -149,3 +149,10 @@ type NotTerminalError struct {
 func (e *NotTerminalError) Error() string {
 	return fmt.Sprintf("nexjob: job %s is %s; only terminal jobs can be requeued", e.JobID, e.State)
 }
+
+// Delete removes a job's record; a keyed job's key is free at once.
+// Deleting a job that does not exist is not an error. An active job's
+// message, if any, is then acknowledged by the worker without running.
+func (c *Client) Delete(ctx context.Context, jobID string) error {
+	return c.missing(c.store.Delete(ctx, jobID))
+}

@@ -279,3 +279,29 @@ func TestArgsRoundTrip(t *testing.T) {
 }
 
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// TestDeleteFreesKey: deleting a job frees its key, even under RejectAlways.
+func TestDeleteFreesKey(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	c := newClient(t, e, nil)
+	ctx := context.Background()
+	first := stage(t, c, "legal-7", ledger.Failed, time.Time{})
+	opts := &enqueue.Opts{IdempotencyKey: "legal-7", DuplicatePolicy: enqueue.RejectAlways}
+	if _, err := c.Enqueue(ctx, payment{OrderID: "7"}, opts); err == nil {
+		t.Fatal("RejectAlways accepted a Failed job's key")
+	}
+	if err := c.Delete(ctx, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Store().Get(ctx, first.ID); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("deleted job still readable: %v", err)
+	}
+	res, err := c.Enqueue(ctx, payment{OrderID: "7"}, opts)
+	if err != nil || res.Duplicate || res.ID == first.ID {
+		t.Fatalf("after delete: %+v %v", res, err)
+	}
+	if err := c.Delete(ctx, "aaaaaaaaaaaaaaaaaaaaaaaaaa"); err != nil {
+		t.Fatalf("deleting a job that does not exist: %v", err)
+	}
+}

@@ -6,6 +6,8 @@
 //	nexjob schema                    print the table definition for the AWS CLI (LocalStack's hook)
 //	nexjob get     -table T ID       print a job's record
 //	nexjob requeue -table T -queue URL ID   requeue a terminal job
+//	nexjob delete  -table T ID       delete a job (frees its key)
+//	nexjob list    -table T STATE    list jobs in a state, newest first
 //
 // AWS settings come from the standard SDK environment (AWS_ENDPOINT_URL,
 // AWS_REGION, credentials).
@@ -17,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -24,6 +27,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/internal/provision"
+	"github.com/nexjob/nexjob-aws/ledger"
 )
 
 func main() {
@@ -34,7 +38,7 @@ func main() {
 }
 
 func usage() error {
-	return fmt.Errorf("usage: nexjob demo | provision NAME | schema | get -table T ID | requeue -table T -queue URL ID")
+	return fmt.Errorf("usage: nexjob demo | provision NAME | schema | get|delete -table T ID | requeue -table T -queue URL ID | list -table T STATE")
 }
 
 func run(ctx context.Context, args []string) error {
@@ -75,7 +79,7 @@ func run(ctx context.Context, args []string) error {
 		}
 		fmt.Printf("NEXJOB_TABLE=%s\nNEXJOB_QUEUE_URL=%s\nNEXJOB_DLQ_URL=%s\n", name, q, dlq)
 		return nil
-	case "get", "requeue":
+	case "get", "requeue", "delete", "list":
 		if fs.NArg() != 1 {
 			return usage()
 		}
@@ -85,6 +89,12 @@ func run(ctx context.Context, args []string) error {
 		c, err := enqueue.New(cfg, *table, *queue, nil)
 		if err != nil {
 			return err
+		}
+		switch args[0] {
+		case "delete":
+			return c.Delete(ctx, fs.Arg(0))
+		case "list":
+			return list(ctx, c, ledger.State(fs.Arg(0)))
 		}
 		if args[0] == "requeue" {
 			res, err := c.Requeue(ctx, fs.Arg(0))
@@ -104,4 +114,22 @@ func run(ctx context.Context, args []string) error {
 		return nil
 	}
 	return usage()
+}
+
+// list prints every job in the state, newest first, a page at a time.
+func list(ctx context.Context, c *enqueue.Client, st ledger.State) error {
+	cursor := ""
+	for {
+		recs, next, err := c.Store().List(ctx, st, 50, cursor)
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			fmt.Printf("%s\t%s\t%s\tattempt %d/%d\t%s\n", ledger.Millis(r.UpdatedAt).UTC().Format(time.RFC3339), r.ID, r.Kind, r.Attempt, r.MaxAttempts, r.LastError)
+		}
+		if next == "" {
+			return nil
+		}
+		cursor = next
+	}
 }
