@@ -7,8 +7,6 @@ SHELL := /bin/bash
 GO ?= go
 EMU := ./localstack/with-emulator.sh
 FUZZTIME ?= 3s
-# jsii prints a banner about Node 20's support window on every CDK run.
-export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 # package:FuzzTarget pairs; `make test` runs each briefly, `make fuzz FUZZTIME=5m` for real.
 FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzCursor ./handler/guard:FuzzChangeFromImages
 
