@@ -25,12 +25,15 @@ fi
 
 # The AWS CLI (its own virtualenv: its botocore pin differs from moto's),
 # for the test that runs LocalStack's init hook against the emulator.
-if ! "$clivenv/bin/aws" --version 2>&1 | grep -q "aws-cli/$AWSCLI_VERSION "; then
-  echo "emulator: installing awscli==$AWSCLI_VERSION into $clivenv" >&2
-  python3 -m venv "$clivenv"
-  "$clivenv/bin/pip" install -q --disable-pip-version-check "awscli==$AWSCLI_VERSION"
+# Only when asked (make test): make run does not need it.
+if [[ "${NEXJOB_WITH_AWSCLI:-}" == 1 ]]; then
+  if ! "$clivenv/bin/aws" --version 2>&1 | grep -q "aws-cli/$AWSCLI_VERSION "; then
+    echo "emulator: installing awscli==$AWSCLI_VERSION into $clivenv" >&2
+    python3 -m venv "$clivenv"
+    "$clivenv/bin/pip" install -q --disable-pip-version-check "awscli==$AWSCLI_VERSION"
+  fi
+  export NEXJOB_AWS_CLI="$clivenv/bin/aws"
 fi
-export NEXJOB_AWS_CLI="$clivenv/bin/aws"
 
 port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log="$top/.cache/emulator-$port.log"
