@@ -3,6 +3,7 @@ package handler_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -264,8 +265,8 @@ func TestPoisonMessage(t *testing.T) {
 	hooked := 0
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[crashJob](func(context.Context, *handler.Job[crashJob]) error { return nil }),
-		&handler.KindOptions{OnDeadLetter: func(_ context.Context, rec ledger.Record) error {
-			if rec.ID == res.ID {
+		&handler.KindOptions{OnDeadLetter: func(_ context.Context, rec ledger.Record, cause error) error {
+			if rec.ID == res.ID && errors.Is(cause, handler.ErrOrphaned) {
 				hooked++
 			}
 			return nil

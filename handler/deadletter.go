@@ -44,9 +44,9 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 	if err != nil {
 		return h.keepNonJob(ctx, m, reasonOf(m, err))
 	}
-	reason := fmt.Sprintf("nexjob: poison message: moved to the dead-letter queue after %s receives with no result recorded (the worker crashed or timed out every time)",
-		m.Attributes["ApproximateReceiveCount"])
-	rec, dead, err := h.store.DeadLetter(ctx, msg.ID, reason, h.expiry(h.o.Retention.Failed))
+	cause := fmt.Errorf("%w: poison message moved to the dead-letter queue after %s receives (the worker crashed or timed out every time)",
+		ErrOrphaned, m.Attributes["ApproximateReceiveCount"])
+	rec, dead, err := h.store.DeadLetter(ctx, msg.ID, cause.Error(), h.expiry(h.o.Retention.Failed))
 	switch {
 	case errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrBadID):
 		return h.keepNonJob(ctx, m, reasonOf(m, fmt.Errorf("no job %s in the ledger", msg.ID)))
@@ -54,7 +54,7 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 		return err
 	case dead:
 		h.log.WarnContext(ctx, "nexjob: job dead-lettered", "job_id", rec.ID, "kind", rec.Kind)
-		h.deadLetter(ctx, rec)
+		h.deadLetter(ctx, rec, cause)
 	}
 	return nil
 }

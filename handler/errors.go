@@ -31,10 +31,11 @@ func (e *RetryAfterError) Unwrap() error { return e.Err }
 // RetryAfter asks for the next attempt after d.
 func RetryAfter(d time.Duration, err error) error { return &RetryAfterError{Delay: d, Err: err} }
 
-// ErrOrphaned is the last error of a job whose worker died (or timed out)
-// on every attempt: the lease ran out with no result. Dead-letter hooks see
-// it in the record's LastError; match a Go error with errors.Is.
-var ErrOrphaned = errors.New("nexjob: orphaned job: the worker stopped without a result and no attempts are left")
+// ErrOrphaned is the cause a dead-letter hook receives (errors.Is) for a
+// job whose worker stopped without reporting a result: it died or timed
+// out on its last attempt, or its message reached the DLQ because the
+// worker crashed on every receive. The record's LastError says which.
+var ErrOrphaned = errors.New("nexjob: orphaned job: the worker stopped without reporting a result")
 
 // ErrUnknownKind is the last error of a job whose kind has no worker here.
 var ErrUnknownKind = errors.New("nexjob: no worker registered for the job's kind")

@@ -185,11 +185,12 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage) bool {
 		return false
 	}
 	if rec.Attempt == 1 && rec.Deadline != 0 && now.UnixMilli() > rec.Deadline {
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Expired, LastError: "deadline passed before the job started"})
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Expired, LastError: "deadline passed before the job started"}, nil)
 	}
 	e, ok := h.reg.lookup(rec.Kind)
 	if !ok {
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: fmt.Sprintf("%v: %q", ErrUnknownKind, rec.Kind)})
+		cause := fmt.Errorf("%w: %q", ErrUnknownKind, rec.Kind)
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: cause.Error()}, cause)
 	}
 	return h.run(ctx, e, rec, deadline)
 }
@@ -232,23 +233,23 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	switch {
 	case err == nil:
 		log.InfoContext(ctx, "nexjob: job succeeded")
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded})
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded}, nil)
 	case errors.Is(context.Cause(runCtx), errCutOff):
 		log.WarnContext(ctx, "nexjob: job cut off by the deadline; attempt refunded")
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, Refund: true, LastError: errCutOff.Error()})
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, Refund: true, LastError: errCutOff.Error()}, nil)
 	case errors.As(err, &perm):
 		log.WarnContext(ctx, "nexjob: job failed permanently", "err", err)
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()})
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
 	case rec.Attempt >= rec.MaxAttempts:
 		log.WarnContext(ctx, "nexjob: job failed, attempts exhausted", "err", err)
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()})
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
 	}
 	delay := e.backoff(rec.Attempt)
 	if errors.As(err, &after) {
 		delay = after.Delay
 	}
 	log.InfoContext(ctx, "nexjob: job failed, will retry", "err", err, "retry_in", delay)
-	return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: h.store.Now().Add(delay), LastError: err.Error()})
+	return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: h.store.Now().Add(delay), LastError: err.Error()}, nil)
 }
 
 func safeRun(ctx context.Context, e *entry, rec ledger.Record) (err error) {
@@ -268,8 +269,9 @@ func (e *entry) backoff(attempt int) time.Duration {
 }
 
 // finish records the end of a run and does what follows it: re-dispatch a
-// retry or a refunded run, call the dead-letter hook of a Failed job.
-func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish) bool {
+// retry or a refunded run, release continuations, call the dead-letter
+// hook of a Failed job with its cause.
+func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish, cause error) bool {
 	switch f.State {
 	case ledger.Succeeded:
 		f.ExpiresAt = h.expiry(h.o.Retention.Succeeded)
@@ -303,7 +305,7 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 			return false
 		}
 	case ledger.Failed:
-		h.deadLetter(ctx, out)
+		h.deadLetter(ctx, out, cause)
 	}
 	return true
 }
@@ -316,7 +318,7 @@ func (h *Handler) expiry(d time.Duration) time.Time {
 }
 
 // deadLetter calls the kind's hook once; its failure or panic is logged.
-func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record) {
+func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record, cause error) {
 	e, ok := h.reg.lookup(rec.Kind)
 	if !ok || e.opts.OnDeadLetter == nil {
 		return
@@ -326,7 +328,10 @@ func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record) {
 			h.log.ErrorContext(ctx, "nexjob: dead-letter hook panicked", "job_id", rec.ID, "panic", fmt.Sprint(v))
 		}
 	}()
-	if err := e.opts.OnDeadLetter(ctx, rec); err != nil {
+	if cause == nil {
+		cause = errors.New(rec.LastError)
+	}
+	if err := e.opts.OnDeadLetter(ctx, rec, cause); err != nil {
 		h.log.ErrorContext(ctx, "nexjob: dead-letter hook failed", "job_id", rec.ID, "err", err)
 	}
 }
@@ -369,7 +374,8 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		return false
 	case cur.Attempt >= cur.MaxAttempts && (cur.State != ledger.Processing || cur.LeaseUntil <= now.UnixMilli()):
 		// The last attempt's worker died: an orphan out of attempts.
-		return h.finish(ctx, cur, ledger.Finish{State: ledger.Failed, LastError: ErrOrphaned.Error()})
+		cause := fmt.Errorf("%w; no attempts are left", ErrOrphaned)
+		return h.finish(ctx, cur, ledger.Finish{State: ledger.Failed, LastError: cause.Error()}, cause)
 	}
 	h.log.WarnContext(ctx, "nexjob: job not claimable", "job_id", cur.ID, "state", cur.State)
 	return false

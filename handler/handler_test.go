@@ -62,7 +62,7 @@ func newRig(t *testing.T, work func(ctx context.Context, j *handler.Job[email]) 
 
 type rigConfig struct {
 	hopts *handler.Options
-	hook  func(context.Context, ledger.Record) error // the email kind's dead-letter hook
+	hook  func(context.Context, ledger.Record, error) error // the email kind's dead-letter hook
 	queue *awstest.QueueOptions
 }
 

@@ -129,7 +129,7 @@ func TestFailedParentLeavesChildrenWaiting(t *testing.T) {
 			return handler.Permanent(errors.New("parent broke"))
 		}
 		return nil
-	}, rigConfig{hook: func(ctx context.Context, rec ledger.Record) error {
+	}, rigConfig{hook: func(ctx context.Context, rec ledger.Record, _ error) error {
 		<-release
 		return r.prod.ReleaseContinuations(ctx, rec)
 	}})
@@ -272,14 +272,16 @@ func TestDeadLetterHookOncePerFailedJob(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	hooked := map[string]int{}
+	causes := map[string]error{}
 	r := newRigWith(t, func(_ context.Context, j *handler.Job[email]) error {
 		if j.Args.To == "perm@example.com" {
 			return handler.Permanent(errors.New("perm"))
 		}
 		return errors.New("transient")
-	}, rigConfig{hook: func(_ context.Context, rec ledger.Record) error {
+	}, rigConfig{hook: func(_ context.Context, rec ledger.Record, cause error) error {
 		mu.Lock()
 		hooked[rec.ID]++
+		causes[rec.ID] = cause
 		n := len(hooked)
 		mu.Unlock()
 		if n == 1 {
@@ -304,6 +306,10 @@ func TestDeadLetterHookOncePerFailedJob(t *testing.T) {
 		if rec := r.get(t, id); rec.State != ledger.Failed {
 			t.Errorf("%s is %s", id, rec.State)
 		}
+	}
+	var perm *handler.PermanentError
+	if !errors.As(causes[ids[0]], &perm) || causes[ids[1]] == nil || causes[ids[1]].Error() != "transient" {
+		t.Errorf("hook causes: %v, %v", causes[ids[0]], causes[ids[1]])
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/ledger"
@@ -118,4 +119,26 @@ func TestGoneJobMessage(t *testing.T) {
 
 func eventMessage(id, body string) events.SQSMessage {
 	return events.SQSMessage{MessageId: id, ReceiptHandle: "rh-" + id, Body: body, EventSource: "aws:sqs"}
+}
+
+// TestOrphanOutOfAttempts: the worker of the last attempt died (the record
+// stays Processing); when the message comes back after the lease, the job
+// is Failed with ErrOrphaned and the hook is told so, without running.
+func TestOrphanOutOfAttempts(t *testing.T) {
+	t.Parallel()
+	var causes []error
+	r := newRigWith(t, ok, rigConfig{hook: func(_ context.Context, _ ledger.Record, cause error) error {
+		causes = append(causes, cause)
+		return nil
+	}})
+	id := r.enqueue(t, email{To: "o@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if _, err := r.prod.Store().Claim(context.Background(), id, time.Minute); err != nil {
+		t.Fatal(err) // a worker claimed it, then died
+	}
+	r.clock.Advance(2 * time.Minute)
+	r.drain(t)
+	expect(t, r.get(t, id), ledger.Failed, 1, "orphaned job")
+	if r.calls.Load() != 0 || len(causes) != 1 || !errors.Is(causes[0], handler.ErrOrphaned) {
+		t.Fatalf("runs %d, hook causes %v", r.calls.Load(), causes)
+	}
 }

@@ -40,9 +40,13 @@ type KindOptions struct {
 	// (attempt counts from 1). Defaults to DefaultBackoff.
 	Backoff func(attempt int) time.Duration
 	// OnDeadLetter is called once when a job of this kind becomes Failed,
-	// with the record (its LastError says why). A hook that fails or panics
-	// is logged and never blocks the batch. Defaults to none.
-	OnDeadLetter func(ctx context.Context, rec ledger.Record) error
+	// with the record and the cause: the worker's last error (a
+	// *PermanentError, a *PanicError, …) or, when the worker never
+	// reported, an error matching ErrOrphaned. A hook that fails or panics
+	// is logged and never blocks the batch. It may release or cancel the
+	// job's continuations (enqueue.Client.ReleaseContinuations,
+	// CancelContinuations). Defaults to none.
+	OnDeadLetter func(ctx context.Context, rec ledger.Record, cause error) error
 }
 
 type entry struct {
