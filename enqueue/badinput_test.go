@@ -50,6 +50,8 @@ func TestBadInput(t *testing.T) {
 		{"run at in the past", payment{}, enqueue.Opts{RunAt: now.Add(-time.Hour)}, "RunAt"},
 		{"delay and run at", payment{}, enqueue.Opts{Delay: time.Minute, RunAt: now.Add(time.Hour)}, "RunAt"},
 		{"negative delay", payment{}, enqueue.Opts{Delay: -time.Second}, "Delay"},
+		{"delay beyond a year", payment{}, enqueue.Opts{Delay: enqueue.MaxScheduleAhead + time.Hour}, "Delay"},
+		{"run at in the year 3000", payment{}, enqueue.Opts{RunAt: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)}, "RunAt"},
 		{"deadline before run time", payment{}, enqueue.Opts{Delay: time.Hour, Deadline: now.Add(time.Minute)}, "Deadline"},
 		{"deadline in the past", payment{}, enqueue.Opts{Deadline: now.Add(-time.Minute)}, "Deadline"},
 		{"negative attempts", payment{}, enqueue.Opts{MaxAttempts: -1}, "MaxAttempts"},

@@ -48,6 +48,10 @@ const (
 	// DefaultRedispatchAfter: see ClientOptions.RedispatchAfter; the
 	// dispatch guard waits as long before it checks a job.
 	DefaultRedispatchAfter = 2 * time.Minute
+	// MaxScheduleAhead bounds Delay and RunAt: a year and a day. Further
+	// is refused (a unit mix-up, not a plan), and a message claiming more
+	// is not a job.
+	MaxScheduleAhead = 366 * 24 * time.Hour
 	// MaxSQSDelay is SQS's limit on DelaySeconds. Longer schedules are
 	// carried forward by the worker in hops of at most this.
 	MaxSQSDelay = 900 * time.Second
@@ -288,12 +292,16 @@ func (c *Client) runAt(now time.Time, o *Opts) (time.Time, error) {
 	switch {
 	case o.Delay < 0:
 		return time.Time{}, invalid("Delay", "negative")
+	case o.Delay > MaxScheduleAhead:
+		return time.Time{}, invalid("Delay", fmt.Sprintf("more than %s ahead", MaxScheduleAhead))
 	case o.Delay > 0 && !o.RunAt.IsZero():
 		return time.Time{}, invalid("RunAt", "set together with Delay")
 	case o.Delay > 0:
 		return now.Add(o.Delay), nil
 	case o.RunAt.IsZero():
 		return now, nil
+	case o.RunAt.After(now.Add(MaxScheduleAhead)):
+		return time.Time{}, invalid("RunAt", fmt.Sprintf("more than %s ahead", MaxScheduleAhead))
 	case o.RunAt.Before(now.Add(-c.tolerance)):
 		return time.Time{}, invalid("RunAt", fmt.Sprintf("%s is in the past beyond the %s tolerance", o.RunAt.UTC().Format(time.RFC3339), c.tolerance))
 	}

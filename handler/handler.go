@@ -163,6 +163,9 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage) bool {
 		return h.notAJob(ctx, m, err)
 	}
 	now := h.store.Now()
+	if ledger.Millis(msg.RunAt).After(now.Add(enqueue.MaxScheduleAhead + time.Hour)) {
+		return h.notAJob(ctx, m, fmt.Errorf("%w: runAt beyond the longest schedule", enqueue.ErrMalformedMessage))
+	}
 	if msg.RunAt > now.UnixMilli() {
 		return h.carryForward(ctx, msg, now)
 	}

@@ -262,7 +262,7 @@ func TestUnknownKindAndMalformedBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, body := range []string{"not json", `{"v":1,"id":"","kind":"x"}`, `{"v":1,"id":"zzzz","kind":"email"}`} {
+	for _, body := range []string{"not json", `{"v":1,"id":"","kind":"x"}`, `{"v":1,"id":"zzzz","kind":"email"}`, `{"v":1,"id":"aaaaaaaaaaaaaaaaaaaaaaaaaa","kind":"email","runAt":32503680000000}`} {
 		if _, err := r0.SQS.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(r0.QueueURL), MessageBody: aws.String(body)}); err != nil {
 			t.Fatal(err)
 		}
@@ -279,8 +279,8 @@ func TestUnknownKindAndMalformedBody(t *testing.T) {
 	}
 	expect(t, rec, ledger.Failed, 1, "no worker registered")
 	dead := r0.Messages(t, r0.DLQURL)
-	if len(dead) != 3 {
-		t.Fatalf("DLQ holds %d messages, want the 3 that are not jobs", len(dead))
+	if len(dead) != 4 {
+		t.Fatalf("DLQ holds %d messages, want the 4 that are not jobs", len(dead))
 	}
 	// The DLQ consumer keeps each in the ledger with its reason.
 	if resp, err := h.HandleDeadLetters(context.Background(), poller.Event(r0.DLQURL, dead)); err != nil || len(resp.BatchItemFailures) != 0 {
@@ -296,8 +296,8 @@ func TestUnknownKindAndMalformedBody(t *testing.T) {
 			kept++
 		}
 	}
-	if kept != 3 {
-		t.Fatalf("%d non-job messages kept in the ledger, want 3: %+v", kept, failed)
+	if kept != 4 {
+		t.Fatalf("%d non-job messages kept in the ledger, want 4: %+v", kept, failed)
 	}
 }
 
