@@ -24,7 +24,7 @@ func TestDemo(t *testing.T) {
 		"record past its TTL   new job           new job                       new job",
 		"payment        Succeeded  2/10",
 		"welcome-email  Succeeded  1/10",
-		"webhook        Failed     3/3       POST hooks.unreachable.invalid: connection refused (simulated)",
+		"webhook        Failed     3/3       subscriber endpoint refused the connection (simulated)",
 	}
 	for _, w := range want {
 		if !strings.Contains(text, w) {
