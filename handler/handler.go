@@ -52,7 +52,9 @@ type Options struct {
 	Lease time.Duration
 	// StopBefore: with less than this left before the invocation's
 	// deadline, no new job is claimed; the rest of the batch goes back.
-	// Defaults to DefaultStopBefore.
+	// It never exceeds a third of the time the invocation had at its
+	// start, so a short function timeout still runs jobs. Defaults to
+	// DefaultStopBefore.
 	StopBefore time.Duration
 	// Retention of terminal records. Defaults to DefaultRetention.
 	Retention *Retention
@@ -133,12 +135,16 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 		mu   sync.Mutex
 		wg   sync.WaitGroup
 		sem  = make(chan struct{}, h.o.Concurrency)
+		stop = h.o.StopBefore
 	)
+	if dl, ok := ctx.Deadline(); ok {
+		stop = min(stop, time.Until(dl)/3)
+	}
 	for _, m := range ev.Records {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			if h.process(ctx, m) {
+			if h.process(ctx, m, stop) {
 				return
 			}
 			mu.Lock()
@@ -151,8 +157,8 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 }
 
 // process handles one message and reports whether it may be deleted.
-func (h *Handler) process(ctx context.Context, m events.SQSMessage) bool {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < h.o.StopBefore {
+func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore time.Duration) bool {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < stopBefore {
 		// Not claimed: it comes back after the visibility timeout, with no
 		// attempt spent.
 		h.log.WarnContext(ctx, "nexjob: invocation nearly over, message left for redelivery", "message_id", m.MessageId, "left", time.Until(dl))

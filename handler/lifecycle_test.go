@@ -40,7 +40,13 @@ func TestTwoHourSchedule(t *testing.T) {
 		t.Fatalf("carrying forward wrote the record: %+v", after)
 	}
 	r.clock.Advance(2 * time.Hour)
-	r.drain(t)
+	for end := time.Now().Add(30 * time.Second); r.get(t, res.ID).State != ledger.Succeeded; {
+		if time.Now().After(end) {
+			t.Fatalf("not run after the clock reached it: queue depth %d, DLQ depth %d",
+				r.e.QueueDepth(t, r.e.QueueURL), r.e.QueueDepth(t, r.e.DLQURL))
+		}
+		r.pollFor(t, 200*time.Millisecond)
+	}
 	expect(t, r.get(t, res.ID), ledger.Succeeded, 1, "")
 	if r.calls.Load() != 1 {
 		t.Fatalf("ran %d times", r.calls.Load())

@@ -3,6 +3,7 @@ package handler_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,20 +84,35 @@ func TestInvocationDeadline(t *testing.T) {
 	if rec.State != ledger.Enqueued || rec.Attempt != 0 {
 		t.Fatalf("cut-off job is %s with %d attempts spent; want Enqueued, 0", rec.State, rec.Attempt)
 	}
-	// Nearly out of time: every message goes back unclaimed (the slow
-	// job's re-dispatched one and a new job's).
-	other := r.enqueue(t, email{To: "other@example.com"}, nil)
-	msgs = r.e.Messages(t, r.e.QueueURL)
-	ctx, cancel = context.WithTimeout(context.Background(), 500*time.Millisecond)
-	resp, err = r.h.Handle(ctx, poller.Event(r.e.QueueURL, msgs))
-	cancel()
-	if err != nil || len(msgs) != 2 || len(resp.BatchItemFailures) != len(msgs) {
-		t.Fatalf("near the deadline: %d messages, %d returned (%v)", len(msgs), len(resp.BatchItemFailures), err)
-	}
-	for _, id := range []string{slow, other} {
-		if rec := r.get(t, id); rec.State != ledger.Enqueued || rec.Attempt != 0 {
-			t.Fatalf("claimed with no time left: %+v", rec)
+}
+
+// TestStopClaimingNearDeadline: one job at a time; the first runs 2 s of a
+// 2.5 s invocation, and the second, with too little time left, goes back
+// unclaimed (no attempt spent).
+func TestStopClaimingNearDeadline(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		if j.Args.To == "sleepy@example.com" {
+			time.Sleep(2 * time.Second)
 		}
+		return nil
+	}, &handler.Options{StopBefore: time.Second, Concurrency: 1})
+	sleepy := r.enqueue(t, email{To: "sleepy@example.com"}, nil)
+	other := r.enqueue(t, email{To: "other@example.com"}, nil)
+	msgs := r.e.Messages(t, r.e.QueueURL)
+	ev := poller.Event(r.e.QueueURL, msgs)
+	if strings.Contains(ev.Records[0].Body, other) { // the sleepy job first
+		ev.Records[0], ev.Records[1] = ev.Records[1], ev.Records[0]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	defer cancel()
+	resp, err := r.h.Handle(ctx, ev)
+	if err != nil || len(resp.BatchItemFailures) != 1 || resp.BatchItemFailures[0].ItemIdentifier != ev.Records[1].MessageId {
+		t.Fatalf("want only the second message back: %+v %v", resp, err)
+	}
+	expect(t, r.get(t, sleepy), ledger.Succeeded, 1, "")
+	if rec := r.get(t, other); rec.State != ledger.Enqueued || rec.Attempt != 0 {
+		t.Fatalf("claimed with no time left: %+v", rec)
 	}
 }
 
