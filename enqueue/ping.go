@@ -18,17 +18,20 @@ import (
 // *MissingResourceError.
 func (c *Client) Ping(ctx context.Context) error {
 	_, err := dynamodb.NewFromConfig(c.cfg).DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(c.store.Table())})
-	if err := c.missing(err); err != nil {
-		return err
+	if err != nil {
+		return c.missing(fmt.Errorf("nexjob: describe table: %w", err))
 	}
 	_, err = sqs.NewFromConfig(c.cfg).GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
 		QueueUrl: aws.String(c.queueURL), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn},
 	})
-	return c.missing(err)
+	if err != nil {
+		return c.missing(fmt.Errorf("nexjob: queue attributes: %w", err))
+	}
+	return nil
 }
 
 // missing turns "no such table / queue" into a *MissingResourceError and
-// wraps anything else.
+// returns anything else as it is.
 func (c *Client) missing(err error) error {
 	var noTable *ddbtypes.ResourceNotFoundException
 	var noQueue *sqstypes.QueueDoesNotExist
@@ -40,9 +43,5 @@ func (c *Client) missing(err error) error {
 	case errors.As(err, &noQueue):
 		return &MissingResourceError{Resource: c.queueURL, Err: err}
 	}
-	var me *MissingResourceError
-	if errors.As(err, &me) {
-		return err
-	}
-	return fmt.Errorf("nexjob: %w", err)
+	return err // already wrapped with its context by the ledger or Send
 }
