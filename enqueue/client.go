@@ -182,7 +182,12 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	if err != nil {
 		return Result{}, err
 	}
-	got, created, err := c.insert(ctx, rec, &o)
+	return c.submit(ctx, rec, &o)
+}
+
+// submit inserts a validated record and sends it, or handles the duplicate.
+func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result, error) {
+	got, created, err := c.insert(ctx, rec, o)
 	if err != nil {
 		return Result{}, err
 	}

@@ -40,7 +40,7 @@ func (c *Client) ContinueWith(ctx context.Context, parentID string, args JobArgs
 		return Result{}, c.missing(err)
 	}
 	if parent.State == ledger.Succeeded {
-		return c.Enqueue(ctx, args, &o)
+		return c.submit(ctx, rec, &o)
 	}
 	rec.State, rec.ParentID = ledger.AwaitingContinuation, parentID
 	got, created, err := c.insert(ctx, rec, &o)

@@ -381,8 +381,9 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 			h.log.WarnContext(ctx, "nexjob: change visibility failed", "job_id", cur.ID, "err", err)
 		}
 		return false
-	case cur.Attempt >= cur.MaxAttempts && (cur.State != ledger.Processing || cur.LeaseUntil <= now.UnixMilli()):
-		// The last attempt's worker died: an orphan out of attempts.
+	case cur.Attempt >= cur.MaxAttempts:
+		// The last attempt's worker died (a live lease returned above): an
+		// orphan out of attempts.
 		cause := fmt.Errorf("%w; no attempts are left", ErrOrphaned)
 		return h.finish(ctx, cur, ledger.Finish{State: ledger.Failed, LastError: cause.Error()}, cause)
 	}

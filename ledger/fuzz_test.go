@@ -19,11 +19,11 @@ func FuzzKeyAndID(f *testing.F) {
 		if len(h) != 26 || hashKey([]byte("s"), key) == h {
 			t.Fatalf("hash %q", h)
 		}
-		keyPK, jobPK, err := locate(newID(h))
-		if err != nil || keyPK != keyPrefix+h || !strings.HasPrefix(jobPK, jobPrefix) {
-			t.Fatalf("locate(newID): %q %q %v", keyPK, jobPK, err)
+		pks, err := locate(newID(h))
+		if err != nil || len(pks) != 2 || pks[0] != keyPrefix+h || !strings.HasPrefix(pks[1], jobPrefix) {
+			t.Fatalf("locate(newID): %q %v", pks, err)
 		}
-		if _, _, err := locate(id); err != nil && !errors.Is(err, ErrBadID) {
+		if _, err := locate(id); err != nil && !errors.Is(err, ErrBadID) {
 			t.Fatalf("untyped error %v", err)
 		}
 	})

@@ -42,9 +42,6 @@ type Record struct {
 	Undispatched bool `dynamodbav:"undispatched,omitempty"`
 }
 
-// Keyed reports whether the job was enqueued with an idempotency key.
-func (r *Record) Keyed() bool { return r.KeyHash != "" }
-
 // ExpiredAt reports whether the record is past its retention at now: such a
 // record counts as gone in every read and condition, although DynamoDB
 // deletes it later (up to days) and emulators never do.
@@ -104,18 +101,18 @@ func newID(keyHash string) string {
 	return id
 }
 
-// locate returns the partition keys where the job with this id may live:
-// the key record first for keyed jobs, then the job's own record (where an
-// unkeyed job lives and where a keyed one is archived when its key is
-// re-used).
-func locate(id string) (keyPK, jobPK string, err error) {
+// locate returns the partition keys where the job with this id may live,
+// in the order to look: the key's record first for keyed jobs, then the
+// job's own record (where an unkeyed job lives and where a keyed one is
+// archived when its key is re-used).
+func locate(id string) ([]string, error) {
 	if !validID(id) {
-		return "", "", fmt.Errorf("%w: %q", ErrBadID, truncate(id, 80))
+		return nil, fmt.Errorf("%w: %q", ErrBadID, truncate(id, 80))
 	}
 	if i := strings.Index(id, idSep); i >= 0 {
-		keyPK = keyPrefix + id[i+1:]
+		return []string{keyPrefix + id[i+1:], jobPrefix + id}, nil
 	}
-	return keyPK, jobPrefix + id, nil
+	return []string{jobPrefix + id}, nil
 }
 
 func validID(id string) bool {

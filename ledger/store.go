@@ -283,14 +283,11 @@ func (s *Store) Peek(ctx context.Context, id string) (Record, error) {
 }
 
 func (s *Store) get(ctx context.Context, id string, consistent bool) (Record, error) {
-	keyPK, jobPK, err := locate(id)
+	pks, err := locate(id)
 	if err != nil {
 		return Record{}, err
 	}
-	for _, pk := range []string{keyPK, jobPK} {
-		if pk == "" {
-			continue
-		}
+	for _, pk := range pks {
 		rec, ok, err := s.getPK(ctx, pk, consistent)
 		if err != nil {
 			return Record{}, err
@@ -327,14 +324,11 @@ func (s *Store) getPK(ctx context.Context, pk string, consistent bool) (Record, 
 // Delete removes the job with this id; deleting a keyed job frees its key.
 // Deleting a job that does not exist is not an error.
 func (s *Store) Delete(ctx context.Context, id string) error {
-	keyPK, jobPK, err := locate(id)
+	pks, err := locate(id)
 	if err != nil {
 		return err
 	}
-	for _, pk := range []string{keyPK, jobPK} {
-		if pk == "" {
-			continue
-		}
+	for _, pk := range pks {
 		cond, err := expression.NewBuilder().
 			WithCondition(expression.Name(AttrID).Equal(expression.Value(id))).Build()
 		if err != nil {

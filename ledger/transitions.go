@@ -62,15 +62,12 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 // id = :id. A failed condition on the job gives *NotClaimableError with
 // the current record.
 func (s *Store) updateByID(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (Record, error) {
-	keyPK, jobPK, err := locate(id)
+	pks, err := locate(id)
 	if err != nil {
 		return Record{}, err
 	}
 	now := s.now()
-	for _, pk := range []string{keyPK, jobPK} {
-		if pk == "" {
-			continue
-		}
+	for _, pk := range pks {
 		rec, err := s.update(ctx, pk, cond, upd)
 		var held *heldError
 		if !errors.As(err, &held) {

@@ -79,32 +79,35 @@ func run(ctx context.Context, args []string) error {
 		}
 		fmt.Printf("NEXJOB_TABLE=%s\nNEXJOB_QUEUE_URL=%s\nNEXJOB_DLQ_URL=%s\n", name, q, dlq)
 		return nil
-	case "get", "requeue", "delete", "list":
+	case "requeue":
 		if fs.NArg() != 1 {
 			return usage()
-		}
-		if *queue == "" {
-			*queue = "unused" // get does not send
 		}
 		c, err := enqueue.New(cfg, *table, *queue, nil)
 		if err != nil {
 			return err
 		}
+		res, err := c.Requeue(ctx, fs.Arg(0))
+		if err != nil {
+			return err
+		}
+		fmt.Printf("requeued %s: %s\n", res.ID, res.State)
+		return nil
+	case "get", "delete", "list":
+		if fs.NArg() != 1 {
+			return usage()
+		}
+		s, err := ledger.New(dynamodb.NewFromConfig(cfg), *table, nil)
+		if err != nil {
+			return err
+		}
 		switch args[0] {
 		case "delete":
-			return c.Delete(ctx, fs.Arg(0))
+			return s.Delete(ctx, fs.Arg(0))
 		case "list":
-			return list(ctx, c, ledger.State(fs.Arg(0)))
+			return list(ctx, s, ledger.State(fs.Arg(0)))
 		}
-		if args[0] == "requeue" {
-			res, err := c.Requeue(ctx, fs.Arg(0))
-			if err != nil {
-				return err
-			}
-			fmt.Printf("requeued %s: %s\n", res.ID, res.State)
-			return nil
-		}
-		rec, err := c.Store().Get(ctx, fs.Arg(0))
+		rec, err := s.Get(ctx, fs.Arg(0))
 		if err != nil {
 			return err
 		}
@@ -117,10 +120,10 @@ func run(ctx context.Context, args []string) error {
 }
 
 // list prints every job in the state, newest first, a page at a time.
-func list(ctx context.Context, c *enqueue.Client, st ledger.State) error {
+func list(ctx context.Context, s *ledger.Store, st ledger.State) error {
 	cursor := ""
 	for {
-		recs, next, err := c.Store().List(ctx, st, 50, cursor)
+		recs, next, err := s.List(ctx, st, 50, cursor)
 		if err != nil {
 			return err
 		}
