@@ -27,6 +27,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"github.com/aws/smithy-go/middleware"
 
+	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/internal/provision"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
@@ -96,6 +97,14 @@ func New(t testing.TB, qopts *QueueOptions) *Env {
 	return e
 }
 
+// Faulty returns a fault-injecting transport and a config whose clients
+// go through it to this Env's backend, with the SDK's standard retryer (see
+// faults.Config).
+func (e *Env) Faulty() (*faults.Transport, aws.Config) {
+	ft := faults.New(nil)
+	return ft, faults.Config(e.Cfg, ft)
+}
+
 // Records returns every item of the table, decoded, including archived and
 // expired ones: what is really stored.
 func (e *Env) Records(t testing.TB) []ledger.Record {
@@ -134,6 +143,16 @@ func (e *Env) Messages(t testing.TB, queueURL string) []sqstypes.Message {
 			return out
 		}
 		out = append(out, r.Messages...)
+	}
+}
+
+// Purge receives and deletes every visible message of the queue.
+func (e *Env) Purge(t testing.TB, queueURL string) {
+	t.Helper()
+	for _, m := range e.Messages(t, queueURL) {
+		if _, err := e.SQS.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(queueURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
+			t.Fatalf("delete: %v", err)
+		}
 	}
 }
 
