@@ -200,18 +200,34 @@ func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result
 		res.Redispatched = true
 	}
 	if err := c.Dispatch(ctx, got); err != nil {
-		if mErr := c.store.MarkUndispatched(ctx, got.ID); mErr != nil {
+		// The send may have failed because ctx ended: the mark must not
+		// depend on it, or a caller retrying the key would not re-send.
+		bctx, cancel := bookkeeping(ctx)
+		defer cancel()
+		if mErr := c.store.MarkUndispatched(bctx, got.ID); mErr != nil {
 			c.log.ErrorContext(ctx, "nexjob: could not mark an unsent job; the dispatch guard will find it", "job_id", got.ID, "err", mErr)
 		}
 		return res, &DispatchError{JobID: got.ID, Err: c.missing(err)}
 	}
 	if got.Undispatched {
-		if err := c.store.ClearUndispatched(ctx, got.ID); err != nil {
+		bctx, cancel := bookkeeping(ctx)
+		defer cancel()
+		if err := c.store.ClearUndispatched(bctx, got.ID); err != nil {
 			c.log.WarnContext(ctx, "nexjob: could not clear the unsent mark", "job_id", got.ID, "err", err)
 		}
 	}
 	c.log.InfoContext(ctx, "nexjob: enqueued", "job_id", got.ID, "kind", got.Kind, "state", got.State)
 	return res, nil
+}
+
+// BookkeepingTimeout bounds the ledger writes that record what happened
+// after a failure (an unsent mark, a child ended with its parent). They run
+// on a context detached from the caller's: a caller whose deadline cut the
+// call short still gets them written.
+const BookkeepingTimeout = 5 * time.Second
+
+func bookkeeping(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), BookkeepingTimeout)
 }
 
 // unsent reports whether an existing job looks as if its message was never
@@ -235,6 +251,18 @@ func (c *Client) unsent(rec ledger.Record) bool {
 
 func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, error) {
 	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy)
+	var uo *ledger.UnknownOutcomeError
+	if errors.As(err, &uo) {
+		// The write may have been applied (its reply lost, the caller's
+		// context ended mid-call): look, on a context of our own. If it
+		// was, the job is ours and goes on as created; the send then tells
+		// the caller how far it got.
+		bctx, cancel := bookkeeping(ctx)
+		defer cancel()
+		if mine, gerr := c.store.Get(bctx, uo.ID); gerr == nil {
+			return mine, true, nil
+		}
+	}
 	if errors.Is(err, ledger.ErrItemTooLarge) {
 		return got, false, &InputError{Field: "args", Reason: "too large for a job record", Err: err}
 	}

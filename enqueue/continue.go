@@ -12,12 +12,19 @@ import (
 // ContinueWith adds a job that runs once the parent job succeeds. The child
 // waits as AwaitingContinuation and is released (Enqueued and sent) when the
 // parent succeeds; if the parent already succeeded it is enqueued at once.
-// A parent that fails leaves its children waiting: its dead-letter hook can
-// release or cancel them (ReleaseContinuations, CancelContinuations).
+// When the parent fails or expires, its dead-letter hook may release them
+// (ReleaseContinuations); the worker then ends every child still waiting
+// as the parent ended (Failed or Expired, naming the parent), so no child
+// waits forever holding its key.
 //
 // Children take idempotency keys like any job; a waiting child is active, so
 // a duplicate returns it. Delay and RunAt are refused: a continuation runs
-// when its parent is done. An unknown parent is an *InputError.
+// when its parent is done. An unknown parent is an *InputError. A parent
+// that already Failed or Expired gives a *ParentEndedError and nothing is
+// written; one that ends between the child's write and its link also
+// gives it, and the child is removed (or, if it existed before this call,
+// ended as the parent). A parent with ledger.MaxChildren children gives
+// ledger.ErrTooManyChildren, and the child is removed.
 //
 // Cost: one read of the parent, one write for the child, one for the link.
 func (c *Client) ContinueWith(ctx context.Context, parentID string, args JobArgs, opts *Opts) (Result, error) {
@@ -39,8 +46,11 @@ func (c *Client) ContinueWith(ctx context.Context, parentID string, args JobArgs
 	case err != nil:
 		return Result{}, c.missing(err)
 	}
-	if parent.State == ledger.Succeeded {
+	switch parent.State {
+	case ledger.Succeeded:
 		return c.submit(ctx, rec, &o)
+	case ledger.Failed, ledger.Expired:
+		return Result{}, &ParentEndedError{ParentID: parentID, State: parent.State}
 	}
 	rec.State, rec.ParentID = ledger.AwaitingContinuation, parentID
 	got, created, err := c.insert(ctx, rec, &o)
@@ -49,13 +59,19 @@ func (c *Client) ContinueWith(ctx context.Context, parentID string, args JobArgs
 	}
 	// Link (again, for a duplicate: a caller retrying after a crash between
 	// the two writes must not leave the child unlinked).
-	_, linked, err := c.store.Link(ctx, parentID, got.ID)
-	if err != nil {
-		if errors.Is(err, ledger.ErrNotFound) {
-			_, _, _ = c.store.Cancel(ctx, got.ID, "parent job vanished before the continuation was linked", time.Time{})
-			return Result{}, &InputError{Field: "parentID", Reason: "no such job", Err: err}
-		}
+	cur, linked, err := c.store.Link(ctx, parentID, got.ID)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		c.unlink(ctx, got, created, ledger.Failed, "parent job vanished before the continuation was linked")
+		return Result{}, &InputError{Field: "parentID", Reason: "no such job", Err: err}
+	case errors.Is(err, ledger.ErrTooManyChildren):
+		c.unlink(ctx, got, created, ledger.Failed, err.Error())
+		return Result{}, &InputError{Field: "parentID", Reason: err.Error(), Err: err}
+	case err != nil:
 		return Result{}, c.missing(err)
+	case !linked && (cur.State == ledger.Failed || cur.State == ledger.Expired):
+		c.unlink(ctx, got, created, cur.State, parentEnded(cur))
+		return Result{}, &ParentEndedError{ParentID: parentID, State: cur.State}
 	}
 	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
 	if !linked { // the parent succeeded meanwhile
@@ -101,16 +117,46 @@ func (c *Client) ReleaseContinuations(ctx context.Context, parent ledger.Record)
 	return nil
 }
 
-// CancelContinuations ends every child still waiting on parent as Failed
-// with the reason; the record is kept for retention.
+// unlink undoes a child whose link failed: a child this call created is
+// removed (nothing half-written); one that existed before ends as as.
+func (c *Client) unlink(ctx context.Context, child ledger.Record, created bool, as ledger.State, reason string) {
+	bctx, cancel := bookkeeping(ctx)
+	defer cancel()
+	var err error
+	if created {
+		err = c.store.Delete(bctx, child.ID)
+	} else {
+		_, _, err = c.store.Cancel(bctx, child.ID, as, reason, time.Time{})
+	}
+	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		c.log.ErrorContext(ctx, "nexjob: could not undo an unlinked continuation", "job_id", child.ID, "err", err)
+	}
+}
+
+func parentEnded(parent ledger.Record) string {
+	return fmt.Sprintf("parent job %s ended %s", parent.ID, parent.State)
+}
+
+// CancelContinuations ends every child still waiting on parent as the
+// parent ended (Failed or Expired; Failed for a parent in any other
+// state), with the reason (a reason of "" names the parent and its
+// state); the record is kept for retention. A child already released or
+// ended is left alone, so a replay cancels nothing twice.
 func (c *Client) CancelContinuations(ctx context.Context, parent ledger.Record, reason string, retention time.Duration) error {
 	var exp time.Time
 	if retention > 0 {
 		exp = c.store.Now().Add(retention)
 	}
+	as := parent.State
+	if as != ledger.Expired {
+		as = ledger.Failed
+	}
+	if reason == "" {
+		reason = parentEnded(parent)
+	}
 	var errs []error
 	for _, id := range parent.Children {
-		if _, _, err := c.store.Cancel(ctx, id, reason, exp); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		if _, _, err := c.store.Cancel(ctx, id, as, reason, exp); err != nil && !errors.Is(err, ledger.ErrNotFound) {
 			errs = append(errs, err)
 		}
 	}
@@ -120,11 +166,15 @@ func (c *Client) CancelContinuations(ctx context.Context, parent ledger.Record, 
 // Requeue moves a terminal job (Succeeded, Failed, Expired) back to
 // Enqueued with a fresh attempt budget and sends it: one conditional
 // update and one send. The job is active again, so enqueues with its key
-// deduplicate to it. An active job gives a *NotTerminalError; a job whose
-// key a newer job took, ledger.ErrKeyReused; an unknown one,
-// ledger.ErrNotFound.
+// deduplicate to it; its old deadline is cleared. An active job gives a
+// *NotTerminalError; a job whose key a newer job took, ledger.ErrKeyReused;
+// a record of a message that was not a job, ledger.ErrDeadLetterRecord; an
+// unknown one, ledger.ErrNotFound.
 func (c *Client) Requeue(ctx context.Context, jobID string) (Result, error) {
 	rec, err := c.store.Requeue(ctx, jobID)
+	if errors.Is(err, ledger.ErrDeadLetterRecord) {
+		return Result{}, err
+	}
 	var nc *ledger.NotClaimableError
 	if errors.As(err, &nc) {
 		return Result{}, &NotTerminalError{JobID: jobID, State: nc.Current.State}

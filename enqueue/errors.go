@@ -61,3 +61,15 @@ func (e *MissingResourceError) Error() string {
 }
 
 func (e *MissingResourceError) Unwrap() error { return e.Err }
+
+// ParentEndedError: ContinueWith on a parent that Failed or Expired. Such a
+// parent never succeeds, so a child of it could never run. Nothing was
+// written.
+type ParentEndedError struct {
+	ParentID string
+	State    ledger.State // Failed or Expired
+}
+
+func (e *ParentEndedError) Error() string {
+	return fmt.Sprintf("nexjob: parent job %s is %s; a continuation of it would never run", e.ParentID, e.State)
+}

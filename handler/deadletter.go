@@ -14,20 +14,35 @@ import (
 
 // DeadLetterKind is the kind of the ledger records that keep messages that
 // were not jobs (malformed bodies, unknown ids): state Failed, args
-// {"messageId", "body", "reason"}, listed with the other Failed jobs.
-const DeadLetterKind = "nexjob.dead-letter"
+// {"messageId", "body", "reason"}, listed with the other Failed jobs. They
+// cannot be requeued (ledger.ErrDeadLetterRecord).
+const DeadLetterKind = ledger.DeadLetterKind
 
 // maxKeptBody bounds the body kept in a dead-letter record (the item limit
 // is 400 KB).
 const maxKeptBody = 300 * 1024
 
-// HandleDeadLetters is the handler of the DLQ consumer function. A job
-// message means the job's worker never reported a result in
-// maxReceiveCount receives (it crashed or timed out every time): the job
-// becomes Failed with that reason, once, and its dead-letter hook runs. A
-// message that is not a job is kept in the ledger as a DeadLetterKind
-// record with the reason. Nothing is dropped: a message whose record
-// cannot be written is returned as a failure and stays in the DLQ.
+// HandleDeadLetters is the handler of the DLQ consumer function. What it
+// does with a job's message depends on the job's record, read once:
+//
+//   - Processing with its lease run out: the worker never reported a
+//     result in maxReceiveCount receives (it crashed or timed out every
+//     time). The job becomes Failed with that reason, once; its
+//     dead-letter hook runs with a cause matching ErrOrphaned.
+//   - Processing under a live lease: a run is going on and will record its
+//     result; the message comes back (a failure) and is looked at again.
+//   - Enqueued or Scheduled: no run of it started (its claims failed, or
+//     every receive came too near the end of an invocation). It is not
+//     poison: the job is sent back, the reason kept in its LastError, up
+//     to Options.MaxReturns times; then it becomes Failed saying so, and
+//     its hook runs with a cause matching ErrNeverStarted.
+//   - ended, or waiting on its parent: a duplicate; dropped.
+//
+// A message that is not a job (or names no job in the ledger) is kept as a
+// DeadLetterKind record with the reason. Nothing is dropped: a message
+// whose fate cannot be written is returned as a failure and stays in the
+// DLQ. Every write is conditional on the record as read, so a job that
+// moved on meanwhile is left to what moved it.
 func (h *Handler) HandleDeadLetters(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
 	var resp events.SQSEventResponse
 	for _, m := range ev.Records {
@@ -39,22 +54,62 @@ func (h *Handler) HandleDeadLetters(ctx context.Context, ev events.SQSEvent) (ev
 	return resp, nil
 }
 
+var errRunGoingOn = errors.New("nexjob: the job is running under a live lease; its dead letter is looked at again later")
+
 func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error {
 	msg, err := enqueue.DecodeMessage(m.Body)
 	if err != nil {
 		return h.keepNonJob(ctx, m, reasonOf(m, err))
 	}
-	cause := fmt.Errorf("%w: poison message moved to the dead-letter queue after %s receives (the worker crashed or timed out every time)",
-		ErrOrphaned, m.Attributes["ApproximateReceiveCount"])
-	rec, dead, err := h.store.DeadLetter(ctx, msg.ID, cause.Error(), h.expiry(h.o.Retention.Failed))
+	rec, err := h.store.Get(ctx, msg.ID)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrBadID):
 		return h.keepNonJob(ctx, m, reasonOf(m, fmt.Errorf("no job %s in the ledger", msg.ID)))
 	case err != nil:
 		return err
-	case dead:
-		h.log.WarnContext(ctx, "nexjob: job dead-lettered", "job_id", rec.ID, "kind", rec.Kind)
-		h.deadLetter(ctx, rec, cause)
+	}
+	receives := m.Attributes["ApproximateReceiveCount"]
+	now := h.store.Now()
+	switch {
+	case rec.State == ledger.Processing && rec.LeaseUntil > now.UnixMilli():
+		return errRunGoingOn
+	case rec.State == ledger.Processing:
+		cause := fmt.Errorf("%w: poison message moved to the dead-letter queue after %s receives (the worker crashed or timed out every time)", ErrOrphaned, receives)
+		return h.failDeadLetter(ctx, rec, cause)
+	case rec.State == ledger.Enqueued || rec.State == ledger.Scheduled:
+		if rec.Returns >= h.o.MaxReturns {
+			cause := fmt.Errorf("%w, %d times (after %s receives the last time): its claims failed or its receives came too near the invocation's end",
+				ErrNeverStarted, rec.Returns+1, receives)
+			return h.failDeadLetter(ctx, rec, cause)
+		}
+		reason := fmt.Sprintf("message reached the dead-letter queue after %s receives although the job never started (claims failed or receives came too near the invocation's end); sent back (%d of %d)",
+			receives, rec.Returns+1, h.o.MaxReturns)
+		back, ok, err := h.store.Return(ctx, rec, reason)
+		if err != nil || !ok {
+			return err // !ok: it moved on; whatever moved it dispatches it
+		}
+		h.log.WarnContext(ctx, "nexjob: job that never started sent back from the DLQ", "job_id", rec.ID, "kind", rec.Kind, "returns", back.Returns)
+		return h.producer.Dispatch(ctx, back)
+	case (rec.State == ledger.Failed || rec.State == ledger.Expired) && len(rec.Children) > 0:
+		// A dead letter again after its children could not be ended.
+		if !h.endChildren(ctx, rec) {
+			return fmt.Errorf("nexjob: continuations of %s not ended", rec.ID)
+		}
+	}
+	return nil // ended (a duplicate dead letter) or waiting on its parent
+}
+
+// failDeadLetter ends the job as Failed with cause, if it is still as
+// read, and does what follows (hook, continuations).
+func (h *Handler) failDeadLetter(ctx context.Context, rec ledger.Record, cause error) error {
+	out, dead, err := h.store.DeadLetter(ctx, rec, cause.Error(), h.expiry(h.o.Retention.Failed))
+	if err != nil || !dead {
+		return err
+	}
+	h.log.WarnContext(ctx, "nexjob: job dead-lettered", "job_id", out.ID, "kind", out.Kind, "err", cause)
+	h.deadLetter(ctx, out, cause)
+	if !h.endChildren(ctx, out) {
+		return fmt.Errorf("nexjob: continuations of %s not ended", out.ID)
 	}
 	return nil
 }
@@ -78,7 +133,7 @@ func (h *Handler) keepNonJob(ctx context.Context, m events.SQSMessage, reason st
 	}
 	rec := ledger.Record{Kind: DeadLetterKind, Args: string(args), State: ledger.Failed, LastError: reason, MaxAttempts: 1}
 	if exp := h.expiry(h.o.Retention.Failed); !exp.IsZero() {
-		rec.ExpiresAt = exp.Unix()
+		rec.ExpiresAt = ledger.TTL(exp)
 	}
 	// Keyed by the message id: a redelivered dead letter is kept once.
 	if _, _, err := h.store.Insert(ctx, rec, "dead-letter/"+m.MessageId, ledger.RejectAlways); err != nil {

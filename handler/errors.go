@@ -4,6 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 )
 
 // PermanentError fails a job at once, whatever attempts are left. Return it
@@ -44,3 +48,32 @@ var ErrUnknownKind = errors.New("nexjob: no worker registered for the job's kind
 type PanicError struct{ Value any }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("worker panicked: %v", e.Value) }
+
+// ErrNeverStarted is the cause a dead-letter hook receives (errors.Is) for
+// a job whose message kept reaching the DLQ although no run of it ever
+// started (its claims failed, or every receive came too near the end of
+// an invocation), after Options.MaxReturns returns. The record's LastError
+// says so; it is not a poison job.
+var ErrNeverStarted = errors.New("nexjob: the job never started: its message reached the dead-letter queue before any run of it began")
+
+// TimeoutError is the cause of a run's context ending at the kind's
+// Timeout (or, with no deadline and no Timeout, at the end of the lease).
+// The run counts as a failed attempt.
+type TimeoutError struct{ Timeout time.Duration }
+
+func (e *TimeoutError) Error() string {
+	return fmt.Sprintf("nexjob: run timed out after %s", e.Timeout)
+}
+
+// transient reports whether an AWS call failed for a passing reason: a
+// throttle or a server error that outlasted the SDK's retries, the
+// retryer's quota, a timeout. Such a call may be tried again later.
+func transient(err error) bool {
+	var mae *retry.MaxAttemptsError
+	var quota ratelimit.QuotaExceededError
+	var timeout interface{ Timeout() bool }
+	return errors.As(err, &mae) || errors.As(err, &quota) ||
+		errors.As(err, &timeout) && timeout.Timeout() ||
+		retry.IsErrorThrottles(retry.DefaultThrottles).IsErrorThrottle(err) == aws.TrueTernary ||
+		retry.IsErrorRetryables(retry.DefaultRetryables).IsErrorRetryable(err) == aws.TrueTernary
+}

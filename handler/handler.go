@@ -37,8 +37,19 @@ const (
 	DefaultConcurrency = 10
 	DefaultLease       = 5 * time.Minute
 	DefaultStopBefore  = 10 * time.Second
+	// DefaultMaxCutOffs: after this many runs of one attempt cut off by the
+	// invocation's deadline, the attempt is spent as a failure.
+	DefaultMaxCutOffs = 3
+	// DefaultMaxReturns: a job whose message reaches the DLQ before any
+	// run of it started is sent back this many times, then Failed.
+	DefaultMaxReturns = 3
 	// finishMargin is kept back from a run's deadline to record its result.
 	finishMargin = 2 * time.Second
+	// replyMargin is kept back from the invocation's deadline to return
+	// the batch response, whatever the workers do.
+	replyMargin = 500 * time.Millisecond
+	// leaseSlack is added to a lease past the run's end.
+	leaseSlack = 5 * time.Second
 )
 
 // Options tune a Handler. The zero value takes every default.
@@ -73,6 +84,25 @@ type Options struct {
 	// Logger defaults to slog.Default(). Logs carry job ids and kinds,
 	// never args or keys.
 	Logger *slog.Logger
+	// MaxCutOffs: runs of one attempt that the invocation's deadline may
+	// cut off (each gives the attempt back) before the attempt is spent as
+	// a failure, so a job that always outruns the function timeout ends
+	// after MaxAttempts. Defaults to DefaultMaxCutOffs.
+	MaxCutOffs int
+	// MaxReturns: times the DLQ consumer sends back a job whose message
+	// reached the DLQ although no run of it started (claims throttled,
+	// receives too near the invocation's end) before it fails it with
+	// ErrNeverStarted. Defaults to DefaultMaxReturns.
+	MaxReturns int
+	// UnknownKindBackoff is the wait before retrying a job whose kind has
+	// no worker here (a producer deployed before its worker): the job
+	// spends an attempt, is logged at ERROR and retried. Defaults to
+	// DefaultBackoff.
+	UnknownKindBackoff func(attempt int) time.Duration
+	// OnDeadLetter is called once when a job becomes Failed whose kind has
+	// no OnDeadLetter of its own, including kinds with no worker here (the
+	// cause then matches ErrUnknownKind). Defaults to none.
+	OnDeadLetter func(ctx context.Context, rec ledger.Record, cause error) error
 }
 
 // Handler runs the jobs of SQS batches. Its Handle method is the Lambda
@@ -114,6 +144,15 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 	if o.Retention == nil {
 		o.Retention = &DefaultRetention
 	}
+	if o.MaxCutOffs <= 0 {
+		o.MaxCutOffs = DefaultMaxCutOffs
+	}
+	if o.MaxReturns <= 0 {
+		o.MaxReturns = DefaultMaxReturns
+	}
+	if o.UnknownKindBackoff == nil {
+		o.UnknownKindBackoff = DefaultBackoff
+	}
 	p, err := enqueue.New(cfg, table, queueURL, &enqueue.ClientOptions{
 		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay,
 	})
@@ -129,31 +168,66 @@ func (h *Handler) Producer() *enqueue.Client { return h.producer }
 // Handle runs one SQS batch: the jobs run concurrently (bounded by
 // Concurrency), and the response lists exactly the messages that must come
 // back. It never returns an error: a failure is per message.
+//
+// Under a deadline, Handle returns shortly before it whatever the workers
+// do: a worker that ignores its context is left running and its message
+// reported as a failure (it comes back and finds the job's record as the
+// straggler left it), as are the messages not started by then.
 func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
 	var (
-		resp events.SQSEventResponse
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, h.o.Concurrency)
-		stop = h.o.StopBefore
+		mu      sync.Mutex
+		settled = make([]bool, len(ev.Records)) // processed and may be deleted
+		closed  bool                            // the response was built
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, h.o.Concurrency)
+		stop    = h.o.StopBefore
+		giveUp  <-chan time.Time
 	)
 	if dl, ok := ctx.Deadline(); ok {
 		stop = min(stop, time.Until(dl)/3)
+		t := time.NewTimer(time.Until(dl) - replyMargin)
+		defer t.Stop()
+		giveUp = t.C
 	}
-	for _, m := range ev.Records {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if h.process(ctx, m, stop) {
+	response := func() events.SQSEventResponse {
+		mu.Lock()
+		defer mu.Unlock()
+		closed = true
+		var resp events.SQSEventResponse
+		for i, m := range ev.Records {
+			if !settled[i] {
+				resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: m.MessageId})
+			}
+		}
+		return resp
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i, m := range ev.Records {
+			select {
+			case sem <- struct{}{}:
+			case <-giveUp:
 				return
 			}
-			mu.Lock()
-			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: m.MessageId})
-			mu.Unlock()
-		})
+			wg.Go(func() {
+				defer func() { <-sem }()
+				ok := h.process(ctx, m, stop)
+				mu.Lock()
+				if !closed {
+					settled[i] = ok
+				}
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+	}()
+	select {
+	case <-done:
+	case <-giveUp:
+		h.log.ErrorContext(ctx, "nexjob: invocation ending with runs still going; their messages come back")
 	}
-	wg.Wait()
-	return resp, nil
+	return response(), nil
 }
 
 // process handles one message and reports whether it may be deleted.
@@ -175,10 +249,24 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	if msg.RunAt > now.UnixMilli() {
 		return h.carryForward(ctx, msg, now)
 	}
-	if msg.Check && !h.neverStarted(ctx, msg, now) {
-		return true // the job's own message did its work
+	if msg.Check {
+		run, err := h.neverStarted(ctx, msg, now)
+		if err != nil {
+			// The read failed (a throttle past the SDK's retries): the
+			// check comes back rather than vanish.
+			h.log.ErrorContext(ctx, "nexjob: dispatch check failed; it comes back", "job_id", msg.ID, "err", err)
+			return false
+		}
+		if !run {
+			return true // the job's own message did its work
+		}
 	}
-	lease, deadline := h.lease(ctx, now)
+	e, known := h.reg.lookup(msg.Kind)
+	var timeout time.Duration
+	if known {
+		timeout = e.opts.Timeout
+	}
+	lease, deadline, cause := h.lease(ctx, now, timeout)
 	rec, err := h.store.Claim(ctx, msg.ID, lease)
 	var nc *ledger.NotClaimableError
 	switch {
@@ -196,66 +284,102 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	if rec.Attempt == 1 && rec.Deadline != 0 && now.UnixMilli() > rec.Deadline {
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Expired, LastError: "deadline passed before the job started"}, nil)
 	}
-	e, ok := h.reg.lookup(rec.Kind)
-	if !ok {
-		cause := fmt.Errorf("%w: %q", ErrUnknownKind, rec.Kind)
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: cause.Error()}, cause)
+	if rec.Kind != msg.Kind {
+		e, known = h.reg.lookup(rec.Kind)
 	}
-	return h.run(ctx, e, rec, deadline)
+	if !known {
+		// A producer deployed before its worker, most likely: retry, so
+		// the job runs once the worker is deployed.
+		err := fmt.Errorf("%w: %q", ErrUnknownKind, rec.Kind)
+		h.log.ErrorContext(ctx, "nexjob: no worker for the job's kind", "job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt)
+		return h.failed(ctx, rec, err, h.o.UnknownKindBackoff)
+	}
+	return h.run(ctx, e, rec, deadline, cause)
 }
 
 // neverStarted answers a dispatch guard's check: is the job still waiting,
 // unstarted, past its run time? One eventually consistent read; a stale
 // answer costs at most a refused claim.
-func (h *Handler) neverStarted(ctx context.Context, msg enqueue.Message, now time.Time) bool {
+// A job that is gone is no error: there is nothing to run.
+func (h *Handler) neverStarted(ctx context.Context, msg enqueue.Message, now time.Time) (bool, error) {
 	rec, err := h.store.Peek(ctx, msg.ID)
+	if errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrBadID) {
+		return false, nil
+	}
 	if err != nil {
-		return false
+		return false, err
 	}
 	waiting := rec.State == ledger.Enqueued || rec.State == ledger.Scheduled && rec.RunAt <= now.UnixMilli()
 	if waiting && rec.Attempt == 0 {
 		h.log.WarnContext(ctx, "nexjob: job was never sent; the guard's check runs it", "job_id", rec.ID, "kind", rec.Kind)
-		return true
+		return true, nil
 	}
-	return false
+	return false, nil
 }
 
-// lease returns the claim's lease and the run's deadline. Under Lambda the
-// run cannot outlive the invocation, so the lease ends just after it.
-func (h *Handler) lease(ctx context.Context, now time.Time) (time.Duration, time.Time) {
+// lease returns the claim's lease, the run's deadline and the cause its
+// context ends with then. Under Lambda the run cannot outlive the
+// invocation, so the lease ends just after it; a kind's Timeout ends the
+// run (and the lease) sooner. now is the ledger's clock, which tests may
+// shift; the run's deadline is real time.
+func (h *Handler) lease(ctx context.Context, now time.Time, timeout time.Duration) (time.Duration, time.Time, error) {
+	run, cause := h.o.Lease-finishMargin, error(nil)
 	if dl, ok := ctx.Deadline(); ok {
-		return dl.Sub(now) + 5*time.Second, dl.Add(-finishMargin)
+		run, cause = time.Until(dl)-finishMargin, errCutOff
 	}
-	return h.o.Lease, now.Add(h.o.Lease - finishMargin)
+	if timeout > 0 && timeout < run {
+		run, cause = timeout, &TimeoutError{Timeout: timeout}
+	}
+	if cause == nil {
+		cause = &TimeoutError{Timeout: run}
+	}
+	return run + finishMargin + leaseSlack, time.Now().Add(run), cause
 }
 
 var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
 
-func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time) bool {
-	runCtx, cancel := context.WithDeadlineCause(ctx, deadline, errCutOff)
+func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
+	runCtx, cancel := context.WithDeadlineCause(ctx, deadline, cause)
 	defer cancel()
 	start := time.Now()
 	err := safeRun(runCtx, e, rec)
 	log := h.log.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt, "took", time.Since(start))
 	var perm *PermanentError
-	var after *RetryAfterError
 	switch {
 	case err == nil:
 		log.InfoContext(ctx, "nexjob: job succeeded")
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded}, nil)
+	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:
+		log.WarnContext(ctx, "nexjob: job cut off by the invocation deadline; attempt given back", "cut_offs", rec.CutOffs+1)
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, CutOff: true, LastError: errCutOff.Error()}, nil)
 	case errors.Is(context.Cause(runCtx), errCutOff):
-		log.WarnContext(ctx, "nexjob: job cut off by the deadline; attempt refunded")
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, Refund: true, LastError: errCutOff.Error()}, nil)
+		err = fmt.Errorf("%w %d times in a row; the attempt is spent (raise the function timeout or set KindOptions.Timeout)", errCutOff, rec.CutOffs+1)
+	case context.Cause(runCtx) != nil && runCtx.Err() != nil && ctx.Err() == nil:
+		err = fmt.Errorf("%w: %w", context.Cause(runCtx), err)
 	case errors.As(err, &perm):
 		log.WarnContext(ctx, "nexjob: job failed permanently", "err", err)
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
-	case rec.Attempt >= rec.MaxAttempts:
+	}
+	return h.failed(ctx, rec, err, e.backoff)
+}
+
+// failed ends a failed attempt: Failed once attempts are exhausted, else
+// Scheduled after the backoff (or the worker's RetryAfter), never further
+// ahead than the longest schedule.
+func (h *Handler) failed(ctx context.Context, rec ledger.Record, err error, backoff func(int) time.Duration) bool {
+	log := h.log.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt)
+	if rec.Attempt >= rec.MaxAttempts {
 		log.WarnContext(ctx, "nexjob: job failed, attempts exhausted", "err", err)
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
 	}
-	delay := e.backoff(rec.Attempt)
+	delay := backoff(rec.Attempt)
+	var after *RetryAfterError
 	if errors.As(err, &after) {
 		delay = after.Delay
+	}
+	if delay > enqueue.MaxScheduleAhead || delay < 0 {
+		log.WarnContext(ctx, "nexjob: retry delay out of range; clamped", "asked", delay)
+		delay = max(0, min(delay, enqueue.MaxScheduleAhead))
 	}
 	log.InfoContext(ctx, "nexjob: job failed, will retry", "err", err, "retry_in", delay)
 	return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: h.store.Now().Add(delay), LastError: err.Error()}, nil)
@@ -279,7 +403,8 @@ func (e *entry) backoff(attempt int) time.Duration {
 
 // finish records the end of a run and does what follows it: re-dispatch a
 // retry or a refunded run, release continuations, call the dead-letter
-// hook of a Failed job with its cause.
+// hook of a Failed job with its cause, end the children of a Failed or
+// Expired one as it ended. It reports whether the message may be deleted.
 func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish, cause error) bool {
 	switch f.State {
 	case ledger.Succeeded:
@@ -289,7 +414,7 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 	case ledger.Expired:
 		f.ExpiresAt = h.expiry(h.o.Retention.Expired)
 	}
-	out, err := h.store.Finish(ctx, rec, f)
+	out, err := h.record(ctx, rec, f)
 	if errors.Is(err, ledger.ErrFenced) {
 		h.log.WarnContext(ctx, "nexjob: result refused, a newer run owns the job", "job_id", rec.ID, "token", rec.Token)
 		return true
@@ -315,6 +440,55 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		}
 	case ledger.Failed:
 		h.deadLetter(ctx, out, cause)
+		return h.endChildren(ctx, out)
+	case ledger.Expired:
+		return h.endChildren(ctx, out)
+	}
+	return true
+}
+
+// record writes the end of a run. A write that fails for a passing reason
+// (throttled past the SDK's retries, a timeout, a 500) is tried again,
+// with backoff, while the run's lease lasts: the job ran, and letting its
+// message come back would run it again or call it an orphan. The retry is
+// safe: Finish recognises its own earlier write.
+func (h *Handler) record(ctx context.Context, rec ledger.Record, f ledger.Finish) (ledger.Record, error) {
+	// The lease is on the ledger's clock; wait in real time.
+	until := time.Now().Add(ledger.Millis(rec.LeaseUntil).Sub(h.store.Now()))
+	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
+		until = dl
+	}
+	wait := 100 * time.Millisecond
+	for {
+		out, err := h.store.Finish(ctx, rec, f)
+		if err == nil || !transient(err) || time.Now().Add(wait).After(until) {
+			return out, err
+		}
+		h.log.WarnContext(ctx, "nexjob: recording the result failed; trying again", "job_id", rec.ID, "err", err, "in", wait)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return out, err
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// endChildren ends the continuations still waiting on a Failed or Expired
+// parent as it ended (its dead-letter hook ran first and may have released
+// some). On failure the message comes back, finds the parent ended and
+// ends them then.
+func (h *Handler) endChildren(ctx context.Context, parent ledger.Record) bool {
+	if len(parent.Children) == 0 {
+		return true
+	}
+	ret := h.o.Retention.Failed
+	if parent.State == ledger.Expired {
+		ret = h.o.Retention.Expired
+	}
+	if err := h.producer.CancelContinuations(ctx, parent, "", ret); err != nil {
+		h.log.ErrorContext(ctx, "nexjob: ending the continuations of an ended job failed", "job_id", parent.ID, "err", err)
+		return false
 	}
 	return true
 }
@@ -326,10 +500,14 @@ func (h *Handler) expiry(d time.Duration) time.Time {
 	return h.store.Now().Add(d)
 }
 
-// deadLetter calls the kind's hook once; its failure or panic is logged.
+// deadLetter calls the kind's hook (or the handler's) once; its failure or
+// panic is logged.
 func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record, cause error) {
-	e, ok := h.reg.lookup(rec.Kind)
-	if !ok || e.opts.OnDeadLetter == nil {
+	hook := h.o.OnDeadLetter
+	if e, ok := h.reg.lookup(rec.Kind); ok && e.opts.OnDeadLetter != nil {
+		hook = e.opts.OnDeadLetter
+	}
+	if hook == nil {
 		return
 	}
 	defer func() {
@@ -340,7 +518,7 @@ func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record, cause error
 	if cause == nil {
 		cause = errors.New(rec.LastError)
 	}
-	if err := e.opts.OnDeadLetter(ctx, rec, cause); err != nil {
+	if err := hook(ctx, rec, cause); err != nil {
 		h.log.ErrorContext(ctx, "nexjob: dead-letter hook failed", "job_id", rec.ID, "err", err)
 	}
 }
@@ -366,6 +544,9 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 			return false
 		}
 		return true
+	case (cur.State == ledger.Failed || cur.State == ledger.Expired) && len(cur.Children) > 0:
+		// A replay after a failure to end the children of an ended job.
+		return h.endChildren(ctx, cur)
 	case cur.State.Terminal() || cur.State == ledger.AwaitingContinuation:
 		return true // a duplicate delivery, or the parent will dispatch it
 	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli():

@@ -19,6 +19,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -43,6 +44,7 @@ type rig struct {
 	poll  *poller.Poller
 	clock *clock
 	calls atomic.Int32
+	ft    *faults.Transport // set with rigConfig.faults
 
 	mu     sync.Mutex
 	perJob map[string]int // worker runs by job id
@@ -64,6 +66,9 @@ type rigConfig struct {
 	hopts *handler.Options
 	hook  func(context.Context, ledger.Record, error) error // the email kind's dead-letter hook
 	queue *awstest.QueueOptions
+	// faults, when set, puts the handler's AWS requests (not the
+	// producer's nor the poller's) through a fault transport, r.ft.
+	faults bool
 }
 
 func newRigWith(t *testing.T, work func(ctx context.Context, j *handler.Job[email]) error, rc rigConfig) *rig {
@@ -87,7 +92,11 @@ func newRigWith(t *testing.T, work func(ctx context.Context, j *handler.Job[emai
 		o.MaxDelay = time.Second // long schedules hop every second; tests move the clock
 	}
 	var err error
-	if r.h, err = handler.New(r.e.Cfg, r.e.Table, r.e.QueueURL, reg, &o); err != nil {
+	hcfg := r.e.Cfg
+	if rc.faults {
+		r.ft, hcfg = r.e.Faulty()
+	}
+	if r.h, err = handler.New(hcfg, r.e.Table, r.e.QueueURL, reg, &o); err != nil {
 		t.Fatal(err)
 	}
 	if r.prod, err = enqueue.New(r.e.Cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Ledger: o.Ledger, MaxDelay: o.MaxDelay}); err != nil {
@@ -277,7 +286,8 @@ func TestUnknownKindAndMalformedBody(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expect(t, rec, ledger.Failed, 1, "no worker registered")
+	// No worker for its kind here: retried (with DefaultBackoff), not failed.
+	expect(t, rec, ledger.Scheduled, 1, "no worker registered")
 	dead := r0.Messages(t, r0.DLQURL)
 	if len(dead) != 4 {
 		t.Fatalf("DLQ holds %d messages, want the 4 that are not jobs", len(dead))

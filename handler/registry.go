@@ -47,6 +47,14 @@ type KindOptions struct {
 	// job's continuations (enqueue.Client.ReleaseContinuations,
 	// CancelContinuations). Defaults to none.
 	OnDeadLetter func(ctx context.Context, rec ledger.Record, cause error) error
+	// Timeout bounds one run: its context ends then (with a *TimeoutError
+	// as its cause) and the run counts as a failed attempt. The claim's
+	// lease is sized to it, so a crashed run's job is recovered that much
+	// sooner. Under Lambda the invocation's deadline ends a run earlier
+	// when it comes first (a cut-off, which gives the attempt back up to
+	// Options.MaxCutOffs times). Defaults to none: the lease or the
+	// invocation bounds the run.
+	Timeout time.Duration
 }
 
 type entry struct {
@@ -84,6 +92,9 @@ func AddWorker[T enqueue.JobArgs](r *Registry, w Worker[T], opts *KindOptions) {
 	}}
 	if opts != nil {
 		e.opts = *opts
+	}
+	if e.opts.Timeout < 0 {
+		panic(fmt.Sprintf("nexjob: kind %q has a negative Timeout", kind))
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

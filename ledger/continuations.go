@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
@@ -10,17 +11,33 @@ import (
 
 // Link records child as a continuation of parent: one update adding the
 // child's id to the parent's Children set, conditional on the parent not
-// having Succeeded. It returns linked=false with the parent when the parent
-// already Succeeded: the caller must then release the child itself. The
-// child's id is kept in the parent, not found through an index, so that
-// the parent's completing write returns its children (strongly consistent,
-// no query, no index write).
+// having ended and having fewer than MaxChildren children. It returns
+// linked=false with the parent when the parent already ended: the caller
+// must then release the child (parent Succeeded) or end it as the parent
+// ended (Failed, Expired). A parent with MaxChildren children gives
+// ErrTooManyChildren. The child's id is kept in the parent, not found
+// through an index, so that the parent's completing write returns its
+// children (strongly consistent, no query, no index write).
+//
+// Linking a child that is already linked is a success (the set holds it
+// once), so a resent Link reads as applied.
 func (s *Store) Link(ctx context.Context, parentID, childID string) (Record, bool, error) {
-	cond := isJob(parentID).And(expression.Name(AttrState).NotEqual(expression.Value(Succeeded)))
-	upd := expression.Add(expression.Name(AttrChildren), expression.Value(stringSet(childID)))
+	st := expression.Name(AttrState)
+	children := expression.Name(AttrChildren)
+	cond := isJob(parentID).
+		And(st.NotEqual(expression.Value(Succeeded)), st.NotEqual(expression.Value(Failed)), st.NotEqual(expression.Value(Expired))).
+		And(expression.Or(
+			expression.AttributeNotExists(children),
+			expression.Size(children).LessThan(expression.Value(MaxChildren)),
+			expression.Contains(children, childID),
+		))
+	upd := expression.Add(children, expression.Value(stringSet(childID)))
 	rec, err := s.updateByID(ctx, parentID, cond, upd)
 	var nc *NotClaimableError
 	if errors.As(err, &nc) {
+		if !nc.Current.State.Terminal() {
+			return nc.Current, false, ErrTooManyChildren
+		}
 		return nc.Current, false, nil
 	}
 	return rec, err == nil, err
@@ -33,9 +50,13 @@ func (s *Store) Release(ctx context.Context, childID string) (Record, bool, erro
 	return s.move(ctx, childID, []State{AwaitingContinuation}, Enqueued, "", time.Time{})
 }
 
-// Cancel ends a waiting continuation as Failed with the reason.
-func (s *Store) Cancel(ctx context.Context, childID, reason string, expiresAt time.Time) (Record, bool, error) {
-	return s.move(ctx, childID, []State{AwaitingContinuation}, Failed, reason, expiresAt)
+// Cancel ends a waiting continuation as its parent ended (Failed or
+// Expired) with the reason. cancelled=false means it was not waiting.
+func (s *Store) Cancel(ctx context.Context, childID string, as State, reason string, expiresAt time.Time) (Record, bool, error) {
+	if as != Failed && as != Expired {
+		return Record{}, false, fmt.Errorf("nexjob: a continuation is cancelled as Failed or Expired, not %q", as)
+	}
+	return s.move(ctx, childID, []State{AwaitingContinuation}, as, reason, expiresAt)
 }
 
 // move changes the job's state from one of from to to with one
@@ -57,10 +78,10 @@ func (s *Store) move(ctx context.Context, id string, from []State, to State, rea
 		Remove(expression.Name(AttrLeaseUntil))
 	upd = s.withIndex(upd, to, nowMs)
 	if reason != "" {
-		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, 4000)))
+		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError)))
 	}
 	if !expiresAt.IsZero() {
-		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(expiresAt.Unix()))
+		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(TTL(expiresAt)))
 	}
 	rec, err := s.updateByID(ctx, id, isJob(id).And(in), upd)
 	var nc *NotClaimableError
@@ -76,34 +97,92 @@ func (s *Store) move(ctx context.Context, id string, from []State, to State, rea
 var ErrKeyReused = errors.New("nexjob: the job's idempotency key belongs to a newer job")
 
 // Requeue moves a terminal job back to Enqueued with a fresh attempt budget
-// (attempt 0, no TTL, last error kept): one update conditional on the job
-// still being terminal. A job that is active gives a *NotClaimableError
-// with its record; one whose key was re-used, ErrKeyReused.
+// (attempt 0, no TTL, no deadline, last error kept): one update conditional
+// on the job still being terminal. A job that is active gives a
+// *NotClaimableError with its record; one whose key was re-used,
+// ErrKeyReused; a DeadLetterKind record (a message that was not a job),
+// ErrDeadLetterRecord. Nothing is written in those cases.
+//
+// The deadline is cleared: it bounded the job's first start, and a job
+// requeued by hand is started again on purpose.
 func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 	st := expression.Name(AttrState)
 	cond := isJob(id).
 		And(expression.Or(st.Equal(expression.Value(Succeeded)), st.Equal(expression.Value(Failed)), st.Equal(expression.Value(Expired)))).
+		And(expression.Name(AttrKind).NotEqual(expression.Value(DeadLetterKind))).
 		And(expression.AttributeNotExists(expression.Name(AttrKeyHash)).Or(expression.Name(AttrPK).BeginsWith(keyPrefix)))
+	nowMs := s.now().UnixMilli()
 	upd := expression.Set(st, expression.Value(Enqueued)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
-		Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli())).
-		Remove(expression.Name(AttrExpiresAt)).
-		Remove(expression.Name(AttrRunAt))
-	upd = s.withIndex(upd, Enqueued, s.now().UnixMilli())
+		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched} {
+		upd = upd.Remove(expression.Name(a))
+	}
+	upd = s.withIndex(upd, Enqueued, nowMs)
 	rec, err := s.updateByID(ctx, id, cond, upd)
 	var nc *NotClaimableError
-	if errors.As(err, &nc) && nc.Current.State.Terminal() && nc.Current.KeyHash != "" {
+	switch {
+	case errors.As(err, &nc) && nc.Current.Kind == DeadLetterKind:
+		return Record{}, ErrDeadLetterRecord
+	case errors.As(err, &nc) && nc.Current.State.Terminal() && nc.Current.KeyHash != "":
 		return Record{}, ErrKeyReused
 	}
 	return rec, err
 }
 
+// ErrDeadLetterRecord: the record keeps a message that was not a job
+// (DeadLetterKind); there is nothing to run, so it cannot be requeued.
+var ErrDeadLetterRecord = errors.New("nexjob: a dead-letter record keeps a message that was not a job; it cannot be requeued")
+
 // DeadLetter ends a job whose message reached the dead-letter queue: one
-// update to Failed with the reason, conditional on the job still being
-// Enqueued, Scheduled or Processing. dead=false means it had already ended
-// (a duplicate in the DLQ): nothing was written.
-func (s *Store) DeadLetter(ctx context.Context, id, reason string, expiresAt time.Time) (Record, bool, error) {
-	return s.move(ctx, id, []State{Enqueued, Scheduled, Processing}, Failed, reason, expiresAt)
+// update to Failed with the reason, conditional on the job still being as
+// seen (same state and fencing token), which must be Enqueued, Scheduled
+// or Processing. dead=false (with the current record) means it moved on
+// meanwhile (a run claimed or ended it): nothing was written.
+func (s *Store) DeadLetter(ctx context.Context, seen Record, reason string, expiresAt time.Time) (Record, bool, error) {
+	if !seen.State.Active() || seen.State == AwaitingContinuation {
+		return seen, false, nil
+	}
+	return s.moveSeen(ctx, seen, expression.Set(expression.Name(AttrState), expression.Value(Failed)), Failed, reason, expiresAt)
+}
+
+// Return sends back a job whose message reached the dead-letter queue
+// before any run of it started: one update, conditional on the job still
+// being as seen, that counts the return in Record.Returns and keeps the
+// reason. The caller then dispatches it. returned=false (with the current
+// record) means it moved on meanwhile.
+func (s *Store) Return(ctx context.Context, seen Record, reason string) (Record, bool, error) {
+	if seen.State != Enqueued && seen.State != Scheduled {
+		return seen, false, nil
+	}
+	upd := expression.Set(expression.Name(AttrReturns), counterPlusOne(AttrReturns))
+	return s.moveSeen(ctx, seen, upd, seen.State, reason, time.Time{})
+}
+
+// moveSeen applies upd (which sets the new state to) to the job if it is
+// still in seen's state with seen's fencing token.
+func (s *Store) moveSeen(ctx context.Context, seen Record, upd expression.UpdateBuilder, to State, reason string, expiresAt time.Time) (Record, bool, error) {
+	nowMs := s.now().UnixMilli()
+	upd = upd.Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
+	if to.Terminal() {
+		upd = upd.Remove(expression.Name(AttrLeaseUntil))
+		upd = s.withIndex(upd, to, nowMs)
+	}
+	if reason != "" {
+		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError)))
+	}
+	if !expiresAt.IsZero() {
+		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(TTL(expiresAt)))
+	}
+	cond := isJob(seen.ID).
+		And(expression.Name(AttrState).Equal(expression.Value(seen.State))).
+		And(expression.Name(AttrToken).Equal(expression.Value(seen.Token)))
+	rec, err := s.updateByID(ctx, seen.ID, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, false, nil
+	}
+	return rec, err == nil, err
 }
 
 // MarkUndispatched records that the job's SQS send failed after it was

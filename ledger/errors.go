@@ -34,3 +34,19 @@ type DuplicateJobError struct {
 func (e *DuplicateJobError) Error() string {
 	return fmt.Sprintf("nexjob: duplicate job rejected by %s: job %s is %s", e.Policy, e.ExistingJobID, e.ExistingState)
 }
+
+// UnknownOutcomeError: Insert's write failed in a way that does not say
+// whether DynamoDB applied it (a timeout, a cancelled context, server
+// errors or throttles through the SDK's retries, which may follow an
+// attempt that was applied). ID is the job the write would have created:
+// Get it to know. Err is the write's error.
+type UnknownOutcomeError struct {
+	ID  string
+	Err error
+}
+
+func (e *UnknownOutcomeError) Error() string {
+	return fmt.Sprintf("%v (job %s may have been written)", e.Err, e.ID)
+}
+
+func (e *UnknownOutcomeError) Unwrap() error { return e.Err }

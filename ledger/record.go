@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
@@ -40,6 +41,16 @@ type Record struct {
 	// Undispatched marks a job whose SQS send failed after it was written;
 	// a caller retrying its key sends it again at once.
 	Undispatched bool `dynamodbav:"undispatched,omitempty"`
+	// Nonce is set by every conditional update: when DynamoDB applied an
+	// update but its reply was lost, the SDK's resend fails its condition
+	// and finds this nonce, so the write knows it was its own.
+	Nonce string `dynamodbav:"nonce,omitempty"`
+	// CutOffs counts the runs of the current attempt that the invocation
+	// deadline cut off (refunded); the handler spends the attempt at a bound.
+	CutOffs int `dynamodbav:"cutOffs,omitempty"`
+	// Returns counts how often the DLQ consumer sent the job back because
+	// its message reached the DLQ before any run of it started.
+	Returns int `dynamodbav:"dlqReturns,omitempty"`
 }
 
 // ExpiredAt reports whether the record is past its retention at now: such a
@@ -47,6 +58,17 @@ type Record struct {
 // deletes it later (up to days) and emulators never do.
 func (r *Record) ExpiredAt(now time.Time) bool {
 	return r.ExpiresAt != 0 && r.ExpiresAt <= now.Unix()
+}
+
+// TTL converts the end of a retention to the TTL attribute's Unix seconds,
+// rounded up: a record counts as held until the whole retention has passed
+// (ExpiredAt is true from that second on), never up to a second less.
+func TTL(t time.Time) int64 {
+	s := t.Unix()
+	if t.After(time.Unix(s, 0)) {
+		s++
+	}
+	return s
 }
 
 // Millis converts a record time to a time.Time; zero stays zero.
@@ -133,11 +155,28 @@ func validID(id string) bool {
 	return true
 }
 
+// truncate cuts s to at most n bytes (plus an ellipsis), on a rune
+// boundary: DynamoDB refuses strings that are not UTF-8.
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
 	return s[:n] + "…"
+}
+
+// MaxLastError bounds the kept last error, in bytes.
+const MaxLastError = 4000
+
+// newNonce returns a fresh write nonce.
+func newNonce() string {
+	var b [10]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("ledger: crypto/rand failed: %v", err))
+	}
+	return b32.EncodeToString(b[:])
 }
 
 // stringSet is a one-element DynamoDB string set for ADD.

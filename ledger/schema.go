@@ -31,7 +31,15 @@ const (
 	AttrListState    = "listState"    // byState index partition key; present only in indexed states
 	AttrListAt       = "listAt"       // byState index sort key, Unix milliseconds
 	AttrUndispatched = "undispatched" // true while a written job's SQS send is known to have failed
+	AttrNonce        = "nonce"        // the last update's nonce: a resend that meets it knows its write was applied
+	AttrCutOffs      = "cutOffs"      // runs of the current attempt cut off by the invocation deadline
+	AttrReturns      = "dlqReturns"   // times the DLQ consumer sent back a job that never started
 )
+
+// DeadLetterKind is the kind of the records that keep messages that were
+// not jobs (malformed bodies, unknown ids), kept by the DLQ consumer. They
+// are Failed from the start and cannot be requeued.
+const DeadLetterKind = "nexjob.dead-letter"
 
 // IndexByState is the sparse global secondary index that lists jobs by
 // state, newest first. Only records in indexed states carry its key (see

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 )
 
 // DynamoDB is the part of *dynamodb.Client the ledger uses. Tests wrap a
@@ -79,12 +81,22 @@ func (s *Store) Now() time.Time { return s.now() }
 // HashKey returns the stored form of an idempotency key.
 func (s *Store) HashKey(key string) string { return hashKey(s.secret, key) }
 
-// maxItemBytes leaves room under DynamoDB's 400 KB for attribute names and
-// the fields around args.
-const maxItemBytes = 400*1024 - 2048
-
-// MaxArgsBytes is the largest encoded args a record can hold.
-const MaxArgsBytes = maxItemBytes
+// Item size. DynamoDB's limit is 400 KB, counting attribute names and
+// values (AWS enforces 409,600 bytes; moto 405,000). A record's args are
+// written once, at insert; every later write adds to the same item: the
+// last error (at most MaxLastError bytes), the continuations' ids (at most
+// MaxChildren), and fixed fields of a few hundred bytes. MaxArgsBytes
+// leaves room for all of them under the smallest of those limits, so no
+// later write of a record can fail for its size.
+const (
+	maxItemBytes = 400_000
+	// reserveBytes covers every attribute but args at their largest.
+	reserveBytes = MaxLastError + 8 + MaxChildren*64 + 2048
+	// MaxArgsBytes is the largest encoded args a record accepts.
+	MaxArgsBytes = maxItemBytes - reserveBytes
+	// MaxChildren bounds the continuations of one job.
+	MaxChildren = 100
+)
 
 // Insert writes a new job unless the idempotency key says otherwise. rec
 // gives the job's kind, args, state and times; Insert sets its PK, ID,
@@ -108,6 +120,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	now := s.now()
 	rec.CreatedAt, rec.UpdatedAt = now.UnixMilli(), now.UnixMilli()
 	rec.Policy = policy.String()
+	rec.Nonce = newNonce()
 	if s.Indexed(rec.State) {
 		rec.ListState, rec.ListAt = rec.State, rec.UpdatedAt
 	}
@@ -116,8 +129,13 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 		rec.ID = newID("")
 		rec.PK = jobPrefix + rec.ID
 		cond := expression.AttributeNotExists(expression.Name(AttrPK))
-		if err := s.put(ctx, rec, cond); err != nil {
-			return Record{}, false, err
+		err := s.put(ctx, rec, cond)
+		var held *heldError
+		if errors.As(err, &held) && held.rec.ID == rec.ID {
+			return held.rec, true, nil // our own put, applied but its reply lost
+		}
+		if err != nil {
+			return Record{}, false, uncertain(rec.ID, err)
 		}
 		return rec, true, nil
 	}
@@ -130,12 +148,17 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 		var held *heldError
 		if !errors.As(err, &held) {
 			if err != nil {
-				return Record{}, false, err
+				return Record{}, false, uncertain(rec.ID, err)
 			}
 			return rec, true, nil
 		}
 		old := held.rec
 		switch {
+		case old.ID == rec.ID:
+			// Our own put (or re-use), applied but its reply lost: the SDK
+			// resent it and met it. Ids are random per call, so this is
+			// the job this call created.
+			return old, true, nil
 		case old.State.Active():
 			return old, false, nil
 		case !policy.Allows(old.State):
@@ -148,11 +171,24 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 			return rec, true, nil
 		}
 		if !errors.Is(err, errLostRace) {
-			return Record{}, false, err
+			return Record{}, false, uncertain(rec.ID, err)
 		}
 		// Someone else changed the key's record first: decide again.
 	}
 	return Record{}, false, ErrContention
+}
+
+// uncertain wraps the error of a write whose outcome it does not tell.
+// A failed condition tells (it is handled before), as does a refusal
+// DynamoDB answered on a single attempt (a client fault that the SDK did
+// not retry: validation, a missing table).
+func uncertain(id string, err error) error {
+	var api smithy.APIError
+	var mae *retry.MaxAttemptsError
+	if errors.As(err, &api) && api.ErrorFault() == smithy.FaultClient && !errors.As(err, &mae) {
+		return err
+	}
+	return &UnknownOutcomeError{ID: id, Err: err}
 }
 
 // keyFree is the condition under which a key's record may be overwritten
@@ -257,7 +293,11 @@ func (s *Store) replace(ctx context.Context, old, rec Record) error {
 	var tce *types.TransactionCanceledException
 	if errors.As(err, &tce) {
 		for _, r := range tce.CancellationReasons {
-			if code := aws.ToString(r.Code); code != "" && code != "None" && code != "ConditionalCheckFailed" {
+			switch aws.ToString(r.Code) {
+			case "", "None", "ConditionalCheckFailed", "TransactionConflict":
+				// Another writer got there first, or is writing the key's
+				// record now: decide again from what it holds.
+			default:
 				return fmt.Errorf("nexjob: re-use key in %s: %w", s.table, err)
 			}
 		}

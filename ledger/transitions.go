@@ -57,18 +57,23 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 	return s.updateByID(ctx, id, cond, upd)
 }
 
+// ErrTooManyChildren: the parent already has MaxChildren continuations.
+var ErrTooManyChildren = fmt.Errorf("nexjob: a job takes at most %d continuations", MaxChildren)
+
 // updateByID runs a conditional update on the job with this id, wherever
 // it lives (its key's record, or its own). The condition must include
 // id = :id. A failed condition on the job gives *NotClaimableError with
-// the current record.
+// the current record; a failed condition that meets this very update
+// (applied, its reply lost, resent by the SDK) is a success.
 func (s *Store) updateByID(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (Record, error) {
 	pks, err := locate(id)
 	if err != nil {
 		return Record{}, err
 	}
 	now := s.now()
+	nonce := newNonce()
 	for _, pk := range pks {
-		rec, err := s.update(ctx, pk, cond, upd)
+		rec, err := s.update(ctx, pk, cond, upd, nonce)
 		var held *heldError
 		if !errors.As(err, &held) {
 			return rec, err
@@ -90,15 +95,21 @@ type Finish struct {
 	State     State     // the new state; required
 	LastError string    // kept for people; "" clears nothing
 	RunAt     time.Time // for Scheduled (a retry)
-	ExpiresAt time.Time // the TTL; zero keeps the record forever
-	// Refund gives the attempt back (a run cut off by the invocation's
-	// deadline did not really happen).
-	Refund bool
+	ExpiresAt time.Time // end of the retention (see TTL); zero keeps the record forever
+	// CutOff: the invocation's deadline cut the run off. The attempt is
+	// given back and the cut-off counted in Record.CutOffs; any other end
+	// of a run clears that count.
+	CutOff bool
 }
 
 // Finish ends the run that claimed rec: one update, conditional on the
 // record still carrying rec's fencing token and being Processing. If it
 // does not, the error is ErrFenced and nothing is written.
+//
+// Finish may be called again with the same rec and f after an error (a
+// throttle that outlasted the SDK's retries, a timeout): its nonce derives
+// from the run's claim, so a call whose earlier try was applied after all
+// reads that write as its own and succeeds.
 func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error) {
 	if !f.State.Valid() || f.State == Processing {
 		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
@@ -109,21 +120,24 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 		Remove(expression.Name(AttrLeaseUntil))
 	upd = s.withIndex(upd, f.State, now.UnixMilli())
 	if f.LastError != "" {
-		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(f.LastError, 4000)))
+		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(f.LastError, MaxLastError)))
 	}
 	if !f.RunAt.IsZero() {
 		upd = upd.Set(expression.Name(AttrRunAt), expression.Value(f.RunAt.UnixMilli()))
 	}
 	if !f.ExpiresAt.IsZero() {
-		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(f.ExpiresAt.Unix()))
+		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(TTL(f.ExpiresAt)))
 	}
-	if f.Refund {
-		upd = upd.Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Minus(expression.Value(1)))
+	if f.CutOff {
+		upd = upd.Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Minus(expression.Value(1))).
+			Set(expression.Name(AttrCutOffs), counterPlusOne(AttrCutOffs))
+	} else {
+		upd = upd.Remove(expression.Name(AttrCutOffs))
 	}
 	cond := expression.Name(AttrID).Equal(expression.Value(rec.ID)).
 		And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
 		And(expression.Name(AttrState).Equal(expression.Value(Processing)))
-	out, err := s.update(ctx, rec.PK, cond, upd)
+	out, err := s.update(ctx, rec.PK, cond, upd, rec.Nonce+".end")
 	var held *heldError
 	if errors.As(err, &held) {
 		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
@@ -133,7 +147,14 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 
 // update runs one conditional UpdateItem returning the new record; a failed
 // condition is a *heldError with the current record.
-func (s *Store) update(ctx context.Context, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (Record, error) {
+//
+// PutItem and UpdateItem carry no idempotency token: DynamoDB may apply an
+// update and still answer 500, the SDK then resends it, and the resend
+// fails its condition against the update's own result. So every update
+// writes a nonce, and a failed condition that finds it is the success it
+// is.
+func (s *Store) update(ctx context.Context, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder, nonce string) (Record, error) {
+	upd = upd.Set(expression.Name(AttrNonce), expression.Value(nonce))
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return Record{}, fmt.Errorf("nexjob: build update: %w", err)
@@ -149,6 +170,10 @@ func (s *Store) update(ctx context.Context, pk string, cond expression.Condition
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
 	if err := s.conditionError("update job", err); err != nil {
+		var held *heldError
+		if errors.As(err, &held) && held.rec.Nonce == nonce {
+			return held.rec, nil // our own update, applied but its reply lost
+		}
 		return Record{}, err
 	}
 	var rec Record
@@ -156,6 +181,11 @@ func (s *Store) update(ctx context.Context, pk string, cond expression.Condition
 		return Record{}, fmt.Errorf("nexjob: decode job record: %w", err)
 	}
 	return rec, nil
+}
+
+// counterPlusOne is "name + 1", starting from 0 when absent.
+func counterPlusOne(name string) expression.SetValueBuilder {
+	return expression.Plus(expression.IfNotExists(expression.Name(name), expression.Value(0)), expression.Value(1))
 }
 
 // isJob is the condition that the item is this job (a key's record may
