@@ -13,6 +13,8 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -99,5 +101,111 @@ func TestDeadLetterOfJobThatNeverStarted(t *testing.T) {
 	}
 	if hooks.Load() != 1 || !errors.Is(cause, handler.ErrNeverStarted) {
 		t.Fatalf("hook ran %d times with %v; want once with ErrNeverStarted", hooks.Load(), cause)
+	}
+}
+
+// TestCutOffsSpendTheAttempt (scenario 11): a job that always outruns the
+// invocation. Each cut-off gives the attempt back, but only MaxCutOffs
+// times in a row: then the attempt is spent, so MaxAttempts ends the job
+// instead of a new message every invocation, forever.
+func TestCutOffsSpendTheAttempt(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, func(ctx context.Context, _ *handler.Job[email]) error {
+		<-ctx.Done() // longer than any invocation
+		return ctx.Err()
+	}, nil)
+	id := r.enqueue(t, email{To: "slow@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	for i := 1; i <= handler.DefaultMaxCutOffs; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // a 3 s function timeout
+		r.deliverCtx(ctx, t, r.receive(t, 1), 1)
+		cancel()
+		rec := r.get(t, id)
+		if i < handler.DefaultMaxCutOffs {
+			expect(t, rec, ledger.Enqueued, 0, "cut off")
+			continue
+		}
+		expect(t, rec, ledger.Failed, 1, "cut off by the invocation deadline 3 times")
+	}
+	if n := r.runs(id); n != handler.DefaultMaxCutOffs {
+		t.Fatalf("ran %d times, want %d", n, handler.DefaultMaxCutOffs)
+	}
+	if n := r.e.QueueDepth(t, r.e.QueueURL); n != 0 {
+		t.Fatalf("%d messages left for a Failed job", n)
+	}
+}
+
+// TestKindTimeout: a kind's Timeout ends its run's context, counts as a
+// failed attempt, and sizes the claim's lease (a crashed run of it is
+// recovered after about the timeout, not the 5-minute default lease).
+func TestKindTimeout(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	prod, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 300 * time.Millisecond
+	var lease time.Duration
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(ctx context.Context, j *handler.Job[email]) error {
+		rec, err := prod.Store().Get(context.Background(), j.ID)
+		if err != nil {
+			return err
+		}
+		lease = ledger.Millis(rec.LeaseUntil).Sub(ledger.Millis(rec.UpdatedAt))
+		<-ctx.Done()
+		return ctx.Err()
+	}), &handler.KindOptions{Timeout: timeout})
+	h, err := handler.New(e.Cfg, e.Table, e.QueueURL, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := prod.Enqueue(context.Background(), email{To: "bounded@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := h.Handle(context.Background(), poller.Event(e.QueueURL, e.Messages(t, e.QueueURL))); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("%+v %v", resp, err)
+	}
+	rec, err := prod.Store().Get(context.Background(), res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect(t, rec, ledger.Failed, 1, "timed out after 300ms")
+	if lease <= timeout || lease > timeout+10*time.Second {
+		t.Fatalf("lease %s for a kind with a %s timeout; want a little more than the timeout", lease, timeout)
+	}
+}
+
+// TestClaimThrottledToTheDLQ (scenario 15, through the fault transport):
+// every claim of a job is throttled past the SDK's retries until its
+// message moves to the DLQ. No run started, so the DLQ consumer sends the
+// job back, saying why, and it runs once the table answers again.
+func TestClaimThrottledToTheDLQ(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, ok, rigConfig{faults: true, queue: &awstest.QueueOptions{VisibilityTimeout: time.Second, MaxReceiveCount: 2}})
+	h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: isClaim, Fault: faults.Throttle, Times: faults.Forever})
+	id := r.enqueue(t, email{To: "throttled@example.com"}, nil)
+	for end := time.Now().Add(time.Minute); r.e.QueueDepth(t, r.e.DLQURL) == 0; {
+		if time.Now().After(end) {
+			t.Fatal("the message never reached the DLQ")
+		}
+		if _, err := r.poll.Poll(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.Remove()
+	if h.Fired() < 2*faults.Attempts {
+		t.Fatalf("claims throttled %d times, want every attempt of 2 receives", h.Fired())
+	}
+	dead := r.e.Messages(t, r.e.DLQURL)
+	if resp, err := r.h.HandleDeadLetters(context.Background(), poller.Event(r.e.DLQURL, dead)); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("dead letters: %+v %v", resp, err)
+	}
+	expect(t, r.get(t, id), ledger.Enqueued, 0, "never started")
+	r.drain(t)
+	expect(t, r.get(t, id), ledger.Succeeded, 1, "")
+	if n := r.runs(id); n != 1 {
+		t.Fatalf("ran %d times", n)
 	}
 }

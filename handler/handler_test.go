@@ -129,10 +129,16 @@ func (r *rig) drain(t *testing.T) {
 // as asked (redeliveries), then deletes what the handler acknowledged.
 func (r *rig) deliver(t *testing.T, msgs []sqstypes.Message, times int) {
 	t.Helper()
+	r.deliverCtx(context.Background(), t, msgs, times)
+}
+
+// deliverCtx is deliver under ctx (an invocation's deadline).
+func (r *rig) deliverCtx(ctx context.Context, t *testing.T, msgs []sqstypes.Message, times int) {
+	t.Helper()
 	var resp events.SQSEventResponse
 	var err error
 	for range times {
-		if resp, err = r.h.Handle(context.Background(), poller.Event(r.e.QueueURL, msgs)); err != nil {
+		if resp, err = r.h.Handle(ctx, poller.Event(r.e.QueueURL, msgs)); err != nil {
 			t.Fatal(err)
 		}
 	}
