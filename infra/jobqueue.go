@@ -136,9 +136,11 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	q.Guard = newFunction(c, "DispatchGuard", filepath.Join(p.CodeDir, "guard"), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
 
 	// The worker: claims, finishes, releases (UpdateItem), reads (GetItem),
-	// enqueues from jobs (PutItem); re-sends retries and schedules, hides
-	// messages of running jobs, moves non-jobs to the DLQ.
-	q.Table.Grant(q.Worker, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"))
+	// enqueues and continues from jobs (PutItem; DeleteItem undoes a
+	// continuation whose parent ended before its link); re-sends retries
+	// and schedules, hides messages of running jobs, moves non-jobs to the
+	// DLQ.
+	q.Table.Grant(q.Worker, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
 	q.Queue.Grant(q.Worker, jsii.String("sqs:SendMessage"), jsii.String("sqs:ChangeMessageVisibility"))
 	q.DeadLetterQueue.Grant(q.Worker, jsii.String("sqs:SendMessage"))
 	q.Worker.AddEventSource(awslambdaeventsources.NewSqsEventSource(q.Queue, &awslambdaeventsources.SqsEventSourceProps{
@@ -200,11 +202,16 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	return q
 }
 
-// GrantEnqueue lets grantee enqueue, continue, requeue and read jobs: the
-// ledger's item reads and conditional writes, and sending to the queue.
+// GrantEnqueue lets grantee make every producer call of enqueue.Client:
+// Enqueue, ContinueWith, Requeue, Get, Delete (item reads and conditional
+// writes; TransactWriteItems, used to re-use a key, is authorised by the
+// PutItem of its items; DeleteItem also undoes a continuation whose parent
+// ended before its link) and Ping (DescribeTable, GetQueueAttributes), and
+// sending to the queue. The README's table lists the actions per call.
 func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
-	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"))
-	q.Queue.Grant(grantee, jsii.String("sqs:SendMessage"))
+	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"),
+		jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:DescribeTable"))
+	q.Queue.Grant(grantee, jsii.String("sqs:SendMessage"), jsii.String("sqs:GetQueueAttributes"))
 }
 
 // GrantRead lets grantee read and list jobs (the CLI, a dashboard).

@@ -135,7 +135,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 	want := map[string][][]string{
 		"JobsWorkerRole": {
 			{"logs:CreateLogStream", "logs:PutLogEvents"},
-			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
+			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"},
 			{"sqs:SendMessage", "sqs:ChangeMessageVisibility"},
 			{"sqs:SendMessage"},
 			{"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes"},
@@ -152,8 +152,8 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"sqs:SendMessage"},
 		},
 		"Producer": {
-			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
-			{"sqs:SendMessage"},
+			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:DescribeTable"},
+			{"sqs:SendMessage", "sqs:GetQueueAttributes"},
 		},
 	}
 	seen := map[string]bool{}
