@@ -23,8 +23,19 @@
 // dies leaves the job Processing: its lease runs out, the redelivered
 // message takes it over (the attempt is spent) or, with none left, fails
 // it with ErrOrphaned. A run cut off by the invocation's deadline goes
-// back without spending an attempt. Messages that are not jobs are moved
-// to the DLQ with the reason (Options.DLQURL) or left to the redrive
-// policy. AWS errors while recording send the message back; the ledger's
-// conditions make the replay safe.
+// back without spending an attempt, MaxCutOffs times in a row at most;
+// KindOptions.Timeout bounds a run. Handle returns before the invocation
+// ends even if a worker ignores its context (the straggler's message
+// comes back). A kind with no worker here is retried
+// (UnknownKindBackoff). Messages that are not jobs are moved to the DLQ
+// with the reason (Options.DLQURL) or left to the redrive policy.
+//
+// AWS may apply a write and lose its reply; the ledger reads a resend
+// that meets its own write as applied, so a claim or a finish is never
+// mistaken for another run's. A finish that fails for a passing reason (a
+// throttle through the SDK's retries) is tried again while the lease
+// lasts; other AWS errors send the message back, and the ledger's
+// conditions make the replay safe. The DLQ consumer (HandleDeadLetters)
+// tells a poison job (ErrOrphaned) from one that never started
+// (ErrNeverStarted, sent back MaxReturns times first).
 package handler

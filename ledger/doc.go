@@ -39,4 +39,12 @@
 // are *DuplicateJobError; a job that may not run now, *NotClaimableError
 // with its current record; unknown ids, ErrNotFound or ErrBadID. A write
 // either happens whole or not at all.
+//
+// PutItem and UpdateItem carry no idempotency token, and DynamoDB may
+// apply a write and still answer 500; the SDK then resends it and the
+// resend fails its condition against the write itself. Every update here
+// writes a nonce, and every insert a fresh random id, so a failed
+// condition that finds its own nonce or id reads as the success it is. An
+// insert whose outcome its error does not tell (a timeout, a cancelled
+// context) is an *UnknownOutcomeError naming the id to look for.
 package ledger
