@@ -124,9 +124,9 @@ func TestContinuationAfterParentSucceeded(t *testing.T) {
 	}
 }
 
-// TestFailedParentLeavesChildrenWaiting, until its dead-letter hook
-// releases them (NexJob's rule).
-func TestFailedParentLeavesChildrenWaiting(t *testing.T) {
+// TestFailedParentHookReleasesChildren: the dead-letter hook of a failed parent
+// may release its children; they run (ended only if it does not).
+func TestFailedParentHookReleasesChildren(t *testing.T) {
 	t.Parallel()
 	var r *rig
 	release := make(chan struct{})
@@ -150,7 +150,10 @@ func TestFailedParentLeavesChildrenWaiting(t *testing.T) {
 	expect(t, r.get(t, child.ID), ledger.Succeeded, 1, "") // released by the hook
 }
 
-func TestFailedParentChildrenStayWithoutHook(t *testing.T) {
+// TestFailedParentChildrenEndWithIt: with no hook to release them, the
+// children of a Failed parent end Failed, naming it (none waits forever
+// holding its key).
+func TestFailedParentChildrenEndWithIt(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, func(context.Context, *handler.Job[email]) error { return handler.Permanent(errors.New("no")) }, nil)
 	parent := r.enqueue(t, email{To: "parent@example.com"}, nil)
@@ -160,7 +163,10 @@ func TestFailedParentChildrenStayWithoutHook(t *testing.T) {
 	}
 	r.drain(t)
 	expect(t, r.get(t, parent), ledger.Failed, 1, "no")
-	expect(t, r.get(t, child.ID), ledger.AwaitingContinuation, 0, "")
+	expect(t, r.get(t, child.ID), ledger.Failed, 0, "parent job "+parent+" ended Failed")
+	if r.runs(child.ID) != 0 {
+		t.Fatal("the child of a failed parent ran")
+	}
 }
 
 func TestRequeue(t *testing.T) {

@@ -70,6 +70,23 @@ func isClaim(b []byte) bool { return parseUpdate(b).setsState() == ledger.Proces
 // fastQueue redelivers a message a second after a failed receive.
 var fastQueue = &awstest.QueueOptions{VisibilityTimeout: time.Second}
 
+// fired fails the test unless the fault fired n times.
+func fired(t *testing.T, h faults.Handle, n int) {
+	t.Helper()
+	if got := h.Fired(); got != n {
+		t.Fatalf("fault fired %d times, want %d", got, n)
+	}
+}
+
+// ranAs checks the job's record (see expect) and that it ran n times.
+func (r *rig) ranAs(t *testing.T, id string, st ledger.State, attempt int, lastErr string, n int) {
+	t.Helper()
+	expect(t, r.get(t, id), st, attempt, lastErr)
+	if got := r.runs(id); got != n {
+		t.Fatalf("job %s ran %d times, want %d", id, got, n)
+	}
+}
+
 // receiveAll waits (long poll, 2 s at most a receive) for at least n
 // messages on the job queue and returns what it got.
 func (r *rig) receive(t *testing.T, n int) []sqstypes.Message {
@@ -105,13 +122,8 @@ func TestFinishRetryWhenReplyIsLost(t *testing.T) {
 	h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: finishTo(ledger.Scheduled), Fault: faults.LostReply})
 	id := r.enqueue(t, email{To: "retry@example.com"}, &enqueue.Opts{IdempotencyKey: "retry-1"})
 	r.drain(t)
-	if h.Fired() != 1 {
-		t.Fatalf("fault fired %d times", h.Fired())
-	}
-	expect(t, r.get(t, id), ledger.Succeeded, 2, "smtp 451")
-	if n := r.runs(id); n != 2 {
-		t.Fatalf("ran %d times, want 2", n)
-	}
+	fired(t, h, 1)
+	r.ranAs(t, id, ledger.Succeeded, 2, "smtp 451", 2)
 }
 
 // TestFinishSucceededWhenReplyIsLost (scenario 4): the parent's completing
@@ -131,14 +143,9 @@ func TestFinishSucceededWhenReplyIsLost(t *testing.T) {
 	}
 	h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: finishTo(ledger.Succeeded), Fault: faults.LostReply})
 	r.drain(t)
-	if h.Fired() != 1 {
-		t.Fatalf("fault fired %d times", h.Fired())
-	}
+	fired(t, h, 1)
 	for _, id := range append([]string{parent}, kids...) {
-		expect(t, r.get(t, id), ledger.Succeeded, 1, "")
-		if n := r.runs(id); n != 1 {
-			t.Fatalf("job %s ran %d times, want 1", id, n)
-		}
+		r.ranAs(t, id, ledger.Succeeded, 1, "", 1)
 	}
 }
 
@@ -153,9 +160,7 @@ func TestFinishFailedWhenReplyIsLost(t *testing.T) {
 	h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: finishTo(ledger.Failed), Fault: faults.LostReply})
 	id := r.enqueue(t, email{To: "nobody@example.com"}, nil)
 	r.drain(t)
-	if h.Fired() != 1 {
-		t.Fatalf("fault fired %d times", h.Fired())
-	}
+	fired(t, h, 1)
 	expect(t, r.get(t, id), ledger.Failed, 1, "address does not exist")
 	if n := hooks.Load(); n != 1 {
 		t.Fatalf("dead-letter hook ran %d times, want 1", n)
@@ -174,13 +179,8 @@ func TestClaimWhenReplyIsLost(t *testing.T) {
 			h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: isClaim, Fault: f})
 			id := r.enqueue(t, email{To: "once@example.com"}, &enqueue.Opts{MaxAttempts: 1})
 			r.deliver(t, r.receive(t, 1), 1)
-			if h.Fired() != 1 {
-				t.Fatalf("fault fired %d times", h.Fired())
-			}
-			expect(t, r.get(t, id), ledger.Succeeded, 1, "")
-			if n := r.runs(id); n != 1 {
-				t.Fatalf("ran %d times, want 1", n)
-			}
+			fired(t, h, 1)
+			r.ranAs(t, id, ledger.Succeeded, 1, "", 1)
 		})
 	}
 }
@@ -194,13 +194,8 @@ func TestFinishThrottledPastTheRetries(t *testing.T) {
 	h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: finishTo(ledger.Succeeded), Fault: faults.Throttle, Times: 2 * faults.Attempts})
 	id := r.enqueue(t, email{To: "slow-table@example.com"}, &enqueue.Opts{MaxAttempts: 1})
 	r.deliver(t, r.receive(t, 1), 1)
-	if h.Fired() != 2*faults.Attempts {
-		t.Fatalf("fault fired %d times", h.Fired())
-	}
-	expect(t, r.get(t, id), ledger.Succeeded, 1, "")
-	if n := r.runs(id); n != 1 {
-		t.Fatalf("ran %d times, want 1", n)
-	}
+	fired(t, h, 2*faults.Attempts)
+	r.ranAs(t, id, ledger.Succeeded, 1, "", 1)
 }
 
 // TestGuardCheckThrottled (scenario 7): the dispatch guard's check for a
@@ -220,9 +215,7 @@ func TestGuardCheckThrottled(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.drain(t)
-	if h.Fired() != faults.Attempts {
-		t.Fatalf("fault fired %d times", h.Fired())
-	}
+	fired(t, h, faults.Attempts)
 	expect(t, r.get(t, rec.ID), ledger.Succeeded, 1, "")
 }
 
@@ -310,10 +303,7 @@ func TestContinueWithEndedParent(t *testing.T) {
 		t.Fatalf("re-placed order's receipt: %+v, %v; the failed order's receipt must not hold its key", receipt2, err)
 	}
 	r.drain(t)
-	expect(t, r.get(t, receipt2.ID), ledger.Succeeded, 1, "")
-	if n := r.runs(receipt2.ID); n != 1 {
-		t.Fatalf("receipt ran %d times", n)
-	}
+	r.ranAs(t, receipt2.ID, ledger.Succeeded, 1, "", 1)
 }
 
 // TestRetryAfterBeyondLongestSchedule (scenario 17): a RetryAfter longer
