@@ -316,6 +316,20 @@ func (s *Store) Get(ctx context.Context, id string) (Record, error) {
 	return s.get(ctx, id, true)
 }
 
+// GetByKey returns the job that holds the idempotency key, read strongly
+// consistent (one read): ErrNotFound when none does, or its record is
+// past its retention. The key is hashed as Insert hashes it.
+func (s *Store) GetByKey(ctx context.Context, key string) (Record, error) {
+	rec, ok, err := s.getPK(ctx, keyPrefix+s.HashKey(key), true)
+	if err != nil {
+		return Record{}, err
+	}
+	if !ok || rec.ExpiredAt(s.now()) {
+		return Record{}, ErrNotFound
+	}
+	return rec, nil
+}
+
 // Peek is Get with an eventually consistent read (half the price; may be
 // a moment stale): for checks whose mistakes a conditional write catches.
 func (s *Store) Peek(ctx context.Context, id string) (Record, error) {

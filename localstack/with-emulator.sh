@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a command against the default emulator, started here and stopped
 # after: installs moto (pinned) into .cache/venv when missing, starts
-# localstack/emulator.py on a free 127.0.0.1 port, exports the standard SDK
+# nexjobtest/emulator.py on a free 127.0.0.1 port, exports the standard SDK
 # settings, runs "$@" and stops the emulator whatever happens.
 #
 # When AWS_ENDPOINT_URL is already set (LocalStack, another emulator) or
@@ -37,7 +37,7 @@ fi
 
 port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 log="$top/.cache/emulator-$port.log"
-"$venv/bin/python" "$top/localstack/emulator.py" --port "$port" >"$log" 2>&1 &
+"$venv/bin/python" "$top/nexjobtest/emulator.py" --port "$port" >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT INT TERM
 for _ in $(seq 1 100); do

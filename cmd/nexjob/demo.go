@@ -19,7 +19,7 @@ import (
 	"github.com/nexjob/nexjob-aws/examples/seedjobs"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
-	"github.com/nexjob/nexjob-aws/internal/provision"
+	"github.com/nexjob/nexjob-aws/provision"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 

@@ -26,7 +26,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
-	"github.com/nexjob/nexjob-aws/internal/provision"
+	"github.com/nexjob/nexjob-aws/provision"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 

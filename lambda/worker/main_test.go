@@ -19,9 +19,11 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/examples/seedjobs"
 	"github.com/nexjob/nexjob-aws/handler/poller"
-	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
+
+func TestMain(m *testing.M) { os.Exit(nexjobtest.Main(m)) }
 
 // rieVersion is AWS's Lambda Runtime Interface Emulator, pinned.
 const rieVersion = "github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@v0.0.0-20261030222936-bef5c4ba774d"
@@ -35,7 +37,7 @@ func TestUnderRuntimeInterfaceEmulator(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("the runtime interface emulator runs on Linux only")
 	}
-	e := awstest.New(t, nil)
+	e := nexjobtest.New(t, nil)
 	dir := t.TempDir()
 	bootstrap := filepath.Join(dir, "bootstrap")
 	build := exec.Command("go", "build", "-tags", "lambda.norpc", "-o", bootstrap, ".")

@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/nexjob/nexjob-aws/internal/provision"
+	"github.com/nexjob/nexjob-aws/provision"
 )
 
 // TestLocalStackTableJSON: LocalStack's init hook creates the table from

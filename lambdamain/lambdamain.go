@@ -1,0 +1,140 @@
+// Package lambdamain starts nexjob's Lambda functions: one call is a
+// team's whole main.
+//
+//	func main() {
+//		reg := handler.NewRegistry()
+//		orders.Register(reg) // the team's kinds, with their hooks
+//		lambdamain.Serve(reg, nil)
+//	}
+//
+// Serve picks the function's role from NEXJOB_ROLE (worker, deadletter or
+// guard), so one binary can serve all three; Worker, DeadLetter and Guard
+// start one role each. Every role reads its configuration through
+// settings.Load: the same variables the CDK construct sets on every
+// function and that producers and the CLI read.
+//
+// # How it fails
+//
+// A bad configuration (a missing variable, one that does not parse, no
+// AWS region, an unreadable key secret) stops the function at start with
+// one JSON log line naming the variable, and exit status 1: the
+// invocation fails at init, visibly, instead of at the first job. Logs
+// are JSON on stdout (the Lambda log format) at Info, unless
+// Options.Logger says otherwise; they carry job ids and kinds, never args
+// or keys.
+package lambdamain
+
+import (
+	"context"
+	"log/slog"
+	"os"
+
+	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/guard"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+// Options tune the functions. The zero value (or nil) takes every default.
+type Options struct {
+	// Handler is the base of the worker's and DLQ consumer's options
+	// (concurrency, hooks, backoff for unknown kinds, …); the settings
+	// fill in the DLQ URL, the retention and the ledger's options.
+	Handler *handler.Options
+	// Logger defaults to JSON on stdout.
+	Logger *slog.Logger
+	// Start replaces lambda.Start (tests call the handler instead).
+	Start func(handler any)
+}
+
+// Serve starts the role NEXJOB_ROLE names. It does not return.
+func Serve(reg *handler.Registry, opts *Options) {
+	switch r := settings.Role(os.Getenv(settings.EnvRole)); r {
+	case settings.Worker:
+		Worker(reg, opts)
+	case settings.DeadLetter:
+		DeadLetter(reg, opts)
+	case settings.Guard:
+		Guard(opts)
+	default:
+		fail(logger(opts, r), &settings.InvalidError{Var: settings.EnvRole, Reason: "want worker, deadletter or guard"})
+	}
+}
+
+// Worker starts the function fed by the job queue (handler.Handle). reg
+// holds the kinds it runs. It does not return.
+func Worker(reg *handler.Registry, opts *Options) {
+	h, log := build(reg, settings.Worker, opts)
+	start(opts, log, h.Handle)
+}
+
+// DeadLetter starts the function fed by the DLQ (handler.HandleDeadLetters).
+// reg must hold the same kinds as the worker's, for their dead-letter
+// hooks. It does not return.
+func DeadLetter(reg *handler.Registry, opts *Options) {
+	h, log := build(reg, settings.DeadLetter, opts)
+	start(opts, log, h.HandleDeadLetters)
+}
+
+// Guard starts the dispatch guard, fed by the table's stream. It does not
+// return.
+func Guard(opts *Options) {
+	log := logger(opts, settings.Guard)
+	s, err := settings.Load(context.Background(), settings.Guard)
+	if err != nil {
+		fail(log, err)
+	}
+	g := guard.New(sqs.NewFromConfig(s.AWS), s.QueueURL, &guard.Options{After: s.GuardAfter, Logger: log})
+	start(opts, log, g.HandleStream)
+}
+
+// NewHandler builds the handler a role's function runs, from the
+// environment: what Worker and DeadLetter start, for a team's own main
+// or test.
+func NewHandler(ctx context.Context, reg *handler.Registry, role settings.Role, opts *Options) (*handler.Handler, error) {
+	s, err := settings.Load(ctx, role)
+	if err != nil {
+		return nil, err
+	}
+	var base *handler.Options
+	if opts != nil {
+		base = opts.Handler
+	}
+	o := s.HandlerOptions(base)
+	if o.Logger == nil {
+		o.Logger = logger(opts, role)
+	}
+	return handler.New(s.AWS, s.Table, s.QueueURL, reg, o)
+}
+
+func build(reg *handler.Registry, role settings.Role, opts *Options) (*handler.Handler, *slog.Logger) {
+	log := logger(opts, role)
+	h, err := NewHandler(context.Background(), reg, role, opts)
+	if err != nil {
+		fail(log, err)
+	}
+	return h, log
+}
+
+func logger(opts *Options, role settings.Role) *slog.Logger {
+	if opts != nil && opts.Logger != nil {
+		return opts.Logger
+	}
+	return slog.New(slog.NewJSONHandler(os.Stdout, nil)).With("function", string(role))
+}
+
+func start(opts *Options, log *slog.Logger, h any) {
+	if opts != nil && opts.Start != nil {
+		opts.Start(h)
+		return
+	}
+	log.Info("nexjob: function starting")
+	lambda.Start(h)
+}
+
+func fail(log *slog.Logger, err error) {
+	log.Error("nexjob: bad configuration", "err", err)
+	os.Exit(1)
+}

@@ -1,0 +1,164 @@
+package nexjobtest
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// MotoVersion is the moto release the default emulator runs.
+const MotoVersion = "5.2.5"
+
+//go:embed emulator.py
+var emulatorPy []byte
+
+// Main runs the test binary's tests against the default emulator, started
+// here when no backend is configured, and returns the exit code:
+//
+//	func TestMain(m *testing.M) { os.Exit(nexjobtest.Main(m)) }
+func Main(m *testing.M) int {
+	if os.Getenv("AWS_ENDPOINT_URL") != "" || os.Getenv("NEXJOB_REAL_AWS") == "1" {
+		return m.Run()
+	}
+	em, err := StartEmulator()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nexjobtest:", err)
+		return 1
+	}
+	defer em.Stop()
+	for k, v := range em.Env() {
+		_ = os.Setenv(k, v)
+	}
+	return m.Run()
+}
+
+// Emulator is a running default emulator.
+type Emulator struct {
+	// URL is its endpoint, http://127.0.0.1:PORT.
+	URL    string
+	proc   *os.Process
+	exited chan error // the process's end, once
+	dir    string
+}
+
+// Env returns the SDK settings that point a process at the emulator:
+// AWS_ENDPOINT_URL, a region and dummy credentials (the emulator accepts
+// any).
+func (e *Emulator) Env() map[string]string {
+	return map[string]string{
+		"AWS_ENDPOINT_URL": e.URL, "AWS_REGION": "us-east-1",
+		"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+	}
+}
+
+// Stop ends the emulator and removes its files.
+func (e *Emulator) Stop() {
+	_ = e.proc.Kill()
+	<-e.exited
+	_ = os.RemoveAll(e.dir)
+}
+
+// StartEmulator starts the default emulator on a free 127.0.0.1 port and
+// waits until it answers (see the package documentation for which Python
+// runs it).
+func StartEmulator() (*Emulator, error) {
+	py, err := motoPython()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "nexjob-emulator-")
+	if err != nil {
+		return nil, err
+	}
+	script := filepath.Join(dir, "emulator.py")
+	if err := os.WriteFile(script, emulatorPy, 0o600); err != nil {
+		return nil, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	log, err := os.Create(filepath.Join(dir, "emulator.log"))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(py, script, "--port", strconv.Itoa(port))
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start the emulator: %w", err)
+	}
+	em := &Emulator{URL: fmt.Sprintf("http://127.0.0.1:%d", port), proc: cmd.Process, exited: make(chan error, 1), dir: dir}
+	waited := make(chan error, 1)
+	go func() { err := cmd.Wait(); waited <- err; em.exited <- err }()
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); {
+		if r, err := http.Get(em.URL + "/moto-api/"); err == nil {
+			_ = r.Body.Close()
+			return em, nil
+		}
+		select {
+		case err := <-waited:
+			out, _ := os.ReadFile(log.Name())
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("the emulator exited (%v):\n%s", err, out)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	em.Stop()
+	return nil, errors.New("the emulator did not answer in 30 s")
+}
+
+// motoPython finds or makes a Python that has moto MotoVersion.
+func motoPython() (string, error) {
+	if p := os.Getenv("NEXJOB_MOTO_PYTHON"); p != "" {
+		return p, nil
+	}
+	if dir, err := os.Getwd(); err == nil {
+		for ; ; dir = filepath.Dir(dir) {
+			if p := filepath.Join(dir, ".cache", "venv", "bin", "python"); hasMoto(p) {
+				return p, nil
+			}
+			if filepath.Dir(dir) == dir {
+				break
+			}
+		}
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("no user cache directory for the emulator's virtualenv: %w (set NEXJOB_MOTO_PYTHON)", err)
+	}
+	venv := filepath.Join(cache, "nexjob", "moto-"+MotoVersion)
+	py := filepath.Join(venv, "bin", "python")
+	if hasMoto(py) {
+		return py, nil
+	}
+	fmt.Fprintf(os.Stderr, "nexjobtest: installing moto[server]==%s into %s\n", MotoVersion, venv)
+	if out, err := exec.Command("python3", "-m", "venv", venv).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("python3 -m venv %s: %v\n%s", venv, err, out)
+	}
+	pip := exec.Command(filepath.Join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check", "moto[server]=="+MotoVersion)
+	if out, err := pip.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("pip install moto[server]==%s: %v\n%s", MotoVersion, err, out)
+	}
+	return py, nil
+}
+
+func hasMoto(py string) bool {
+	return exec.Command(py, "-c", "import moto, sys; sys.exit(moto.__version__ != '"+MotoVersion+"')").Run() == nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

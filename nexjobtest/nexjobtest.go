@@ -1,0 +1,316 @@
+// Package nexjobtest runs a team's jobs in its own Go tests against a real
+// backend: the default emulator (moto, started by Main when nothing else is
+// configured), LocalStack, or real AWS, chosen by the SDK's standard
+// environment. Each test gets a fresh table and queues; the jobs run
+// through the same Enqueue and Handle code as in Lambda, never an
+// in-memory copy of AWS.
+//
+//	func TestMain(m *testing.M) { os.Exit(nexjobtest.Main(m)) }
+//
+//	func TestReceipt(t *testing.T) {
+//		e := nexjobtest.New(t, nil)
+//		reg := handler.NewRegistry()
+//		orders.Register(reg)
+//		res, _ := e.Client.Enqueue(ctx, orders.Charge{OrderID: "1"}, &enqueue.Opts{IdempotencyKey: "charge-1"})
+//		e.Drain(t, e.Handler(t, reg, nil))
+//		e.RequireState(t, res.ID, ledger.Succeeded)
+//	}
+//
+// # The emulator
+//
+// Main starts moto's server (pinned: MotoVersion) on a free 127.0.0.1
+// port with DynamoDB served one request at a time (so conditional writes
+// are atomic, as on AWS), exports AWS_ENDPOINT_URL, a region and dummy
+// credentials for the tests, and stops it when they end. It runs moto
+// from the Python named by NEXJOB_MOTO_PYTHON, else from a .cache/venv
+// found in the working directory or above it (this repository's), else it
+// installs moto into a virtualenv under the user's cache directory, once
+// (python3 and PyPI needed). With AWS_ENDPOINT_URL or NEXJOB_REAL_AWS=1
+// set, it starts nothing.
+//
+// # How it fails
+//
+// A test with no backend is skipped with the reason, except under CI=true,
+// where it fails: a CI run that skipped every test must not look green.
+// An emulator that cannot be installed or started makes Main print why
+// and return 1 without running the tests. Helpers fail the test (t.Fatal)
+// on AWS errors; waits fail after their timeout with the record as it
+// was.
+package nexjobtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/provision"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+// Config loads the SDK configuration of the backend under test, or skips
+// (fails under CI=true) when there is none.
+func Config(t testing.TB) aws.Config {
+	t.Helper()
+	if os.Getenv("AWS_ENDPOINT_URL") == "" && os.Getenv("NEXJOB_REAL_AWS") != "1" {
+		msg := "no AWS backend: call nexjobtest.Main from TestMain (starts the default emulator), or set AWS_ENDPOINT_URL / NEXJOB_REAL_AWS=1"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	cfg, err := config.LoadDefaultConfig(context.Background())
+	if err != nil {
+		t.Fatalf("load AWS config: %v", err)
+	}
+	return cfg
+}
+
+// Options tune New. The zero value (or nil) takes every default.
+type Options struct {
+	// Queue tunes the job queue (visibility timeout, receives before the
+	// DLQ); zero fields take provision's defaults.
+	Queue provision.QueueSpec
+	// Ledger passes options to the ledger (a clock, the key secret, the
+	// index): the Client and Handler both use them.
+	Ledger ledger.Options
+}
+
+// Env is one test's own table and queues, and a client for them.
+type Env struct {
+	Cfg      aws.Config
+	DB       *dynamodb.Client
+	SQS      *sqs.Client
+	Table    string
+	QueueURL string
+	DLQURL   string
+	// Client enqueues into this Env.
+	Client *enqueue.Client
+	ledger ledger.Options
+}
+
+var nameRE = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+// New creates a table and queues named after the test, and removes them
+// when it ends.
+func New(t testing.TB, opts *Options) *Env {
+	t.Helper()
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	cfg := Config(t)
+	name := nameRE.ReplaceAllString(t.Name(), "-")
+	if len(name) > 50 {
+		name = name[:50]
+	}
+	name = fmt.Sprintf("nj-%s-%d", strings.Trim(name, "-"), time.Now().UnixNano()%1e9)
+	e := &Env{Cfg: cfg, DB: dynamodb.NewFromConfig(cfg), SQS: sqs.NewFromConfig(cfg), Table: name, ledger: o.Ledger}
+	ctx := context.Background()
+	if err := provision.Table(ctx, e.DB, name); err != nil {
+		t.Fatal(err)
+	}
+	spec := o.Queue
+	spec.Name = name
+	var err error
+	if e.QueueURL, e.DLQURL, err = provision.Queues(ctx, e.SQS, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_, _ = e.DB.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(name)})
+		_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(e.QueueURL)})
+		_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(e.DLQURL)})
+	})
+	if e.Client, err = enqueue.New(cfg, name, e.QueueURL, &enqueue.ClientOptions{Ledger: o.Ledger}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// Setenv sets the nexjob variables (see package settings) to this Env for
+// the rest of the test, for code that reads its configuration with
+// settings.Load: a team's producer, lambdamain.NewHandler.
+func (e *Env) Setenv(t testing.TB) {
+	t.Helper()
+	for k, v := range map[string]string{settings.EnvTable: e.Table, settings.EnvQueueURL: e.QueueURL, settings.EnvDLQURL: e.DLQURL} {
+		t.Setenv(k, v)
+	}
+}
+
+// Handler returns the real handler for reg over this Env (opts nil: all
+// defaults), with the Env's ledger options.
+func (e *Env) Handler(t testing.TB, reg *handler.Registry, opts *handler.Options) *handler.Handler {
+	t.Helper()
+	var o handler.Options
+	if opts != nil {
+		o = *opts
+	}
+	o.Ledger = e.ledger
+	if o.DLQURL == "" {
+		o.DLQURL = e.DLQURL
+	}
+	h, err := handler.New(e.Cfg, e.Table, e.QueueURL, reg, &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// Drain feeds the job queue to h.Handle, as Lambda's event source mapping
+// does, until it is empty (nothing visible, delayed or in flight), and
+// fails the test if it is not within a minute. Jobs scheduled later than
+// that keep it from draining: test them with RunAt close by.
+func (e *Env) Drain(t testing.TB, h *handler.Handler) {
+	t.Helper()
+	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
+	for end := time.Now().Add(time.Minute); time.Now().Before(end); {
+		n, err := p.Poll(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 && e.QueueDepth(t, e.QueueURL) == 0 {
+			return
+		}
+		if n == 0 {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Fatalf("queue %s did not drain in a minute (%d messages left)", e.QueueURL, e.QueueDepth(t, e.QueueURL))
+}
+
+// Get returns the job's record, failing the test if it cannot be read.
+func (e *Env) Get(t testing.TB, id string) ledger.Record {
+	t.Helper()
+	rec, err := e.Client.Store().Get(context.Background(), id)
+	if err != nil {
+		t.Fatalf("get job %s: %v", id, err)
+	}
+	return rec
+}
+
+// RequireState fails the test unless the job is in state st now.
+func (e *Env) RequireState(t testing.TB, id string, st ledger.State) ledger.Record {
+	t.Helper()
+	rec := e.Get(t, id)
+	if rec.State != st {
+		t.Fatalf("job %s (%s) is %s after %d attempts (last error %q); want %s", id, rec.Kind, rec.State, rec.Attempt, rec.LastError, st)
+	}
+	return rec
+}
+
+// WaitFor waits (polling the record, strongly consistent) until the job is
+// in state st, for at most timeout, and returns its record; it fails the
+// test with the record as it was otherwise. Something must be running the
+// jobs meanwhile (a goroutine draining, a Lambda on real AWS).
+func (e *Env) WaitFor(t testing.TB, id string, st ledger.State, timeout time.Duration) ledger.Record {
+	t.Helper()
+	var rec ledger.Record
+	for end := time.Now().Add(timeout); ; {
+		rec = e.Get(t, id)
+		if rec.State == st {
+			return rec
+		}
+		if time.Now().After(end) {
+			t.Fatalf("job %s is %s after %s (attempt %d, last error %q); want %s", id, rec.State, timeout, rec.Attempt, rec.LastError, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// RequireEnqueued fails the test unless an active job of this kind holds
+// the idempotency key (Enqueued, Scheduled, Processing or waiting on its
+// parent), and returns it. The key is looked up by its hash, as the
+// ledger stores it.
+func (e *Env) RequireEnqueued(t testing.TB, kind, key string) ledger.Record {
+	t.Helper()
+	rec, ok := e.holder(t, key)
+	switch {
+	case !ok:
+		t.Fatalf("no job holds the key %q", key)
+	case rec.Kind != kind:
+		t.Fatalf("the key %q is held by a %s job (%s), want %s", key, rec.Kind, rec.ID, kind)
+	case !rec.State.Active():
+		t.Fatalf("the %s job %s holding the key %q is %s, not active", kind, rec.ID, key, rec.State)
+	}
+	return rec
+}
+
+// RequireNoJob fails the test if a job holds the key.
+func (e *Env) RequireNoJob(t testing.TB, key string) {
+	t.Helper()
+	if rec, ok := e.holder(t, key); ok {
+		t.Fatalf("the key %q is held by %s job %s (%s)", key, rec.Kind, rec.ID, rec.State)
+	}
+}
+
+func (e *Env) holder(t testing.TB, key string) (ledger.Record, bool) {
+	t.Helper()
+	rec, err := e.Client.Store().GetByKey(context.Background(), key)
+	if err == ledger.ErrNotFound {
+		return ledger.Record{}, false
+	}
+	if err != nil {
+		t.Fatalf("look up key: %v", err)
+	}
+	return rec, true
+}
+
+// Messages receives what is visible on the queue (deleting nothing) until
+// an empty receive. They stay invisible for 60 s afterwards.
+func (e *Env) Messages(t testing.TB, queueURL string) []sqstypes.Message {
+	t.Helper()
+	var out []sqstypes.Message
+	for {
+		r, err := e.SQS.ReceiveMessage(context.Background(), &sqs.ReceiveMessageInput{
+			QueueUrl: aws.String(queueURL), MaxNumberOfMessages: 10, VisibilityTimeout: 60,
+			MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameAll},
+		})
+		if err != nil {
+			t.Fatalf("receive: %v", err)
+		}
+		if len(r.Messages) == 0 {
+			return out
+		}
+		out = append(out, r.Messages...)
+	}
+}
+
+// QueueDepth returns the visible + in-flight + delayed message count.
+func (e *Env) QueueDepth(t testing.TB, queueURL string) int {
+	t.Helper()
+	a, err := e.SQS.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(queueURL),
+		AttributeNames: []sqstypes.QueueAttributeName{
+			sqstypes.QueueAttributeNameApproximateNumberOfMessages,
+			sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+			sqstypes.QueueAttributeNameApproximateNumberOfMessagesDelayed,
+		},
+	})
+	if err != nil {
+		t.Fatalf("queue attributes: %v", err)
+	}
+	n := 0
+	for _, v := range a.Attributes {
+		i, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("queue attribute %q: %v", v, err)
+		}
+		n += i
+	}
+	return n
+}

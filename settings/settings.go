@@ -1,0 +1,269 @@
+// Package settings is the one place every part of a nexjob deployment
+// reads its configuration from: the worker, the DLQ consumer, the dispatch
+// guard, a team's producers and the nexjob CLI all call Load, so they
+// cannot disagree on the table, the retention, the key secret or the
+// index. The CDK construct (infra) sets the same variables on every
+// function it creates.
+//
+//	s, err := settings.Load(ctx, settings.Producer)
+//	client, err := enqueue.New(s.AWS, s.Table, s.QueueURL, s.ClientOptions())
+//
+// # Variables
+//
+//	NEXJOB_TABLE                 the ledger table (every role but the guard)
+//	NEXJOB_QUEUE_URL             the job queue
+//	NEXJOB_DLQ_URL               its dead-letter queue (optional)
+//	NEXJOB_ROLE                  worker, deadletter or guard: for one binary serving all three
+//	NEXJOB_RETENTION             "succeeded=168h,failed=720h,expired=168h" (any subset; 0 keeps forever)
+//	NEXJOB_INDEX_ALL_STATES      "true" lists every state (ledger.Options.IndexAllStates)
+//	NEXJOB_KEY_SECRET_PARAMETER  an SSM SecureString parameter holding the key secret
+//	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
+//	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
+//
+// AWS settings (region, credentials, AWS_ENDPOINT_URL for an emulator)
+// are the SDK's standard ones.
+//
+// # How it fails
+//
+// Load returns a *MissingError naming the variable a role needs and does
+// not have, an *InvalidError naming one whose value does not parse, an
+// error saying so when the SDK has no region, and the SSM error (wrapped)
+// when the key secret's parameter cannot be read. It never logs a value.
+package settings
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/ssm"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// The environment variables, one name each for every reader.
+const (
+	EnvTable              = "NEXJOB_TABLE"
+	EnvQueueURL           = "NEXJOB_QUEUE_URL"
+	EnvDLQURL             = "NEXJOB_DLQ_URL"
+	EnvRole               = "NEXJOB_ROLE"
+	EnvRetention          = "NEXJOB_RETENTION"
+	EnvIndexAllStates     = "NEXJOB_INDEX_ALL_STATES"
+	EnvKeySecretParameter = "NEXJOB_KEY_SECRET_PARAMETER"
+	EnvKeySecret          = "NEXJOB_KEY_SECRET"
+	EnvGuardAfter         = "NEXJOB_GUARD_AFTER"
+)
+
+// Role is what the process is: each reads the variables it needs.
+type Role string
+
+// The roles.
+const (
+	Worker     Role = "worker"     // runs jobs (handler.Handle)
+	DeadLetter Role = "deadletter" // the DLQ consumer (handler.HandleDeadLetters)
+	Guard      Role = "guard"      // the dispatch guard (guard.HandleStream)
+	Producer   Role = "producer"   // enqueues (a team's API, the CLI)
+)
+
+// Vars lists the variables a role reads, required ones first. The CDK
+// construct sets every one of them on the role's function.
+func Vars(r Role) []string {
+	switch r {
+	case Guard:
+		return []string{EnvQueueURL, EnvGuardAfter}
+	case Worker:
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates}
+	}
+	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates}
+}
+
+// required is how many of Vars(r) are required.
+func required(r Role) int {
+	if r == Guard {
+		return 1
+	}
+	return 2
+}
+
+// Settings is a deployment's configuration as one process sees it.
+type Settings struct {
+	Role     Role
+	AWS      aws.Config
+	Table    string
+	QueueURL string
+	DLQURL   string
+	// Retention of terminal records; defaults to handler.DefaultRetention.
+	Retention handler.Retention
+	// IndexAllStates and KeySecret go to ledger.Options.
+	IndexAllStates bool
+	KeySecret      []byte
+	// GuardAfter is guard.Options.After; zero takes its default.
+	GuardAfter time.Duration
+}
+
+// MissingError: a variable the role needs is not set.
+type MissingError struct {
+	Var  string
+	Role Role
+}
+
+func (e *MissingError) Error() string {
+	return fmt.Sprintf("nexjob: %s must be set (the %s needs it)", e.Var, e.Role)
+}
+
+// InvalidError: a variable's value does not parse. The value is not
+// repeated (it may be a secret).
+type InvalidError struct {
+	Var    string
+	Reason string
+}
+
+func (e *InvalidError) Error() string {
+	return fmt.Sprintf("nexjob: %s is invalid: %s", e.Var, e.Reason)
+}
+
+// ErrNoRegion: the SDK found no AWS region.
+var ErrNoRegion = errors.New("nexjob: no AWS region: set AWS_REGION (and, for an emulator, AWS_ENDPOINT_URL)")
+
+// Load reads the role's settings from the environment and the SDK's
+// default configuration, and reads the key secret's SSM parameter if one
+// is named (one GetParameter, decrypted).
+func Load(ctx context.Context, role Role) (Settings, error) {
+	cfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		return Settings{}, fmt.Errorf("nexjob: AWS configuration: %w", err)
+	}
+	return FromEnv(ctx, cfg, role, os.Getenv)
+}
+
+// FromEnv is Load with the SDK configuration and the environment given.
+func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string) string) (Settings, error) {
+	switch role {
+	case Worker, DeadLetter, Guard, Producer:
+	default:
+		return Settings{}, &InvalidError{Var: EnvRole, Reason: fmt.Sprintf("%q is not worker, deadletter or guard", string(role))}
+	}
+	if cfg.Region == "" {
+		return Settings{}, ErrNoRegion
+	}
+	for _, v := range Vars(role)[:required(role)] {
+		if strings.TrimSpace(getenv(v)) == "" {
+			return Settings{}, &MissingError{Var: v, Role: role}
+		}
+	}
+	s := Settings{
+		Role: role, AWS: cfg,
+		Table: getenv(EnvTable), QueueURL: getenv(EnvQueueURL), DLQURL: getenv(EnvDLQURL),
+		Retention: handler.DefaultRetention,
+	}
+	var err error
+	if s.Retention, err = ParseRetention(getenv(EnvRetention)); err != nil {
+		return Settings{}, err
+	}
+	if v := getenv(EnvIndexAllStates); v != "" {
+		if s.IndexAllStates, err = strconv.ParseBool(v); err != nil {
+			return Settings{}, &InvalidError{Var: EnvIndexAllStates, Reason: "want true or false"}
+		}
+	}
+	if v := getenv(EnvGuardAfter); v != "" {
+		if s.GuardAfter, err = time.ParseDuration(v); err != nil || s.GuardAfter < 0 {
+			return Settings{}, &InvalidError{Var: EnvGuardAfter, Reason: "want a Go duration such as 2m"}
+		}
+	}
+	switch p, raw := getenv(EnvKeySecretParameter), getenv(EnvKeySecret); {
+	case p != "" && raw != "":
+		return Settings{}, &InvalidError{Var: EnvKeySecret, Reason: "set it or " + EnvKeySecretParameter + ", not both"}
+	case p != "":
+		out, err := ssm.NewFromConfig(cfg).GetParameter(ctx, &ssm.GetParameterInput{Name: aws.String(p), WithDecryption: aws.Bool(true)})
+		if err != nil {
+			return Settings{}, fmt.Errorf("nexjob: read the key secret from SSM parameter %s (%s): %w", p, EnvKeySecretParameter, err)
+		}
+		s.KeySecret = []byte(aws.ToString(out.Parameter.Value))
+	case raw != "":
+		s.KeySecret = []byte(raw)
+	}
+	return s, nil
+}
+
+// ParseRetention reads "succeeded=168h,failed=720h,expired=168h"; an
+// outcome left out keeps handler.DefaultRetention's; "" is the default.
+// Each duration is Go's (h, m, s), or a number of days with a "d".
+func ParseRetention(v string) (handler.Retention, error) {
+	r := handler.DefaultRetention
+	if strings.TrimSpace(v) == "" {
+		return r, nil
+	}
+	for part := range strings.SplitSeq(v, ",") {
+		name, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		d, err := parseDays(val)
+		if !ok || err != nil || d < 0 {
+			return r, &InvalidError{Var: EnvRetention, Reason: fmt.Sprintf("%q: want outcome=duration, e.g. failed=720h or failed=30d", part)}
+		}
+		switch name {
+		case "succeeded":
+			r.Succeeded = d
+		case "failed":
+			r.Failed = d
+		case "expired":
+			r.Expired = d
+		default:
+			return r, &InvalidError{Var: EnvRetention, Reason: fmt.Sprintf("%q: outcomes are succeeded, failed and expired", name)}
+		}
+	}
+	return r, nil
+}
+
+func parseDays(v string) (time.Duration, error) {
+	if n, ok := strings.CutSuffix(v, "d"); ok {
+		days, err := strconv.Atoi(n)
+		return time.Duration(days) * 24 * time.Hour, err
+	}
+	return time.ParseDuration(v)
+}
+
+// FormatRetention is ParseRetention's inverse (the construct writes it).
+func FormatRetention(r handler.Retention) string {
+	return fmt.Sprintf("succeeded=%s,failed=%s,expired=%s", r.Succeeded, r.Failed, r.Expired)
+}
+
+// LedgerOptions are the ledger's options these settings imply.
+func (s Settings) LedgerOptions() ledger.Options {
+	return ledger.Options{KeySecret: s.KeySecret, IndexAllStates: s.IndexAllStates}
+}
+
+// ClientOptions are the enqueue client's options these settings imply.
+func (s Settings) ClientOptions() *enqueue.ClientOptions {
+	return &enqueue.ClientOptions{Ledger: s.LedgerOptions()}
+}
+
+// Client returns the enqueue client of these settings.
+func (s Settings) Client() (*enqueue.Client, error) {
+	return enqueue.New(s.AWS, s.Table, s.QueueURL, s.ClientOptions())
+}
+
+// HandlerOptions fills base (nil: all defaults) with these settings: the
+// DLQ URL, the retention and the ledger's options. base's own Ledger.Now
+// is kept (tests inject clocks).
+func (s Settings) HandlerOptions(base *handler.Options) *handler.Options {
+	var o handler.Options
+	if base != nil {
+		o = *base
+	}
+	if o.DLQURL == "" {
+		o.DLQURL = s.DLQURL
+	}
+	r := s.Retention
+	o.Retention = &r
+	now := o.Ledger.Now
+	o.Ledger = s.LedgerOptions()
+	o.Ledger.Now = now
+	return &o
+}
