@@ -19,8 +19,8 @@ import (
 	"github.com/nexjob/nexjob-aws/examples/seedjobs"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
-	"github.com/nexjob/nexjob-aws/provision"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/provision"
 )
 
 // demo provisions its own resources, prints the DuplicatePolicy matrix as

@@ -26,8 +26,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
-	"github.com/nexjob/nexjob-aws/provision"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/provision"
 )
 
 func main() {

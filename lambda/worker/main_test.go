@@ -19,8 +19,8 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/examples/seedjobs"
 	"github.com/nexjob/nexjob-aws/handler/poller"
-	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
 
 func TestMain(m *testing.M) { os.Exit(nexjobtest.Main(m)) }
