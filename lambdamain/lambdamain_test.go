@@ -1,0 +1,104 @@
+package lambdamain_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/lambdamain"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+type note struct{ Text string }
+
+func (note) Kind() string { return "note" }
+
+func registry() *handler.Registry {
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[note](func(context.Context, *handler.Job[note]) error { return nil }), nil)
+	return reg
+}
+
+func TestMain(m *testing.M) {
+	if os.Getenv("LAMBDAMAIN_TEST_SERVE") == "1" { // a main with a bad configuration
+		lambdamain.Serve(registry(), nil)
+		return
+	}
+	os.Exit(nexjobtest.Main(m))
+}
+
+type sqsHandler = func(context.Context, events.SQSEvent) (events.SQSEventResponse, error)
+
+// started runs Serve with the environment as set and returns the handler
+// it would give lambda.Start.
+func started(t *testing.T) sqsHandler {
+	t.Helper()
+	var got any
+	lambdamain.Serve(registry(), &lambdamain.Options{Start: func(h any) { got = h }})
+	fn, ok := got.(sqsHandler)
+	if !ok {
+		t.Fatalf("started %T, want an SQS handler", got)
+	}
+	return fn
+}
+
+// TestServeWorker: the role, the table, the queue and the retention come
+// from the environment the construct sets; the worker runs the job.
+func TestServeWorker(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	e.Setenv(t)
+	t.Setenv(settings.EnvRole, string(settings.Worker))
+	t.Setenv(settings.EnvRetention, "succeeded=1h")
+	fn := started(t)
+	res, err := e.Client.Enqueue(context.Background(), note{Text: "hi"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := fn(context.Background(), poller.Event(e.QueueURL, e.Messages(t, e.QueueURL)))
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("%+v %v", resp, err)
+	}
+	rec := e.RequireState(t, res.ID, ledger.Succeeded)
+	if left := time.Until(time.Unix(rec.ExpiresAt, 0)); left < 59*time.Minute || left > 61*time.Minute {
+		t.Fatalf("retention %s; NEXJOB_RETENTION did not reach the handler", left)
+	}
+}
+
+// TestServeDeadLetter: NEXJOB_ROLE=deadletter starts the DLQ consumer.
+func TestServeDeadLetter(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	e.Setenv(t)
+	t.Setenv(settings.EnvRole, string(settings.DeadLetter))
+	fn := started(t)
+	ev := events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m-1", Body: "not a job", Attributes: map[string]string{"ApproximateReceiveCount": "5"}}}}
+	if resp, err := fn(context.Background(), ev); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("%+v %v", resp, err)
+	}
+	recs, _, err := e.Client.Store().List(context.Background(), ledger.Failed, 10, "")
+	if err != nil || len(recs) != 1 || recs[0].Kind != handler.DeadLetterKind {
+		t.Fatalf("dead letter not kept: %+v %v", recs, err)
+	}
+}
+
+// TestBadConfigurationStopsAtStart: a main missing a variable exits 1 at
+// start with one log line naming it.
+func TestBadConfigurationStopsAtStart(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "LAMBDAMAIN_TEST_SERVE=1", settings.EnvRole+"=worker", settings.EnvTable+"=", settings.EnvQueueURL+"=https://sqs/q")
+	out, err := cmd.Output()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Fatalf("exit: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "NEXJOB_TABLE must be set") || strings.Count(string(out), "\n") != 1 {
+		t.Fatalf("log: %s", out)
+	}
+}

@@ -1,0 +1,115 @@
+package settings_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ssm"
+	ssmtypes "github.com/aws/aws-sdk-go-v2/service/ssm/types"
+
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+var region = aws.Config{Region: "eu-west-1"}
+
+func TestMissingAndInvalid(t *testing.T) {
+	base := map[string]string{settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q"}
+	with := func(k, v string) map[string]string {
+		m := map[string]string{}
+		for a, b := range base {
+			m[a] = b
+		}
+		m[k] = v
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  aws.Config
+		role settings.Role
+		env  map[string]string
+		want string // the variable the error names
+	}{
+		{"no table", region, settings.Worker, map[string]string{settings.EnvQueueURL: "q"}, settings.EnvTable},
+		{"no queue", region, settings.Producer, map[string]string{settings.EnvTable: "t"}, settings.EnvQueueURL},
+		{"guard needs only the queue", region, settings.Guard, map[string]string{}, settings.EnvQueueURL},
+		{"retention", region, settings.Worker, with(settings.EnvRetention, "failed=forever"), settings.EnvRetention},
+		{"retention outcome", region, settings.Worker, with(settings.EnvRetention, "done=1h"), settings.EnvRetention},
+		{"index", region, settings.Worker, with(settings.EnvIndexAllStates, "yes please"), settings.EnvIndexAllStates},
+		{"guard after", region, settings.Guard, with(settings.EnvGuardAfter, "soon"), settings.EnvGuardAfter},
+		{"two secrets", region, settings.Producer, with(settings.EnvKeySecretParameter, "/p"), ""},
+		{"role", region, settings.Role("cron"), base, settings.EnvRole},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := tc.env
+			if tc.name == "two secrets" {
+				e[settings.EnvKeySecret] = "s3cret"
+			}
+			_, err := settings.FromEnv(context.Background(), tc.cfg, tc.role, env(e))
+			var me *settings.MissingError
+			var ie *settings.InvalidError
+			switch {
+			case errors.As(err, &me) && me.Var == tc.want:
+			case errors.As(err, &ie) && (ie.Var == tc.want || tc.want == ""):
+			default:
+				t.Fatalf("got %v, want an error naming %s", err, tc.want)
+			}
+			if e[settings.EnvKeySecret] != "" && strings.Contains(err.Error(), "s3cret") {
+				t.Fatalf("the error shows the secret: %v", err)
+			}
+		})
+	}
+	if _, err := settings.FromEnv(context.Background(), aws.Config{}, settings.Worker, env(base)); !errors.Is(err, settings.ErrNoRegion) {
+		t.Fatalf("no region: %v", err)
+	}
+}
+
+
+func TestValues(t *testing.T) {
+	s, err := settings.FromEnv(context.Background(), region, settings.Worker, env(map[string]string{
+		settings.EnvTable: "jobs", settings.EnvQueueURL: "q", settings.EnvDLQURL: "dlq",
+		settings.EnvRetention: "failed=90d, succeeded=1h", settings.EnvIndexAllStates: "true", settings.EnvKeySecret: "k",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := handler.Retention{Succeeded: time.Hour, Failed: 90 * 24 * time.Hour, Expired: handler.DefaultRetention.Expired}
+	if s.Retention != want || !s.IndexAllStates || string(s.KeySecret) != "k" || s.DLQURL != "dlq" {
+		t.Fatalf("%+v", s)
+	}
+	o := s.HandlerOptions(&handler.Options{Concurrency: 3})
+	if o.Concurrency != 3 || o.DLQURL != "dlq" || *o.Retention != want || !o.Ledger.IndexAllStates || string(o.Ledger.KeySecret) != "k" {
+		t.Fatalf("handler options %+v", o)
+	}
+	back, err := settings.ParseRetention(settings.FormatRetention(want))
+	if err != nil || back != want {
+		t.Fatalf("round trip: %+v %v", back, err)
+	}
+}
+
+// TestKeySecretFromSSM reads the key secret from a SecureString parameter
+// on the emulator; producers and workers reading it hash keys alike.
+func TestKeySecretFromSSM(t *testing.T) {
+	cfg := nexjobtest.Config(t)
+	name := "/nexjob/test/key-secret-" + time.Now().Format("150405.000000")
+	client := ssm.NewFromConfig(cfg)
+	if _, err := client.PutParameter(context.Background(), &ssm.PutParameterInput{Name: aws.String(name), Value: aws.String("from-ssm"), Type: ssmtypes.ParameterTypeSecureString}); err != nil {
+		t.Fatal(err)
+	}
+	e := env(map[string]string{settings.EnvTable: "t", settings.EnvQueueURL: "q", settings.EnvKeySecretParameter: name})
+	s, err := settings.FromEnv(context.Background(), cfg, settings.Producer, e)
+	if err != nil || string(s.KeySecret) != "from-ssm" {
+		t.Fatalf("%q %v", s.KeySecret, err)
+	}
+	e = env(map[string]string{settings.EnvTable: "t", settings.EnvQueueURL: "q", settings.EnvKeySecretParameter: name + "-missing"})
+	if _, err := settings.FromEnv(context.Background(), cfg, settings.Producer, e); err == nil || !strings.Contains(err.Error(), settings.EnvKeySecretParameter) {
+		t.Fatalf("missing parameter: %v", err)
+	}
+}
