@@ -71,7 +71,6 @@ func TestMissingAndInvalid(t *testing.T) {
 	}
 }
 
-
 func TestValues(t *testing.T) {
 	s, err := settings.FromEnv(context.Background(), region, settings.Worker, env(map[string]string{
 		settings.EnvTable: "jobs", settings.EnvQueueURL: "q", settings.EnvDLQURL: "dlq",
