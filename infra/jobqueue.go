@@ -3,20 +3,33 @@
 // dispatch-guard Lambda functions, their least-privilege grants and the
 // alarms. It is its own Go module: no runtime binary links jsii or the CDK.
 //
-//	q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{CodeDir: "../build/lambda"})
+// The functions run a team's own code: one binary whose main is
+// lambdamain.Serve (the construct tells each function its role in
+// NEXJOB_ROLE), or one binary per role.
+//
+//	q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{
+//		Code: infra.BootstrapCode("../build/jobs"), // a dir holding a linux/arm64 `bootstrap`
+//	})
 //	q.GrantEnqueue(myProducerFunction)
+//
+// Every function gets the same settings (see package settings): table,
+// queues, retention, IndexAllStates, the key secret's SSM parameter.
 //
 // # How it fails
 //
-// Synthesis panics (the CDK's way) when CodeDir lacks a function's
-// bootstrap; `make lambdas` builds them. Nothing here names resources, so
-// two stacks never collide; the table is retained when the stack is
-// deleted unless RemovalPolicy says otherwise.
+// Synthesis panics (the CDK's way) with a message naming the prop when no
+// code is given, and BootstrapCode panics naming the path when it holds no
+// bootstrap. Nothing here names resources, so two stacks never collide;
+// the table is retained when the stack is deleted unless RemovalPolicy
+// says otherwise.
 package infra
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"time"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
@@ -26,20 +39,53 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsssm"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 
+	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/settings"
 )
 
 const deadLetterTimeoutSeconds = 60
 
-// JobQueueProps configure a JobQueue. Only CodeDir is required.
+// JobQueueProps configure a JobQueue. The functions' code is required:
+// Code, or WorkerCode and DeadLetterCode (and GuardCode unless NoGuard),
+// or CodeDir.
 type JobQueueProps struct {
-	// CodeDir holds one directory per function, each with a linux/arm64
-	// `bootstrap`: worker/, deadletter/, guard/ (`make lambdas` writes
-	// build/lambda/...). Required.
+	// Code of every function: one linux/arm64 binary whose main is
+	// lambdamain.Serve; each function's NEXJOB_ROLE says which role it
+	// serves. WorkerCode, DeadLetterCode and GuardCode override it.
+	Code awslambda.Code
+	// WorkerCode runs lambdamain.Worker with the team's kinds.
+	WorkerCode awslambda.Code
+	// DeadLetterCode runs lambdamain.DeadLetter with the same kinds (for
+	// their dead-letter hooks).
+	DeadLetterCode awslambda.Code
+	// GuardCode runs lambdamain.Guard (no kinds needed).
+	GuardCode awslambda.Code
+	// CodeDir holds one directory per function, each with a `bootstrap`:
+	// worker/, deadletter/, guard/ (`make lambdas` writes build/lambda/
+	// for the seed's example jobs). Used for the roles no Code covers.
 	CodeDir string
+	// NoGuard leaves the dispatch guard out: no stream consumer, no
+	// function, no check message per job (a third of an SQS request and
+	// half a read unit each, plus their share of a worker invocation). A
+	// job whose producer died between its write and its send then runs
+	// only when a caller retries its key. Defaults to false.
+	NoGuard *bool
+	// Retention of terminal records, passed to every function. Zero fields
+	// keep handler.DefaultRetention's (7, 30, 7 days).
+	Retention *Retention
+	// IndexAllStates lists every state in the byState index (every
+	// function must agree, so it is set here). Defaults to false.
+	IndexAllStates *bool
+	// KeySecretParameter names an SSM SecureString parameter holding the
+	// key secret (HMAC for idempotency keys). Every function reads it at
+	// start and is granted that, as GrantEnqueue grantees are. Defaults to
+	// none: plain SHA-256.
+	KeySecretParameter *string
 	// FunctionTimeout of the worker. The queue's visibility timeout is six
 	// times it (AWS's advice for SQS event sources), so a message comes
 	// back only after a crashed run's lease (the timeout plus 5 s) is over.
@@ -63,9 +109,24 @@ type JobQueueProps struct {
 	OldestMessageAlarm awscdk.Duration
 	// RemovalPolicy of the table. Defaults to RETAIN.
 	RemovalPolicy awscdk.RemovalPolicy
-	// Environment is added to every function's (e.g. retention settings
-	// your own main reads).
+	// Environment is added to every function's (settings of your own).
 	Environment *map[string]*string
+}
+
+// Retention of terminal records; nil fields keep the default.
+type Retention struct {
+	Succeeded, Failed, Expired awscdk.Duration
+}
+
+// BootstrapCode is the code in dir, which must hold a `bootstrap`
+// (GOOS=linux GOARCH=arm64 go build -tags lambda.norpc -o dir/bootstrap).
+// It panics with a message naming dir when it does not, instead of the
+// CDK's error at deployment.
+func BootstrapCode(dir string) awslambda.Code {
+	if fi, err := os.Stat(filepath.Join(dir, "bootstrap")); err != nil || fi.IsDir() {
+		panic(fmt.Sprintf("nexjob infra: %s has no bootstrap: build your main there with GOOS=linux GOARCH=arm64 go build -tags lambda.norpc -o %s", dir, filepath.Join(dir, "bootstrap")))
+	}
+	return awslambda.Code_FromAsset(jsii.String(dir), nil)
 }
 
 // JobQueue is the deployed job system. Its fields let a stack wire and
@@ -77,9 +138,10 @@ type JobQueue struct {
 	DeadLetterQueue    awssqs.Queue
 	Worker             awslambda.Function
 	DeadLetter         awslambda.Function
-	Guard              awslambda.Function
+	Guard              awslambda.Function // nil with NoGuard
 	DLQDepthAlarm      awscloudwatch.Alarm
 	OldestMessageAlarm awscloudwatch.Alarm
+	keySecret          awsssm.IStringParameter
 }
 
 // NewJobQueue adds the job system to scope.
@@ -121,19 +183,40 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	})
 
 	env := map[string]*string{
-		"NEXJOB_TABLE":       q.Table.TableName(),
-		"NEXJOB_QUEUE_URL":   q.Queue.QueueUrl(),
-		"NEXJOB_DLQ_URL":     q.DeadLetterQueue.QueueUrl(),
-		"NEXJOB_GUARD_AFTER": jsii.String(formatSeconds(p.GuardAfter)),
+		settings.EnvTable:          q.Table.TableName(),
+		settings.EnvQueueURL:       q.Queue.QueueUrl(),
+		settings.EnvDLQURL:         q.DeadLetterQueue.QueueUrl(),
+		settings.EnvRetention:      jsii.String(p.retention()),
+		settings.EnvIndexAllStates: jsii.String(strconv.FormatBool(*p.IndexAllStates)),
+	}
+	if p.KeySecretParameter != nil {
+		env[settings.EnvKeySecretParameter] = p.KeySecretParameter
+		q.keySecret = awsssm.StringParameter_FromStringParameterName(c, jsii.String("KeySecret"), p.KeySecretParameter)
 	}
 	if p.Environment != nil {
 		for k, v := range *p.Environment {
 			env[k] = v
 		}
 	}
-	q.Worker = newFunction(c, "Worker", filepath.Join(p.CodeDir, "worker"), p.FunctionTimeout, p.MemorySize, env)
-	q.DeadLetter = newFunction(c, "DeadLetterConsumer", filepath.Join(p.CodeDir, "deadletter"), awscdk.Duration_Seconds(jsii.Number(deadLetterTimeoutSeconds)), jsii.Number(256), env)
-	q.Guard = newFunction(c, "DispatchGuard", filepath.Join(p.CodeDir, "guard"), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
+	roleEnv := func(role settings.Role) map[string]*string {
+		e := map[string]*string{settings.EnvRole: jsii.String(string(role))}
+		for k, v := range env {
+			e[k] = v
+		}
+		if role == settings.Guard {
+			e[settings.EnvGuardAfter] = jsii.String(formatSeconds(p.GuardAfter))
+		}
+		return e
+	}
+	q.Worker = newFunction(c, "Worker", p.code(settings.Worker), p.FunctionTimeout, p.MemorySize, roleEnv(settings.Worker))
+	q.DeadLetter = newFunction(c, "DeadLetterConsumer", p.code(settings.DeadLetter), awscdk.Duration_Seconds(jsii.Number(deadLetterTimeoutSeconds)), jsii.Number(256), roleEnv(settings.DeadLetter))
+	if !*p.NoGuard {
+		q.Guard = newFunction(c, "DispatchGuard", p.code(settings.Guard), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), roleEnv(settings.Guard))
+	}
+	if q.keySecret != nil {
+		q.keySecret.GrantRead(q.Worker)
+		q.keySecret.GrantRead(q.DeadLetter)
+	}
 
 	// The worker: claims, finishes, releases (UpdateItem), reads (GetItem),
 	// enqueues and continues from jobs (PutItem; DeleteItem undoes a
@@ -158,28 +241,30 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		ReportBatchItemFailures: jsii.Bool(true),
 	}))
 
-	// The dispatch guard: reads the table's stream (scoped to this stream,
-	// not "*", unlike the CDK's stream event source grant) and sends
-	// check messages. The filter keeps every other change from invoking it.
-	q.Table.GrantStream(q.Guard, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
-		jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
-	q.Queue.Grant(q.Guard, jsii.String("sqs:SendMessage"))
-	awslambda.NewEventSourceMapping(c, jsii.String("GuardStream"), &awslambda.EventSourceMappingProps{
-		Target:             q.Guard,
-		EventSourceArn:     q.Table.TableStreamArn(),
-		StartingPosition:   awslambda.StartingPosition_TRIM_HORIZON,
-		BatchSize:          jsii.Number(100),
-		MaxBatchingWindow:  awscdk.Duration_Seconds(jsii.Number(1)),
-		BisectBatchOnError: jsii.Bool(true),
-		RetryAttempts:      jsii.Number(50),
-		Filters: &[]*map[string]interface{}{awslambda.FilterCriteria_Filter(&map[string]interface{}{
-			"eventName": awslambda.FilterRule_Or(jsii.String("INSERT"), jsii.String("MODIFY")),
-			"dynamodb": map[string]interface{}{"NewImage": map[string]interface{}{
-				ledger.AttrState:   map[string]interface{}{"S": awslambda.FilterRule_Or(jsii.String(string(ledger.Enqueued)), jsii.String(string(ledger.Scheduled)))},
-				ledger.AttrAttempt: map[string]interface{}{"N": awslambda.FilterRule_IsEqual(jsii.String("0"))},
-			}},
-		})},
-	})
+	if q.Guard != nil {
+		// The dispatch guard: reads the table's stream (scoped to this stream,
+		// not "*", unlike the CDK's stream event source grant) and sends
+		// check messages. The filter keeps every other change from invoking it.
+		q.Table.GrantStream(q.Guard, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
+			jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
+		q.Queue.Grant(q.Guard, jsii.String("sqs:SendMessage"))
+		awslambda.NewEventSourceMapping(c, jsii.String("GuardStream"), &awslambda.EventSourceMappingProps{
+			Target:             q.Guard,
+			EventSourceArn:     q.Table.TableStreamArn(),
+			StartingPosition:   awslambda.StartingPosition_TRIM_HORIZON,
+			BatchSize:          jsii.Number(100),
+			MaxBatchingWindow:  awscdk.Duration_Seconds(jsii.Number(1)),
+			BisectBatchOnError: jsii.Bool(true),
+			RetryAttempts:      jsii.Number(50),
+			Filters: &[]*map[string]interface{}{awslambda.FilterCriteria_Filter(&map[string]interface{}{
+				"eventName": awslambda.FilterRule_Or(jsii.String("INSERT"), jsii.String("MODIFY")),
+				"dynamodb": map[string]interface{}{"NewImage": map[string]interface{}{
+					ledger.AttrState:   map[string]interface{}{"S": awslambda.FilterRule_Or(jsii.String(string(ledger.Enqueued)), jsii.String(string(ledger.Scheduled)))},
+					ledger.AttrAttempt: map[string]interface{}{"N": awslambda.FilterRule_IsEqual(jsii.String("0"))},
+				}},
+			})},
+		})
+	}
 
 	q.DLQDepthAlarm = q.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
 		Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum"),
@@ -212,17 +297,36 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:DescribeTable"))
 	q.Queue.Grant(grantee, jsii.String("sqs:SendMessage"), jsii.String("sqs:GetQueueAttributes"))
+	q.grantKeySecret(grantee)
+}
+
+// GrantOperate lets grantee operate the jobs (the nexjob CLI, a
+// dashboard): everything GrantEnqueue allows, listing (Query on the
+// index), and the DLQ: its depth, and redrive (receive, delete, send
+// back to the job queue).
+func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
+	q.GrantEnqueue(grantee)
+	q.Table.Grant(grantee, jsii.String("dynamodb:Query"))
+	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:ReceiveMessage"), jsii.String("sqs:DeleteMessage"),
+		jsii.String("sqs:ChangeMessageVisibility"), jsii.String("sqs:GetQueueAttributes"))
+}
+
+func (q *JobQueue) grantKeySecret(grantee awsiam.IGrantable) {
+	if q.keySecret != nil {
+		q.keySecret.GrantRead(grantee)
+	}
 }
 
 // GrantRead lets grantee read and list jobs (the CLI, a dashboard).
 func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"))
+	q.grantKeySecret(grantee)
 }
 
 // newFunction builds one arm64 provided.al2023 function with its own role
 // and log group: the role may write only to that log group (no
 // AWSLambdaBasicExecutionRole, whose logs statement covers "*").
-func newFunction(scope constructs.Construct, id, dir string, timeout awscdk.Duration, memory *float64, env map[string]*string) awslambda.Function {
+func newFunction(scope constructs.Construct, id string, code awslambda.Code, timeout awscdk.Duration, memory *float64, env map[string]*string) awslambda.Function {
 	logs := awslogs.NewLogGroup(scope, jsii.String(id+"Logs"), &awslogs.LogGroupProps{
 		Retention:     awslogs.RetentionDays_ONE_MONTH,
 		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
@@ -235,7 +339,7 @@ func newFunction(scope constructs.Construct, id, dir string, timeout awscdk.Dura
 		Runtime:      awslambda.Runtime_PROVIDED_AL2023(),
 		Architecture: awslambda.Architecture_ARM_64(),
 		Handler:      jsii.String("bootstrap"),
-		Code:         awslambda.Code_FromAsset(jsii.String(dir), nil),
+		Code:         code,
 		Timeout:      timeout,
 		MemorySize:   memory,
 		Role:         role,
@@ -249,8 +353,19 @@ func withDefaults(props *JobQueueProps) JobQueueProps {
 	if props != nil {
 		p = *props
 	}
-	if p.CodeDir == "" {
-		panic("nexjob infra: JobQueueProps.CodeDir is required (make lambdas builds build/lambda)")
+	for _, r := range []settings.Role{settings.Worker, settings.DeadLetter, settings.Guard} {
+		if r == settings.Guard && p.NoGuard != nil && *p.NoGuard {
+			continue
+		}
+		if p.roleCode(r) == nil && p.CodeDir == "" {
+			panic(fmt.Sprintf("nexjob infra: no code for the %s: set JobQueueProps.Code (one binary running lambdamain.Serve), or %s, or CodeDir", r, codeProp(r)))
+		}
+	}
+	if p.NoGuard == nil {
+		p.NoGuard = jsii.Bool(false)
+	}
+	if p.IndexAllStates == nil {
+		p.IndexAllStates = jsii.Bool(false)
 	}
 	if p.FunctionTimeout == nil {
 		p.FunctionTimeout = awscdk.Duration_Seconds(jsii.Number(30))
@@ -274,6 +389,58 @@ func withDefaults(props *JobQueueProps) JobQueueProps {
 		p.RemovalPolicy = awscdk.RemovalPolicy_RETAIN
 	}
 	return p
+}
+
+func codeProp(r settings.Role) string {
+	switch r {
+	case settings.Worker:
+		return "WorkerCode"
+	case settings.DeadLetter:
+		return "DeadLetterCode"
+	}
+	return "GuardCode (or NoGuard)"
+}
+
+// roleCode is the Code given for role, or nil.
+func (p *JobQueueProps) roleCode(r settings.Role) awslambda.Code {
+	var c awslambda.Code
+	switch r {
+	case settings.Worker:
+		c = p.WorkerCode
+	case settings.DeadLetter:
+		c = p.DeadLetterCode
+	case settings.Guard:
+		c = p.GuardCode
+	}
+	if c == nil {
+		c = p.Code
+	}
+	return c
+}
+
+// code is the role's function code: its own, the shared one, or the
+// bootstrap under CodeDir (checked).
+func (p *JobQueueProps) code(r settings.Role) awslambda.Code {
+	if c := p.roleCode(r); c != nil {
+		return c
+	}
+	return BootstrapCode(filepath.Join(p.CodeDir, string(r)))
+}
+
+// retention is NEXJOB_RETENTION's value.
+func (p *JobQueueProps) retention() string {
+	r := handler.DefaultRetention
+	if p.Retention != nil {
+		for _, f := range []struct {
+			d   awscdk.Duration
+			out *time.Duration
+		}{{p.Retention.Succeeded, &r.Succeeded}, {p.Retention.Failed, &r.Failed}, {p.Retention.Expired, &r.Expired}} {
+			if f.d != nil {
+				*f.out = time.Duration(*f.d.ToSeconds(nil)) * time.Second
+			}
+		}
+	}
+	return settings.FormatRetention(r)
 }
 
 func formatSeconds(d awscdk.Duration) string {

@@ -2,9 +2,11 @@ package infra_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -232,12 +234,76 @@ func toStrings(v any) []string {
 	return nil
 }
 
-func TestJobQueueNeedsCode(t *testing.T) {
+// panics returns the message f panics with ("" if it does not).
+func panics(f func()) (msg string) {
 	defer func() {
-		if recover() == nil {
-			t.Fatal("no panic without CodeDir")
+		if v := recover(); v != nil {
+			msg = fmt.Sprint(v)
 		}
 	}()
+	f()
+	return ""
+}
+
+// TestJobQueueNeedsCode: a missing asset is a clear message naming the
+// prop or the path, not a jsii stack trace.
+func TestJobQueueNeedsCode(t *testing.T) {
 	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
-	infra.NewJobQueue(awscdk.NewStack(app, jsii.String("X"), nil), "Jobs", &infra.JobQueueProps{})
+	msg := panics(func() { infra.NewJobQueue(awscdk.NewStack(app, jsii.String("X"), nil), "Jobs", &infra.JobQueueProps{}) })
+	if !strings.Contains(msg, "JobQueueProps.Code") || !strings.Contains(msg, "WorkerCode") {
+		t.Fatalf("no code: %q", msg)
+	}
+	empty := t.TempDir()
+	msg = panics(func() { infra.BootstrapCode(empty) })
+	if !strings.Contains(msg, empty+" has no bootstrap") {
+		t.Fatalf("missing bootstrap: %q", msg)
+	}
+	msg = panics(func() {
+		infra.NewJobQueue(awscdk.NewStack(app, jsii.String("Y"), nil), "Jobs", &infra.JobQueueProps{CodeDir: empty})
+	})
+	if !strings.Contains(msg, filepath.Join(empty, "worker")+" has no bootstrap") {
+		t.Fatalf("CodeDir without bootstraps: %q", msg)
+	}
+}
+
+// TestJobQueueOneBinaryNoGuard: one Code for every role (each told its
+// role), the guard left out, the settings on every function, the key
+// secret's parameter readable by the functions and by producers.
+func TestJobQueueOneBinaryNoGuard(t *testing.T) {
+	code := t.TempDir()
+	if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	stack := awscdk.NewStack(app, jsii.String("One"), nil)
+	q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{
+		Code: infra.BootstrapCode(code), NoGuard: jsii.Bool(true), IndexAllStates: jsii.Bool(true),
+		Retention:          &infra.Retention{Failed: awscdk.Duration_Days(jsii.Number(90))},
+		KeySecretParameter: jsii.String("/orders/key-secret"),
+	})
+	producer := awsiam.NewRole(stack, jsii.String("Producer"), &awsiam.RoleProps{AssumedBy: awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil)})
+	q.GrantEnqueue(producer)
+	if q.Guard != nil {
+		t.Fatal("a guard with NoGuard")
+	}
+	tpl := assertions.Template_FromStack(stack, nil)
+	tpl.ResourceCountIs(jsii.String("AWS::Lambda::Function"), jsii.Number(2))
+	tpl.ResourceCountIs(jsii.String("AWS::Lambda::EventSourceMapping"), jsii.Number(2))
+	for _, role := range []string{"worker", "deadletter"} {
+		tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": map[string]any{
+				"NEXJOB_ROLE": role, "NEXJOB_INDEX_ALL_STATES": "true",
+				"NEXJOB_RETENTION":            "succeeded=168h0m0s,failed=2160h0m0s,expired=168h0m0s",
+				"NEXJOB_KEY_SECRET_PARAMETER": "/orders/key-secret",
+			}},
+		})
+	}
+	for _, who := range []string{"JobsWorkerRole", "JobsDeadLetterConsumerRole", "Producer"} {
+		tpl.HasResourceProperties(jsii.String("AWS::IAM::Policy"), map[string]any{
+			"Roles": []any{map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^" + who))}},
+			"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
+				assertions.Match_ObjectLike(&map[string]any{"Action": assertions.Match_ArrayWith(&[]any{"ssm:GetParameter"})}),
+			})},
+		})
+	}
 }
