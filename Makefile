@@ -12,7 +12,7 @@ FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzC
 
 LAMBDAS := worker deadletter guard
 
-.PHONY: help run test fuzz bench vet lint emulator lambdas synth up down clean
+.PHONY: help run test orders fuzz bench vet lint emulator lambdas synth up down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -23,6 +23,10 @@ run: ## the demo: start the emulator, provision, run the worker, enqueue the see
 test: vet ## every test against the default emulator (started and stopped here), the CDK tests, a short fuzz run
 	NEXJOB_WITH_AWSCLI=1 $(EMU) $(GO) test -count=1 -timeout 20m ./...
 	cd infra && $(GO) test -count=1 -timeout 20m ./...
+	@# The example app, a module of its own: its tests start their own emulator (nexjobtest.Main);
+	@# its stack's test builds its binaries and synthesises the stack.
+	cd examples/orders && $(GO) test -count=1 -timeout 10m ./...
+	cd examples/orders/deploy && $(GO) test -count=1 -timeout 10m ./...
 	@$(MAKE) --no-print-directory fuzz
 
 fuzz: ## run each fuzz target for FUZZTIME (seed corpora in testdata/fuzz)
@@ -37,6 +41,8 @@ vet: ## gofmt check and go vet
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
+	cd examples/orders && $(GO) vet ./...
+	cd examples/orders/deploy && $(GO) vet ./...
 
 GOLANGCI_LINT := github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
@@ -44,12 +50,17 @@ lint: ## golangci-lint (pinned; config and reasons in .golangci.yml)
 	$(GO) run $(GOLANGCI_LINT) run ./...
 	cd infra && $(GO) run $(GOLANGCI_LINT) run --config ../.golangci.yml ./...
 
-emulator: ## run the default emulator in the foreground (prints its endpoint)
-	$(EMU) bash -c 'echo "export AWS_ENDPOINT_URL=$$AWS_ENDPOINT_URL"; sleep infinity'
+emulator: ## run the default emulator in the foreground; prints the export lines for another shell
+	$(EMU) bash -c 'for v in AWS_ENDPOINT_URL AWS_REGION AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY; do echo "export $$v=$${!v}"; done; sleep infinity'
 
 lambdas: ## build each Lambda's bootstrap (linux/arm64) into build/lambda/NAME/
 	@for f in $(LAMBDAS); do mkdir -p build/lambda/$$f; \
 	  GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/lambda/$$f/bootstrap ./lambda/$$f || exit 1; done
+
+orders: ## build the example app's bootstraps and synthesise its stack into examples/orders/deploy/cdk.out
+	@for f in worker producer; do mkdir -p examples/orders/build/$$f; \
+	  (cd examples/orders && GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/$$f/bootstrap ./cmd/$$f) || exit 1; done
+	cd examples/orders/deploy && $(GO) run ./app
 
 synth: lambdas ## write the CloudFormation template to infra/cdk.out (no CDK CLI needed)
 	cd infra && $(GO) run ./app

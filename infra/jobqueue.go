@@ -142,6 +142,29 @@ type JobQueue struct {
 	DLQDepthAlarm      awscloudwatch.Alarm
 	OldestMessageAlarm awscloudwatch.Alarm
 	keySecret          awsssm.IStringParameter
+	env                map[string]*string // every function's settings
+	guardAfter         string
+}
+
+// Settings returns the environment a function of this role needs (see
+// package settings): what the construct sets on its own functions, for a
+// team's producer function (settings.Producer) to read with
+// settings.Load. Grant it GrantEnqueue too.
+func (q *JobQueue) Settings(role settings.Role) *map[string]*string {
+	e := map[string]*string{}
+	for k, v := range q.env {
+		e[k] = v
+	}
+	switch role {
+	case settings.Producer:
+		delete(e, settings.EnvDLQURL)
+	case settings.Guard:
+		e[settings.EnvGuardAfter] = jsii.String(q.guardAfter)
+		fallthrough
+	default:
+		e[settings.EnvRole] = jsii.String(string(role))
+	}
+	return &e
 }
 
 // NewJobQueue adds the job system to scope.
@@ -198,16 +221,8 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 			env[k] = v
 		}
 	}
-	roleEnv := func(role settings.Role) map[string]*string {
-		e := map[string]*string{settings.EnvRole: jsii.String(string(role))}
-		for k, v := range env {
-			e[k] = v
-		}
-		if role == settings.Guard {
-			e[settings.EnvGuardAfter] = jsii.String(formatSeconds(p.GuardAfter))
-		}
-		return e
-	}
+	q.env, q.guardAfter = env, formatSeconds(p.GuardAfter)
+	roleEnv := func(role settings.Role) map[string]*string { return *q.Settings(role) }
 	q.Worker = newFunction(c, "Worker", p.code(settings.Worker), p.FunctionTimeout, p.MemorySize, roleEnv(settings.Worker))
 	q.DeadLetter = newFunction(c, "DeadLetterConsumer", p.code(settings.DeadLetter), awscdk.Duration_Seconds(jsii.Number(deadLetterTimeoutSeconds)), jsii.Number(256), roleEnv(settings.DeadLetter))
 	if !*p.NoGuard {
