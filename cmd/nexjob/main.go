@@ -2,7 +2,8 @@
 // runs, provisioning for local emulators, and job administration.
 //
 //	nexjob demo                      run the seed's jobs end to end and print the tables
-//	nexjob provision NAME            create table NAME and queues NAME, NAME-dlq
+//	nexjob provision NAME            create table NAME and queues NAME, NAME-dlq; print export lines:
+//	                                 eval "$(nexjob provision NAME)" points a shell at them
 //	nexjob schema                    print the table definition for the AWS CLI (LocalStack's hook)
 //	nexjob get     -table T ID       print a job's record
 //	nexjob requeue -table T -queue URL ID   requeue a terminal job
@@ -18,9 +19,13 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"sort"
+	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -28,6 +33,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/provision"
+	"github.com/nexjob/nexjob-aws/settings"
 )
 
 func main() {
@@ -48,6 +54,9 @@ func run(ctx context.Context, args []string) error {
 	cfg, err := config.LoadDefaultConfig(ctx)
 	if err != nil {
 		return err
+	}
+	if cfg.Region == "" {
+		return settings.ErrNoRegion
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	table := fs.String("table", os.Getenv("NEXJOB_TABLE"), "ledger table (env NEXJOB_TABLE)")
@@ -77,7 +86,7 @@ func run(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("NEXJOB_TABLE=%s\nNEXJOB_QUEUE_URL=%s\nNEXJOB_DLQ_URL=%s\n", name, q, dlq)
+		printExports(os.Stdout, cfg, map[string]string{settings.EnvTable: name, settings.EnvQueueURL: q, settings.EnvDLQURL: dlq})
 		return nil
 	case "requeue":
 		if fs.NArg() != 1 {
@@ -136,3 +145,27 @@ func list(ctx context.Context, s *ledger.Store, st ledger.State) error {
 		cursor = next
 	}
 }
+
+// printExports prints shell export lines for the nexjob variables and the
+// SDK settings that reach the same backend: the endpoint and, for an
+// emulator, its region and dummy credentials (nothing secret of a real
+// account is printed).
+func printExports(w io.Writer, cfg aws.Config, vars map[string]string) {
+	if ep := os.Getenv("AWS_ENDPOINT_URL"); ep != "" {
+		vars["AWS_ENDPOINT_URL"] = ep
+		vars["AWS_REGION"] = cfg.Region
+		if id := os.Getenv("AWS_ACCESS_KEY_ID"); id == "test" || os.Getenv("NEXJOB_EMULATOR") != "" {
+			vars["AWS_ACCESS_KEY_ID"], vars["AWS_SECRET_ACCESS_KEY"] = "test", "test"
+		}
+	}
+	keys := make([]string, 0, len(vars))
+	for k := range vars {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "export %s=%s\n", k, shellQuote(vars[k]))
+	}
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
