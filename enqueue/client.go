@@ -263,6 +263,10 @@ func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger
 			return mine, true, nil
 		}
 	}
+	var dup *ledger.DuplicateJobError
+	if errors.As(err, &dup) {
+		return got, false, duplicateFrom(dup)
+	}
 	if errors.Is(err, ledger.ErrItemTooLarge) {
 		return got, false, &InputError{Field: "args", Reason: "too large for a job record", Err: err}
 	}

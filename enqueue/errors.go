@@ -8,9 +8,27 @@ import (
 )
 
 // DuplicateJobError is returned when the DuplicatePolicy rejects an enqueue
-// because a job with the same key is in a terminal state. It carries the
-// existing job's id and state, the policy and the key. Nothing was written.
-type DuplicateJobError = ledger.DuplicateJobError
+// because a job with the same key is in a terminal state. Nothing was
+// written. Match it with errors.As.
+//
+// Its message never contains the key itself (keys may hold personal data);
+// the Key field is for the caller's own use.
+type DuplicateJobError struct {
+	ExistingJobID string          // the job that holds the key
+	ExistingState ledger.State    // its terminal state
+	Policy        DuplicatePolicy // the policy that rejected the enqueue
+	Key           string          // the idempotency key as the caller gave it
+	KeyHash       string          // the key's stored hash
+}
+
+func (e *DuplicateJobError) Error() string {
+	return fmt.Sprintf("nexjob: duplicate job rejected by %s: job %s is %s", e.Policy, e.ExistingJobID, e.ExistingState)
+}
+
+// duplicateFrom converts the ledger's rejection.
+func duplicateFrom(d *ledger.DuplicateJobError) *DuplicateJobError {
+	return &DuplicateJobError{ExistingJobID: d.ExistingJobID, ExistingState: d.ExistingState, Policy: d.Policy, Key: d.Key, KeyHash: d.KeyHash}
+}
 
 // ErrInvalidInput matches every *InputError with errors.Is.
 var ErrInvalidInput = errors.New("nexjob: invalid input")
