@@ -31,9 +31,12 @@ func TestProvisionExports(t *testing.T) {
 	script := `eval "$(` + bin + ` provision ` + name + `)" && env -u AWS_REGION -u AWS_ACCESS_KEY_ID bash -c 'echo "$NEXJOB_TABLE $NEXJOB_QUEUE_URL"' && ` +
 		// a fresh environment with only the exported lines
 		`env -i PATH="$PATH" HOME="$HOME" AWS_ENDPOINT_URL="$AWS_ENDPOINT_URL" AWS_REGION="$AWS_REGION" AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY" NEXJOB_TABLE="$NEXJOB_TABLE" ` + bin + ` list Failed`
-	out, err := exec.Command("bash", "-c", script).CombinedOutput()
+	cmd := exec.Command("bash", "-c", script)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr // the SDK may log warnings there
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("%v\n%s", err, out)
+		t.Fatalf("%v\n%s%s", err, out, stderr.String())
 	}
 	if !strings.HasPrefix(string(out), name+" http") {
 		t.Fatalf("exports did not set the table and queue:\n%s", out)
