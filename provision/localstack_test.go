@@ -39,7 +39,7 @@ func TestLocalStackInitHook(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := fmt.Sprintf("hook-%d", time.Now().UnixNano()%1e9)
-	cmd := exec.Command("bash", "../../localstack/ready.d/10-nexjob.sh")
+	cmd := exec.Command("bash", "../localstack/ready.d/10-nexjob.sh")
 	cmd.Env = append(os.Environ(), "PATH="+shim+":"+os.Getenv("PATH"), "NEXJOB_NAME="+name, "AWS_DEFAULT_REGION="+cfg.Region)
 	out, err := cmd.CombinedOutput()
 	if err != nil {

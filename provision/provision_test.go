@@ -16,7 +16,7 @@ func TestLocalStackTableJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := os.ReadFile("../../localstack/ready.d/table.json")
+	got, err := os.ReadFile("../localstack/ready.d/table.json")
 	if err != nil {
 		t.Fatal(err)
 	}
