@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
 )
 
 // JobArgs is a job's input. The type names its kind: one kind, one worker.
@@ -82,6 +83,10 @@ type ClientOptions struct {
 	// in hops of MaxDelay. Defaults to MaxSQSDelay; tests shorten it to
 	// drive long schedules with an injected clock.
 	MaxDelay time.Duration
+	// Metrics records Enqueued, Deduplicated and Rejected per kind in
+	// CloudWatch's Embedded Metric Format (see package metrics): on in a
+	// producer Lambda, where stdout reaches CloudWatch. Defaults to none.
+	Metrics *metrics.Recorder
 }
 
 // Client enqueues jobs: one conditional DynamoDB write, then one SQS send.
@@ -94,6 +99,7 @@ type Client struct {
 	tolerance time.Duration
 	maxDelay  time.Duration
 	redisp    time.Duration
+	metrics   *metrics.Recorder
 }
 
 // New returns a Client for the ledger table and the job queue. It does no
@@ -128,7 +134,7 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter}, nil
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics}, nil
 }
 
 // Store returns the ledger the client writes to.
@@ -194,6 +200,7 @@ func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result
 	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
 	if !created {
 		c.log.InfoContext(ctx, "nexjob: enqueue deduplicated", "job_id", got.ID, "kind", got.Kind, "state", got.State)
+		c.metrics.Count(metrics.Deduplicated, got.Kind, got.ID)
 		if !c.unsent(got) {
 			return res, nil
 		}
@@ -217,6 +224,7 @@ func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result
 		}
 	}
 	c.log.InfoContext(ctx, "nexjob: enqueued", "job_id", got.ID, "kind", got.Kind, "state", got.State)
+	c.metrics.Count(metrics.Enqueued, got.Kind, got.ID)
 	return res, nil
 }
 
@@ -265,6 +273,7 @@ func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger
 	}
 	var dup *ledger.DuplicateJobError
 	if errors.As(err, &dup) {
+		c.metrics.Count(metrics.Rejected, rec.Kind, dup.ExistingJobID)
 		return got, false, duplicateFrom(dup)
 	}
 	if errors.Is(err, ledger.ErrItemTooLarge) {

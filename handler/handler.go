@@ -15,6 +15,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
 )
 
 // SQS is the part of *sqs.Client the handler uses.
@@ -103,6 +104,10 @@ type Options struct {
 	// no OnDeadLetter of its own, including kinds with no worker here (the
 	// cause then matches ErrUnknownKind). Defaults to none.
 	OnDeadLetter func(ctx context.Context, rec ledger.Record, cause error) error
+	// Metrics records every run's outcome and duration per kind in
+	// CloudWatch's Embedded Metric Format (see package metrics).
+	// lambdamain turns it on; defaults to none.
+	Metrics *metrics.Recorder
 }
 
 // Handler runs the jobs of SQS batches. Its Handle method is the Lambda
@@ -339,9 +344,10 @@ func (h *Handler) lease(ctx context.Context, now time.Time, timeout time.Duratio
 var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
 
 func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
-	runCtx, cancel := context.WithDeadlineCause(ctx, deadline, cause)
-	defer cancel()
 	start := time.Now()
+	ctx = context.WithValue(ctx, runStartKey{}, start)
+	runCtx, cancel := context.WithDeadlineCause(withJobLogger(ctx, h.log, rec), deadline, cause)
+	defer cancel()
 	err := safeRun(runCtx, e, rec)
 	log := h.log.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt, "took", time.Since(start))
 	var perm *PermanentError
@@ -415,6 +421,9 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		f.ExpiresAt = h.expiry(h.o.Retention.Expired)
 	}
 	out, err := h.record(ctx, rec, f)
+	if err == nil {
+		h.measure(ctx, out, f, cause)
+	}
 	if errors.Is(err, ledger.ErrFenced) {
 		h.log.WarnContext(ctx, "nexjob: result refused, a newer run owns the job", "job_id", rec.ID, "token", rec.Token)
 		return true
@@ -445,6 +454,25 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		return h.endChildren(ctx, out)
 	}
 	return true
+}
+
+type runStartKey struct{}
+
+// measure records the run's outcome (and, after a run, its duration).
+func (h *Handler) measure(ctx context.Context, out ledger.Record, f ledger.Finish, cause error) {
+	if h.o.Metrics == nil {
+		return
+	}
+	outcome := map[ledger.State]string{ledger.Succeeded: metrics.Succeeded, ledger.Failed: metrics.Failed,
+		ledger.Scheduled: metrics.Retried, ledger.Expired: metrics.Expired, ledger.Enqueued: metrics.CutOff}[out.State]
+	if start, ok := ctx.Value(runStartKey{}).(time.Time); ok {
+		h.o.Metrics.Run(outcome, out.Kind, out.ID, time.Since(start))
+	} else {
+		h.o.Metrics.Count(outcome, out.Kind, out.ID)
+	}
+	if errors.Is(cause, ErrOrphaned) {
+		h.o.Metrics.Count(metrics.Orphaned, out.Kind, out.ID)
+	}
 }
 
 // record writes the end of a run. A write that fails for a passing reason

@@ -34,6 +34,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/guard"
+	"github.com/nexjob/nexjob-aws/metrics"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -105,6 +106,9 @@ func NewHandler(ctx context.Context, reg *handler.Registry, role settings.Role, 
 	o := s.HandlerOptions(base)
 	if o.Logger == nil {
 		o.Logger = logger(opts, role)
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(nil) // EMF on stdout: CloudWatch metrics, no API call
 	}
 	return handler.New(s.AWS, s.Table, s.QueueURL, reg, o)
 }

@@ -1,0 +1,130 @@
+package handler_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
+)
+
+// syncBuffer is a bytes.Buffer safe for the handler's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// emf decodes EMF lines, checking each is what CloudWatch accepts: the
+// directive names the namespace and the Kind dimension, and every metric
+// it declares is a number at the top level. It returns metric name →
+// count of lines carrying it, per kind.
+func emf(t *testing.T, out string) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("not JSON: %q", line)
+		}
+		aws, _ := m["_aws"].(map[string]any)
+		dirs, _ := aws["CloudWatchMetrics"].([]any)
+		if aws["Timestamp"] == nil || len(dirs) != 1 {
+			t.Fatalf("no EMF metadata: %q", line)
+		}
+		d := dirs[0].(map[string]any)
+		if d["Namespace"] != metrics.DefaultNamespace || len(d["Dimensions"].([]any)) != 1 || d["Dimensions"].([]any)[0].([]any)[0] != "Kind" {
+			t.Fatalf("directive: %q", line)
+		}
+		kind, _ := m["Kind"].(string)
+		for _, md := range d["Metrics"].([]any) {
+			name := md.(map[string]any)["Name"].(string)
+			if _, ok := m[name].(float64); !ok {
+				t.Fatalf("metric %s declared but not a number: %q", name, line)
+			}
+			got[kind+"."+name]++
+		}
+		if strings.Contains(line, "ops@example.com") || strings.Contains(line, "ops-1") {
+			t.Fatalf("a metric line carries args or a key: %q", line)
+		}
+	}
+	return got
+}
+
+// TestMetricsAndJobLogger: one job that fails once then succeeds, a
+// duplicate and a rejection, recorded as EMF lines; the worker's logger
+// carries the job's id, kind and attempt, never its args.
+func TestMetricsAndJobLogger(t *testing.T) {
+	t.Parallel()
+	var emfOut, logs syncBuffer
+	rec := metrics.New(&metrics.Options{Out: &emfOut})
+	r := newRig(t, func(ctx context.Context, j *handler.Job[email]) error {
+		handler.Logger(ctx).InfoContext(ctx, "sending")
+		if j.Attempt == 1 {
+			return errors.New("smtp 451")
+		}
+		return nil
+	}, &handler.Options{Metrics: rec, Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	prod, err := enqueue.New(r.e.Cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Metrics: rec, Ledger: ledger.Options{Now: r.clock.Now}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	opts := &enqueue.Opts{IdempotencyKey: "ops-1", DuplicatePolicy: enqueue.RejectAlways}
+	res, err := prod.Enqueue(ctx, email{To: "ops@example.com"}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prod.Enqueue(ctx, email{To: "ops@example.com"}, opts); err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	var dup *enqueue.DuplicateJobError
+	if _, err := prod.Enqueue(ctx, email{To: "ops@example.com"}, opts); !errors.As(err, &dup) {
+		t.Fatalf("want a rejection, got %v", err)
+	}
+	got := emf(t, emfOut.String())
+	want := map[string]int{"email.Enqueued": 1, "email.Deduplicated": 1, "email.Retried": 1, "email.Succeeded": 1, "email.RunDuration": 2, "email.Rejected": 1}
+	for k, n := range want {
+		if got[k] != n {
+			t.Errorf("%s: %d lines, want %d (all: %v)", k, got[k], n, got)
+		}
+	}
+	t.Logf("EMF lines of one job:\n%s", emfOut.String())
+	var sending int
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		_ = json.Unmarshal([]byte(line), &m)
+		if m["msg"] == "sending" {
+			sending++
+			if m["job_id"] != res.ID || m["kind"] != "email" || m["attempt"] != float64(sending) {
+				t.Errorf("job logger line: %s", line)
+			}
+		}
+		if strings.Contains(line, "ops@example.com") || strings.Contains(line, "ops-1") {
+			t.Errorf("a log line carries args or a key: %s", line)
+		}
+	}
+	if sending != 2 {
+		t.Fatalf("%d lines from the job's logger, want 2", sending)
+	}
+}
