@@ -35,7 +35,7 @@ func (s *syncBuffer) String() string {
 }
 
 // emf decodes EMF lines, checking each is what CloudWatch accepts: the
-// directive names the namespace and the Kind dimension, and every metric
+// directive names the namespace, the Kind dimension and the all-kinds set, and every metric
 // it declares is a number at the top level. It returns metric name →
 // count of lines carrying it, per kind.
 func emf(t *testing.T, out string) map[string]int {
@@ -52,7 +52,7 @@ func emf(t *testing.T, out string) map[string]int {
 			t.Fatalf("no EMF metadata: %q", line)
 		}
 		d := dirs[0].(map[string]any)
-		if d["Namespace"] != metrics.DefaultNamespace || len(d["Dimensions"].([]any)) != 1 || d["Dimensions"].([]any)[0].([]any)[0] != "Kind" {
+		if d["Namespace"] != metrics.DefaultNamespace || len(d["Dimensions"].([]any)) != 2 || len(d["Dimensions"].([]any)[1].([]any)) != 0 || d["Dimensions"].([]any)[0].([]any)[0] != "Kind" {
 			t.Fatalf("directive: %q", line)
 		}
 		kind, _ := m["Kind"].(string)

@@ -45,6 +45,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -107,6 +108,10 @@ type JobQueueProps struct {
 	// OldestMessageAlarm: the job queue alarms when its oldest message is
 	// older than this. Defaults to 15 minutes.
 	OldestMessageAlarm awscdk.Duration
+	// FailureRateAlarm: percent of finished jobs (Succeeded + Failed, all
+	// kinds, 5 minutes) that Failed, above which the alarm fires twice in
+	// a row. Defaults to 10.
+	FailureRateAlarm *float64
 	// RemovalPolicy of the table. Defaults to RETAIN.
 	RemovalPolicy awscdk.RemovalPolicy
 	// Environment is added to every function's (settings of your own).
@@ -141,6 +146,8 @@ type JobQueue struct {
 	Guard              awslambda.Function // nil with NoGuard
 	DLQDepthAlarm      awscloudwatch.Alarm
 	OldestMessageAlarm awscloudwatch.Alarm
+	FailureRateAlarm   awscloudwatch.Alarm // over the functions' EMF metrics
+	Dashboard          awscloudwatch.Dashboard
 	keySecret          awsssm.IStringParameter
 	env                map[string]*string // every function's settings
 	guardAfter         string
@@ -299,7 +306,48 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		EvaluationPeriods:  jsii.Number(3),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
+	q.metricsViews(c, p)
 	return q
+}
+
+// metricsViews adds the alarm on the failure rate and the dashboard, over
+// the EMF metrics the functions write (package metrics).
+func (q *JobQueue) metricsViews(c constructs.Construct, p JobQueueProps) {
+	sum := func(name string) awscloudwatch.Metric {
+		return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+			Namespace: jsii.String(metrics.DefaultNamespace), MetricName: jsii.String(name),
+			Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5)),
+		})
+	}
+	rate := awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+		Expression: jsii.String("100 * f / (s + f)"), Label: jsii.String("failed %"),
+		UsingMetrics: &map[string]awscloudwatch.IMetric{"f": sum(metrics.Failed), "s": sum(metrics.Succeeded)},
+		Period:       awscdk.Duration_Minutes(jsii.Number(5)),
+	})
+	q.FailureRateAlarm = rate.CreateAlarm(c, jsii.String("FailureRate"), &awscloudwatch.CreateAlarmOptions{
+		AlarmDescription:   jsii.String("nexjob: more than the threshold's percent of finished jobs Failed (all kinds, 5 minutes)"),
+		Threshold:          p.FailureRateAlarm,
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(2),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	perKind := func(name, stat string) awscloudwatch.MathExpression {
+		return awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression: jsii.String(fmt.Sprintf("SEARCH('{%s,Kind} MetricName=\"%s\"', '%s', 300)", metrics.DefaultNamespace, name, stat)),
+			Label:      jsii.String(name), Period: awscdk.Duration_Minutes(jsii.Number(5)),
+		})
+	}
+	graph := func(title string, ms ...awscloudwatch.IMetric) awscloudwatch.IWidget {
+		return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{Title: jsii.String(title), Left: &ms, Width: jsii.Number(12)})
+	}
+	q.Dashboard = awscloudwatch.NewDashboard(c, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
+		Widgets: &[]*[]awscloudwatch.IWidget{
+			{graph("Succeeded by kind", perKind(metrics.Succeeded, "Sum")), graph("Failed by kind", perKind(metrics.Failed, "Sum"))},
+			{graph("Retried by kind", perKind(metrics.Retried, "Sum")), graph("Run duration p95 (ms) by kind", perKind(metrics.RunDuration, "p95"))},
+			{graph("Failure rate (%)", rate), graph("Queue age (s), DLQ depth",
+				q.Queue.MetricApproximateAgeOfOldestMessage(nil), q.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(nil))},
+		},
+	})
 }
 
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:
@@ -399,6 +447,9 @@ func withDefaults(props *JobQueueProps) JobQueueProps {
 	}
 	if p.OldestMessageAlarm == nil {
 		p.OldestMessageAlarm = awscdk.Duration_Minutes(jsii.Number(15))
+	}
+	if p.FailureRateAlarm == nil {
+		p.FailureRateAlarm = jsii.Number(10)
 	}
 	if p.RemovalPolicy == "" {
 		p.RemovalPolicy = awscdk.RemovalPolicy_RETAIN

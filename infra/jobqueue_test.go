@@ -49,7 +49,8 @@ func TestJobQueueTemplate(t *testing.T) {
 	tpl, raw := synth(t)
 	for typ, n := range map[string]float64{
 		"AWS::DynamoDB::Table": 1, "AWS::SQS::Queue": 2, "AWS::Lambda::Function": 3,
-		"AWS::Lambda::EventSourceMapping": 3, "AWS::CloudWatch::Alarm": 2, "AWS::Logs::LogGroup": 3,
+		"AWS::Lambda::EventSourceMapping": 3, "AWS::CloudWatch::Alarm": 3, "AWS::Logs::LogGroup": 3,
+		"AWS::CloudWatch::Dashboard": 1,
 	} {
 		tpl.ResourceCountIs(jsii.String(typ), jsii.Number(n))
 	}
@@ -124,6 +125,16 @@ func TestJobQueueTemplate(t *testing.T) {
 	})
 	tpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
 		"MetricName": "ApproximateAgeOfOldestMessage", "Threshold": 900,
+	})
+
+	// The failure-rate alarm reads the functions' EMF metrics.
+	tpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		"Threshold": 10,
+		"Metrics": assertions.Match_ArrayWith(&[]any{
+			assertions.Match_ObjectLike(&map[string]any{"Expression": "100 * f / (s + f)"}),
+			assertions.Match_ObjectLike(&map[string]any{"MetricStat": assertions.Match_ObjectLike(&map[string]any{
+				"Metric": map[string]any{"Namespace": "NexJob", "MetricName": "Failed"}})}),
+		}),
 	})
 
 	checkIAM(t, raw)

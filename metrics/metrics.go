@@ -5,8 +5,8 @@
 //
 // # Namespace and dimensions
 //
-// Namespace "NexJob" (Options.Namespace), one dimension set: Kind. The
-// metrics, all per kind:
+// Namespace "NexJob" (Options.Namespace), two dimension sets: Kind, and
+// none (the same values summed over every kind, for alarms). The metrics:
 //
 //	Enqueued, Deduplicated, Rejected     (Count, from producers)
 //	Succeeded, Failed, Retried, Expired,
@@ -119,7 +119,7 @@ func (r *Recorder) write(kind, jobID string, values map[string]float64, units ma
 	if jobID != "" {
 		line["JobId"] = jobID
 	}
-	d := directive{Namespace: r.ns, Dimensions: [][]string{{"Kind"}}}
+	d := directive{Namespace: r.ns, Dimensions: [][]string{{"Kind"}, {}}}
 	for _, name := range []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, RunDuration} {
 		if v, ok := values[name]; ok {
 			line[name] = v
