@@ -106,23 +106,11 @@ func newRigWith(t *testing.T, work func(ctx context.Context, j *handler.Job[emai
 	return r
 }
 
-// drain polls until the queue is empty (nothing visible, delayed or in
-// flight), for a minute at most.
+// drain runs the handler over the queue until it is empty, for a minute
+// at most (nexjobtest's Drain).
 func (r *rig) drain(t *testing.T) {
 	t.Helper()
-	for end := time.Now().Add(time.Minute); time.Now().Before(end); {
-		n, err := r.poll.Poll(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 && r.e.QueueDepth(t, r.e.QueueURL) == 0 {
-			return
-		}
-		if n == 0 {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	t.Fatal("queue did not drain")
+	r.e.Drain(t, r.h)
 }
 
 // deliver hands received messages to the handler as one batch, as often
