@@ -17,6 +17,8 @@ import (
 
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // JobArgs is a job's input. The type names its kind: one kind, one worker.
@@ -87,6 +89,10 @@ type ClientOptions struct {
 	// CloudWatch's Embedded Metric Format (see package metrics): on in a
 	// producer Lambda, where stdout reaches CloudWatch. Defaults to none.
 	Metrics *metrics.Recorder
+	// TracerProvider turns tracing on: a span per Enqueue (and
+	// ContinueWith, Requeue), its context carried to the worker in the
+	// message's TraceAttribute. Defaults to none (off).
+	TracerProvider trace.TracerProvider
 }
 
 // Client enqueues jobs: one conditional DynamoDB write, then one SQS send.
@@ -100,6 +106,7 @@ type Client struct {
 	maxDelay  time.Duration
 	redisp    time.Duration
 	metrics   *metrics.Recorder
+	tracer    trace.Tracer
 }
 
 // New returns a Client for the ledger table and the job queue. It does no
@@ -134,7 +141,7 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics}, nil
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider)}, nil
 }
 
 // Store returns the ledger the client writes to.
@@ -188,7 +195,11 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	if err != nil {
 		return Result{}, err
 	}
-	return c.submit(ctx, rec, &o)
+	ctx, span := c.tracer.Start(ctx, "nexjob.enqueue "+rec.Kind, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("nexjob.kind", rec.Kind)))
+	res, err := c.submit(ctx, rec, &o)
+	endSpan(span, res, err)
+	return res, err
 }
 
 // submit inserts a validated record and sends it, or handles the duplicate.
@@ -395,9 +406,10 @@ func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) err
 	delay = max(0, min(delay, c.maxDelay))
 	secs := int32((delay + time.Second - 1) / time.Second)
 	_, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
-		QueueUrl:     aws.String(c.queueURL),
-		MessageBody:  aws.String(msg.Encode()),
-		DelaySeconds: secs,
+		QueueUrl:          aws.String(c.queueURL),
+		MessageBody:       aws.String(msg.Encode()),
+		DelaySeconds:      secs,
+		MessageAttributes: traceAttributes(ctx),
 	})
 	if err != nil {
 		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)

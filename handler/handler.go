@@ -16,6 +16,10 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // SQS is the part of *sqs.Client the handler uses.
@@ -108,6 +112,10 @@ type Options struct {
 	// CloudWatch's Embedded Metric Format (see package metrics).
 	// lambdamain turns it on; defaults to none.
 	Metrics *metrics.Recorder
+	// TracerProvider turns tracing on: a span per run, the child of the
+	// producer's span carried in the message (enqueue.TraceAttribute).
+	// Defaults to none (off).
+	TracerProvider trace.TracerProvider
 }
 
 // Handler runs the jobs of SQS batches. Its Handle method is the Lambda
@@ -120,6 +128,7 @@ type Handler struct {
 	queueURL string
 	o        Options
 	log      *slog.Logger
+	tracer   trace.Tracer
 }
 
 // New returns a Handler for the ledger table and the job queue.
@@ -164,7 +173,11 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 	if err != nil {
 		return nil, err
 	}
-	return &Handler{reg: reg, store: p.Store(), producer: p, sqs: o.SQS, queueURL: queueURL, o: o, log: o.Logger}, nil
+	tp := o.TracerProvider
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	return &Handler{reg: reg, store: p.Store(), producer: p, sqs: o.SQS, queueURL: queueURL, o: o, log: o.Logger, tracer: tp.Tracer(enqueue.TracerName)}, nil
 }
 
 // Producer returns the enqueue client the handler dispatches with.
@@ -247,6 +260,9 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	if err != nil {
 		return h.notAJob(ctx, m, err)
 	}
+	// The producer's trace context: a run is its child, a message sent on
+	// (carried forward, a retry) carries it on.
+	ctx = enqueue.TraceContext(ctx, m.MessageAttributes)
 	now := h.store.Now()
 	if ledger.Millis(msg.RunAt).After(now.Add(enqueue.MaxScheduleAhead + time.Hour)) {
 		return h.notAJob(ctx, m, fmt.Errorf("%w: runAt beyond the longest schedule", enqueue.ErrMalformedMessage))
@@ -344,11 +360,18 @@ func (h *Handler) lease(ctx context.Context, now time.Time, timeout time.Duratio
 var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
 
 func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
+	ctx, span := h.tracer.Start(ctx, "nexjob.run "+rec.Kind, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("nexjob.job_id", rec.ID), attribute.String("nexjob.kind", rec.Kind), attribute.Int("nexjob.attempt", rec.Attempt)))
+	defer span.End()
 	start := time.Now()
 	ctx = context.WithValue(ctx, runStartKey{}, start)
 	runCtx, cancel := context.WithDeadlineCause(withJobLogger(ctx, h.log, rec), deadline, cause)
 	defer cancel()
 	err := safeRun(runCtx, e, rec)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "run failed")
+	}
 	log := h.log.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt, "took", time.Since(start))
 	var perm *PermanentError
 	switch {

@@ -14,6 +14,10 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // syncBuffer is a bytes.Buffer safe for the handler's goroutines.
@@ -126,5 +130,53 @@ func TestMetricsAndJobLogger(t *testing.T) {
 	}
 	if sending != 2 {
 		t.Fatalf("%d lines from the job's logger, want 2", sending)
+	}
+}
+
+// TestTraceFromProducerToWorker: with tracing on, a run's span is the
+// child of the enqueue's span (the W3C traceparent rode in the SQS
+// message), and a retry's run the child of the failed run.
+func TestTraceFromProducerToWorker(t *testing.T) {
+	t.Parallel()
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		if j.Attempt == 1 {
+			return errors.New("try again")
+		}
+		return nil
+	}, &handler.Options{TracerProvider: tp})
+	prod, err := enqueue.New(r.e.Cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{TracerProvider: tp, Ledger: ledger.Options{Now: r.clock.Now}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prod.Enqueue(context.Background(), email{To: "traced@example.com"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	var enq sdktrace.ReadOnlySpan
+	var runs []sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		switch s.Name() {
+		case "nexjob.enqueue email":
+			enq = s
+		case "nexjob.run email":
+			runs = append(runs, s)
+		}
+	}
+	if enq == nil || len(runs) != 2 {
+		t.Fatalf("spans: enqueue %v, %d runs", enq != nil, len(runs))
+	}
+	if enq.SpanKind() != trace.SpanKindProducer || runs[0].SpanKind() != trace.SpanKindConsumer {
+		t.Fatalf("kinds %s %s", enq.SpanKind(), runs[0].SpanKind())
+	}
+	if runs[0].Parent().SpanID() != enq.SpanContext().SpanID() || runs[0].SpanContext().TraceID() != enq.SpanContext().TraceID() {
+		t.Fatalf("the first run is not the enqueue's child: parent %s, enqueue %s", runs[0].Parent().SpanID(), enq.SpanContext().SpanID())
+	}
+	if runs[1].Parent().SpanID() != runs[0].SpanContext().SpanID() {
+		t.Fatalf("the retry's run is not the failed run's child")
+	}
+	if runs[0].Status().Code != codes.Error {
+		t.Fatalf("failed run's status %v", runs[0].Status())
 	}
 }
