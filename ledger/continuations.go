@@ -72,10 +72,15 @@ func (s *Store) move(ctx context.Context, id string, from []State, to State, rea
 			in = in.Or(st.Equal(expression.Value(f)))
 		}
 	}
+	return s.transition(ctx, id, isJob(id).And(in), expression.Set(st, expression.Value(to)), to, reason, expiresAt)
+}
+
+// transition applies upd, plus what every move to state to writes (the
+// time, the index, no lease, the reason and the TTL if given), to the job
+// if cond holds. moved=false (with the current record) means it did not.
+func (s *Store) transition(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder, to State, reason string, expiresAt time.Time) (Record, bool, error) {
 	nowMs := s.now().UnixMilli()
-	upd := expression.Set(st, expression.Value(to)).
-		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
-		Remove(expression.Name(AttrLeaseUntil))
+	upd = upd.Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).Remove(expression.Name(AttrLeaseUntil))
 	upd = s.withIndex(upd, to, nowMs)
 	if reason != "" {
 		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError)))
@@ -83,7 +88,7 @@ func (s *Store) move(ctx context.Context, id string, from []State, to State, rea
 	if !expiresAt.IsZero() {
 		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(TTL(expiresAt)))
 	}
-	rec, err := s.updateByID(ctx, id, isJob(id).And(in), upd)
+	rec, err := s.updateByID(ctx, id, cond, upd)
 	var nc *NotClaimableError
 	if errors.As(err, &nc) {
 		return nc.Current, false, nil
@@ -159,30 +164,13 @@ func (s *Store) Return(ctx context.Context, seen Record, reason string) (Record,
 	return s.moveSeen(ctx, seen, upd, seen.State, reason, time.Time{})
 }
 
-// moveSeen applies upd (which sets the new state to) to the job if it is
+// moveSeen applies upd (which moves the job to state to) if the job is
 // still in seen's state with seen's fencing token.
 func (s *Store) moveSeen(ctx context.Context, seen Record, upd expression.UpdateBuilder, to State, reason string, expiresAt time.Time) (Record, bool, error) {
-	nowMs := s.now().UnixMilli()
-	upd = upd.Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
-	if to.Terminal() {
-		upd = upd.Remove(expression.Name(AttrLeaseUntil))
-		upd = s.withIndex(upd, to, nowMs)
-	}
-	if reason != "" {
-		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError)))
-	}
-	if !expiresAt.IsZero() {
-		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(TTL(expiresAt)))
-	}
 	cond := isJob(seen.ID).
 		And(expression.Name(AttrState).Equal(expression.Value(seen.State))).
 		And(expression.Name(AttrToken).Equal(expression.Value(seen.Token)))
-	rec, err := s.updateByID(ctx, seen.ID, cond, upd)
-	var nc *NotClaimableError
-	if errors.As(err, &nc) {
-		return nc.Current, false, nil
-	}
-	return rec, err == nil, err
+	return s.transition(ctx, seen.ID, cond, upd, to, reason, expiresAt)
 }
 
 // MarkUndispatched records that the job's SQS send failed after it was
