@@ -200,6 +200,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 		sem     = make(chan struct{}, h.o.Concurrency)
 		stop    = h.o.StopBefore
 		giveUp  <-chan time.Time
+		stopped = make(chan struct{})
 	)
 	if dl, ok := ctx.Deadline(); ok {
 		stop = min(stop, time.Until(dl)/3)
@@ -225,8 +226,13 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 		for i, m := range ev.Records {
 			select {
 			case sem <- struct{}{}:
-			case <-giveUp:
+			case <-stopped:
+				return // not started: reported as failures
+			}
+			select {
+			case <-stopped: // both were ready: stopping wins
 				return
+			default:
 			}
 			wg.Go(func() {
 				defer func() { <-sem }()
@@ -243,6 +249,7 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 	select {
 	case <-done:
 	case <-giveUp:
+		close(stopped) // no message starts after the response
 		h.log.ErrorContext(ctx, "nexjob: invocation ending with runs still going; their messages come back")
 	}
 	return response(), nil
