@@ -59,7 +59,10 @@ func TestUnderRuntimeInterfaceEmulator(t *testing.T) {
 	ev.Records = append(ev.Records, events.SQSMessage{MessageId: "not-a-job", ReceiptHandle: "rh", Body: "{oops", EventSource: "aws:sqs"})
 
 	addr := freeAddr(t)
-	cmd := exec.Command(rie, "--runtime-interface-emulator-address", addr, bootstrap)
+	// Both of the emulator's ports on free addresses: its Runtime API
+	// defaults to 127.0.0.1:9001, which a second test run on the machine
+	// (another make test) would hold.
+	cmd := exec.Command(rie, "--runtime-interface-emulator-address", addr, "--runtime-api-address", freeAddr(t), bootstrap)
 	cmd.Env = append(os.Environ(), "NEXJOB_TABLE="+e.Table, "NEXJOB_QUEUE_URL="+e.QueueURL, "AWS_LAMBDA_FUNCTION_TIMEOUT=30")
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
