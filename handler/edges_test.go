@@ -206,3 +206,37 @@ func TestClaimThrottledToTheDLQ(t *testing.T) {
 	r.drain(t)
 	r.ranAs(t, id, ledger.Succeeded, 1, "", 1)
 }
+
+// TestDeadLetterWritesUnderFaults: the DLQ consumer's conditional write
+// (sending back a job that never started) applied with its reply lost
+// still reads as its own and sends the job; throttled past the SDK's
+// retries, the dead letter is reported as a failure and stays in the DLQ.
+func TestDeadLetterWritesUnderFaults(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, ok, rigConfig{faults: true})
+	id := r.enqueue(t, email{To: "dlq-faults@example.com"}, nil)
+	m := poller.Event(r.e.DLQURL, r.receive(t, 1)).Records[0]
+	m.Attributes["ApproximateReceiveCount"] = "5"
+	ev := events.SQSEvent{Records: []events.SQSMessage{m}}
+
+	h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts})
+	if resp, err := r.h.HandleDeadLetters(context.Background(), ev); err != nil || len(resp.BatchItemFailures) != 1 {
+		t.Fatalf("throttled: %+v %v; want the dead letter kept back", resp, err)
+	}
+	fired(t, h, faults.Attempts)
+	if rec := r.get(t, id); rec.Returns != 0 || rec.State != ledger.Enqueued {
+		t.Fatalf("throttled write left %+v", rec)
+	}
+
+	h = r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply})
+	if resp, err := r.h.HandleDeadLetters(context.Background(), ev); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("lost reply: %+v %v", resp, err)
+	}
+	fired(t, h, 1)
+	if rec := r.get(t, id); rec.Returns != 1 || rec.State != ledger.Enqueued || !strings.Contains(rec.LastError, "never started") {
+		t.Fatalf("after a lost reply: returns %d, %s %q; want one return", rec.Returns, rec.State, rec.LastError)
+	}
+	if n := r.e.QueueDepth(t, r.e.QueueURL); n != 2 { // the original (in flight here) and the one sent back
+		t.Fatalf("job queue holds %d messages, want 2", n)
+	}
+}

@@ -160,17 +160,29 @@ func (s *Store) Return(ctx context.Context, seen Record, reason string) (Record,
 	if seen.State != Enqueued && seen.State != Scheduled {
 		return seen, false, nil
 	}
-	upd := expression.Set(expression.Name(AttrReturns), counterPlusOne(AttrReturns))
-	return s.moveSeen(ctx, seen, upd, seen.State, reason, time.Time{})
+	// The state and token stay as they were, so the condition also names
+	// the count: a resend of an applied Return then fails it and finds its
+	// own nonce, instead of counting twice.
+	upd := expression.Set(expression.Name(AttrReturns), expression.Value(seen.Returns+1))
+	same := expression.Name(AttrReturns).Equal(expression.Value(seen.Returns))
+	if seen.Returns == 0 {
+		same = expression.AttributeNotExists(expression.Name(AttrReturns))
+	}
+	return s.transition(ctx, seen.ID, seenCond(seen).And(same), upd, seen.State, reason, time.Time{})
+}
+
+// seenCond holds while the job is still in seen's state with seen's
+// fencing token.
+func seenCond(seen Record) expression.ConditionBuilder {
+	return isJob(seen.ID).
+		And(expression.Name(AttrState).Equal(expression.Value(seen.State))).
+		And(expression.Name(AttrToken).Equal(expression.Value(seen.Token)))
 }
 
 // moveSeen applies upd (which moves the job to state to) if the job is
 // still in seen's state with seen's fencing token.
 func (s *Store) moveSeen(ctx context.Context, seen Record, upd expression.UpdateBuilder, to State, reason string, expiresAt time.Time) (Record, bool, error) {
-	cond := isJob(seen.ID).
-		And(expression.Name(AttrState).Equal(expression.Value(seen.State))).
-		And(expression.Name(AttrToken).Equal(expression.Value(seen.Token)))
-	return s.transition(ctx, seen.ID, cond, upd, to, reason, expiresAt)
+	return s.transition(ctx, seen.ID, seenCond(seen), upd, to, reason, expiresAt)
 }
 
 // MarkUndispatched records that the job's SQS send failed after it was
