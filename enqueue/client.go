@@ -87,7 +87,8 @@ type ClientOptions struct {
 	MaxDelay time.Duration
 	// Metrics records Enqueued, Deduplicated and Rejected per kind in
 	// CloudWatch's Embedded Metric Format (see package metrics): on in a
-	// producer Lambda, where stdout reaches CloudWatch. Defaults to none.
+	// producer Lambda, where stdout reaches CloudWatch; elsewhere give it a
+	// metrics.Options.MeterProvider or Logger. Defaults to none.
 	Metrics *metrics.Recorder
 	// TracerProvider turns tracing on: a span per Enqueue (and
 	// ContinueWith, Requeue), its context carried to the worker in the

@@ -16,6 +16,16 @@
 // Each line also carries the job id as a property (not a dimension, so it
 // costs nothing) for CloudWatch Logs Insights; never args or keys.
 //
+// # Producers outside Lambda
+//
+// A process whose stdout does not reach CloudWatch Logs records the same
+// metrics through OpenTelemetry (Options.MeterProvider: counters named
+// "nexjob.<metric>", e.g. nexjob.enqueued, with a "kind" attribute, and a
+// histogram nexjob.run.duration in ms) or through its own slog logger
+// (Options.Logger: one record per event, message "nexjob metric", with
+// metric, kind, value and unit attributes). Setting either turns the EMF
+// lines off unless Out is set too.
+//
 // # How it fails
 //
 // A write error is dropped: metrics never fail a job. A nil *Recorder
@@ -23,11 +33,17 @@
 package metrics
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // The metric names.
@@ -55,15 +71,26 @@ type Options struct {
 	Namespace string
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
+	// MeterProvider records through OpenTelemetry instead (see "Producers
+	// outside Lambda"). Defaults to none.
+	MeterProvider metric.MeterProvider
+	// Logger records one slog record per event instead. Defaults to none.
+	Logger *slog.Logger
 }
 
 // Recorder writes EMF lines. It is safe for concurrent use.
 type Recorder struct {
-	mu  sync.Mutex
-	out io.Writer
-	ns  string
-	now func() time.Time
+	mu       sync.Mutex
+	out      io.Writer
+	ns       string
+	now      func() time.Time
+	log      *slog.Logger
+	counters map[string]metric.Float64Counter
+	duration metric.Float64Histogram
 }
+
+// names lists the metrics in the order an EMF line declares them.
+var names = []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, RunDuration}
 
 // New returns a Recorder.
 func New(opts *Options) *Recorder {
@@ -71,7 +98,7 @@ func New(opts *Options) *Recorder {
 	if opts != nil {
 		o = *opts
 	}
-	if o.Out == nil {
+	if o.Out == nil && o.MeterProvider == nil && o.Logger == nil {
 		o.Out = os.Stdout
 	}
 	if o.Namespace == "" {
@@ -80,7 +107,18 @@ func New(opts *Options) *Recorder {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Recorder{out: o.Out, ns: o.Namespace, now: o.Now}
+	r := &Recorder{out: o.Out, ns: o.Namespace, now: o.Now, log: o.Logger}
+	if o.MeterProvider != nil {
+		m := o.MeterProvider.Meter("github.com/nexjob/nexjob-aws/metrics")
+		r.counters = map[string]metric.Float64Counter{}
+		for _, name := range names[:len(names)-1] {
+			// The noop and SDK meters never fail for these fixed names.
+			c, _ := m.Float64Counter("nexjob."+strings.ToLower(name), metric.WithUnit("{job}"))
+			r.counters[name] = c
+		}
+		r.duration, _ = m.Float64Histogram("nexjob.run.duration", metric.WithUnit("ms"))
+	}
+	return r
 }
 
 // Count records one event of the metric for the kind.
@@ -115,12 +153,32 @@ func (r *Recorder) write(kind, jobID string, values map[string]float64, units ma
 	if r == nil {
 		return
 	}
+	if r.counters != nil {
+		attrs := metric.WithAttributes(attribute.String("kind", kind))
+		for name, v := range values {
+			if name == RunDuration {
+				r.duration.Record(context.Background(), v, attrs)
+			} else {
+				r.counters[name].Add(context.Background(), v, attrs)
+			}
+		}
+	}
+	if r.log != nil {
+		for _, name := range names {
+			if v, ok := values[name]; ok {
+				r.log.Info("nexjob metric", "metric", name, "kind", kind, "job", jobID, "value", v, "unit", units[name])
+			}
+		}
+	}
+	if r.out == nil {
+		return
+	}
 	line := map[string]any{"Kind": kind}
 	if jobID != "" {
 		line["JobId"] = jobID
 	}
 	d := directive{Namespace: r.ns, Dimensions: [][]string{{"Kind"}, {}}}
-	for _, name := range []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, RunDuration} {
+	for _, name := range names {
 		if v, ok := values[name]; ok {
 			line[name] = v
 			d.Metrics = append(d.Metrics, metricDef{Name: name, Unit: units[name]})
