@@ -200,6 +200,45 @@ func (e *NotTerminalError) Error() string {
 	return fmt.Sprintf("nexjob: job %s is %s; only terminal jobs can be requeued", e.JobID, e.State)
 }
 
+// Cancel withdraws a job that has not started (Enqueued or Scheduled): its
+// record becomes Failed, marked Cancelled, with the reason (default
+// "cancelled by an operator") and kept for retention (0 keeps it until
+// deleted); its continuations end Failed too. Its message, when it comes,
+// is acknowledged without a run. Any other state gives a
+// *NotCancellableError and nothing is written; an unknown job,
+// ledger.ErrNotFound. Requeue runs a cancelled job after all.
+//
+// The record is kept, not deleted, so the operator's decision is visible
+// and the key stays held as by any Failed job (RejectIfFailed refuses it).
+func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention time.Duration) (ledger.Record, error) {
+	if reason == "" {
+		reason = "cancelled by an operator"
+	}
+	var exp time.Time
+	if retention > 0 {
+		exp = c.store.Now().Add(retention)
+	}
+	rec, ok, err := c.store.Withdraw(ctx, jobID, reason, exp)
+	if err != nil {
+		return ledger.Record{}, c.missing(err)
+	}
+	if !ok {
+		return rec, &NotCancellableError{JobID: jobID, State: rec.State}
+	}
+	c.log.InfoContext(ctx, "nexjob: cancelled", "job_id", rec.ID, "kind", rec.Kind)
+	return rec, c.CancelContinuations(ctx, rec, "", retention)
+}
+
+// NotCancellableError: Cancel of a job that already started or ended.
+type NotCancellableError struct {
+	JobID string
+	State ledger.State
+}
+
+func (e *NotCancellableError) Error() string {
+	return fmt.Sprintf("nexjob: job %s is %s; only Enqueued or Scheduled jobs can be cancelled", e.JobID, e.State)
+}
+
 // Delete removes a job's record; a keyed job's key is free at once.
 // Deleting a job that does not exist is not an error. An active job's
 // message, if any, is then acknowledged by the worker without running.

@@ -120,7 +120,7 @@ func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 	upd := expression.Set(st, expression.Value(Enqueued)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
-	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched} {
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched, AttrCancelled} {
 		upd = upd.Remove(expression.Name(a))
 	}
 	upd = s.withIndex(upd, Enqueued, nowMs)
@@ -133,6 +133,23 @@ func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 		return Record{}, ErrKeyReused
 	}
 	return rec, err
+}
+
+// Withdraw cancels a job that has not started: one update from Enqueued or
+// Scheduled to Failed, keeping the reason, marking the record Cancelled
+// and setting the TTL if given. withdrawn=false (with the current record)
+// means the job was in neither state (a run claimed it, or it ended):
+// nothing was written. Its SQS message, when delivered, is acknowledged
+// without a run (the claim fails). Requeue undoes it.
+//
+// A cancelled job is Failed for every rule that reads the state, the
+// DuplicatePolicy matrix included: RejectIfFailed and RejectAll refuse its
+// key until the record is deleted or its retention ends.
+func (s *Store) Withdraw(ctx context.Context, id, reason string, expiresAt time.Time) (Record, bool, error) {
+	st := expression.Name(AttrState)
+	cond := isJob(id).And(st.Equal(expression.Value(Enqueued)).Or(st.Equal(expression.Value(Scheduled))))
+	upd := expression.Set(st, expression.Value(Failed)).Set(expression.Name(AttrCancelled), expression.Value(true))
+	return s.transition(ctx, id, cond, upd, Failed, reason, expiresAt)
 }
 
 // ErrDeadLetterRecord: the record keeps a message that was not a job

@@ -8,10 +8,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
@@ -46,52 +43,16 @@ func (s *Store) withIndex(upd expression.UpdateBuilder, st State, nowMs int64) e
 }
 
 // List returns up to limit jobs in state st, most recently changed first,
-// and a cursor for the next page ("" at the end). It queries the sparse
-// byState index (no scan); records past their retention are left out, so a
-// page may hold fewer than limit records while the cursor is not "".
+// and a cursor for the next page ("" at the end): Find of an indexed state
+// with no other filter. A state the byState index does not hold gives
+// ErrNotIndexed (Find would scan it).
 func (s *Store) List(ctx context.Context, st State, limit int, cursor string) ([]Record, string, error) {
 	if !s.Indexed(st) {
 		return nil, "", fmt.Errorf("%w: %s", ErrNotIndexed, st)
 	}
-	if limit <= 0 {
-		limit = 100
-	}
-	start, err := decodeCursor(cursor)
-	if err != nil {
-		return nil, "", err
-	}
-	now := s.now().Unix()
-	expr, err := expression.NewBuilder().
-		WithKeyCondition(expression.Key(AttrListState).Equal(expression.Value(st))).
-		WithFilter(expression.AttributeNotExists(expression.Name(AttrExpiresAt)).Or(expression.Name(AttrExpiresAt).GreaterThan(expression.Value(now)))).
-		Build()
-	if err != nil {
-		return nil, "", fmt.Errorf("nexjob: build query: %w", err)
-	}
-	out, err := s.db.Query(ctx, &dynamodb.QueryInput{
-		TableName:                 aws.String(s.table),
-		IndexName:                 aws.String(IndexByState),
-		KeyConditionExpression:    expr.KeyCondition(),
-		FilterExpression:          expr.Filter(),
-		ExpressionAttributeNames:  expr.Names(),
-		ExpressionAttributeValues: expr.Values(),
-		ScanIndexForward:          aws.Bool(false),
-		Limit:                     aws.Int32(int32(limit)),
-		ExclusiveStartKey:         start,
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("nexjob: list %s jobs in %s: %w", st, s.table, err)
-	}
-	var recs []Record
-	if err := attributevalue.UnmarshalListOfMaps(out.Items, &recs); err != nil {
-		return nil, "", fmt.Errorf("nexjob: decode job records: %w", err)
-	}
-	next, err := encodeCursor(out.LastEvaluatedKey)
-	return recs, next, err
+	return s.Find(ctx, Filter{State: st, Limit: limit, Cursor: cursor})
 }
 
-// A cursor is the query's LastEvaluatedKey (pk, listState, listAt) as
-// base64 JSON of strings and numbers.
 func encodeCursor(key map[string]types.AttributeValue) (string, error) {
 	if len(key) == 0 {
 		return "", nil
@@ -120,7 +81,7 @@ func decodeCursor(c string) (map[string]types.AttributeValue, error) {
 		return nil, ErrBadCursor
 	}
 	var plain map[string]string
-	if json.Unmarshal(b, &plain) != nil || len(plain) != 3 {
+	if json.Unmarshal(b, &plain) != nil || (len(plain) != 3 && len(plain) != 1) {
 		return nil, ErrBadCursor
 	}
 	key := map[string]types.AttributeValue{}

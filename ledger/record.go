@@ -51,6 +51,9 @@ type Record struct {
 	// Returns counts how often the DLQ consumer sent the job back because
 	// its message reached the DLQ before any run of it started.
 	Returns int `dynamodbav:"dlqReturns,omitempty"`
+	// Cancelled marks a Failed job that an operator withdrew before it
+	// started (Withdraw).
+	Cancelled bool `dynamodbav:"cancelled,omitempty"`
 }
 
 // ExpiredAt reports whether the record is past its retention at now: such a

@@ -70,7 +70,8 @@ const (
 	Worker     Role = "worker"     // runs jobs (handler.Handle)
 	DeadLetter Role = "deadletter" // the DLQ consumer (handler.HandleDeadLetters)
 	Guard      Role = "guard"      // the dispatch guard (guard.HandleStream)
-	Producer   Role = "producer"   // enqueues (a team's API, the CLI)
+	Producer   Role = "producer"   // enqueues (a team's API)
+	Operator   Role = "operator"   // the CLI and the dashboard (package admin)
 )
 
 // Vars lists the variables a role reads, required ones first. The CDK
@@ -79,7 +80,7 @@ func Vars(r Role) []string {
 	switch r {
 	case Guard:
 		return []string{EnvQueueURL, EnvGuardAfter}
-	case Worker:
+	case Worker, Operator:
 		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates}
 	}
 	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates}
@@ -147,7 +148,7 @@ func Load(ctx context.Context, role Role) (Settings, error) {
 // FromEnv is Load with the SDK configuration and the environment given.
 func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string) string) (Settings, error) {
 	switch role {
-	case Worker, DeadLetter, Guard, Producer:
+	case Worker, DeadLetter, Guard, Producer, Operator:
 	default:
 		return Settings{}, &InvalidError{Var: EnvRole, Reason: fmt.Sprintf("%q is not worker, deadletter or guard", string(role))}
 	}

@@ -26,26 +26,48 @@ import (
 // demo provisions its own resources, prints the DuplicatePolicy matrix as
 // real enqueues decide it, then runs the seed's jobs through the worker and
 // prints how each ended.
-func demo(ctx context.Context, cfg aws.Config, w io.Writer) error {
+func demo(ctx context.Context, cfg aws.Config, w io.Writer) (demoRun, error) {
 	name := fmt.Sprintf("nexjob-demo-%d", time.Now().Unix())
 	db, q := dynamodb.NewFromConfig(cfg), sqs.NewFromConfig(cfg)
 	if err := provision.Table(ctx, db, name); err != nil {
-		return err
+		return demoRun{}, err
 	}
 	queueURL, dlqURL, err := provision.Queues(ctx, q, provision.QueueSpec{Name: name, VisibilityTimeout: 30 * time.Second})
 	if err != nil {
-		return err
+		return demoRun{}, err
 	}
 	matrixURL, _, err := provision.Queues(ctx, q, provision.QueueSpec{Name: name + "-matrix"})
 	if err != nil {
-		return err
+		return demoRun{}, err
 	}
+	run := demoRun{table: name, queueURL: queueURL, dlqURL: dlqURL}
 	fmt.Fprintf(w, "nexjob-aws demo: table %s, queue %s\n\n", name, queueURL)
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if err := matrix(ctx, cfg, name, matrixURL, quiet, w); err != nil {
-		return err
+		return run, err
 	}
-	return runSeedJobs(ctx, cfg, name, queueURL, dlqURL, quiet, w)
+	return run, runSeedJobs(ctx, cfg, name, queueURL, dlqURL, quiet, w)
+}
+
+// demoRun names the demo's table and queues.
+type demoRun struct{ table, queueURL, dlqURL string }
+
+// seedWorker is the worker of the seed's jobs (retries one second apart).
+func seedWorker(cfg aws.Config, run demoRun, log *slog.Logger) (*handler.Handler, error) {
+	reg := handler.NewRegistry()
+	seedjobs.Register(reg, &seedjobs.Charges{}, log, func(int) time.Duration { return time.Second })
+	return handler.New(cfg, run.table, run.queueURL, reg, &handler.Options{DLQURL: run.dlqURL, Logger: log})
+}
+
+// startWorker polls the queue into h until the returned stop is called.
+func startWorker(ctx context.Context, cfg aws.Config, h *handler.Handler, queueURL string, log *slog.Logger) (stop func()) {
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = poller.New(sqs.NewFromConfig(cfg), queueURL, h.Handle, &poller.Options{FunctionTimeout: 25 * time.Second, Logger: log}).Run(wctx)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // matrix stages an existing job in every state with the ledger's own
@@ -153,22 +175,15 @@ type demoJob struct {
 // runSeedJobs runs the worker (the local poller standing in for Lambda's
 // event source mapping) and the seed's three cases.
 func runSeedJobs(ctx context.Context, cfg aws.Config, table, queueURL, dlqURL string, log *slog.Logger, w io.Writer) error {
-	reg := handler.NewRegistry()
-	seedjobs.Register(reg, &seedjobs.Charges{}, log, func(int) time.Duration { return time.Second })
-	h, err := handler.New(cfg, table, queueURL, reg, &handler.Options{DLQURL: dlqURL, Logger: log})
+	h, err := seedWorker(cfg, demoRun{table, queueURL, dlqURL}, log)
 	if err != nil {
 		return err
 	}
 	if err := h.Producer().Ping(ctx); err != nil {
 		return err
 	}
-	wctx, stop := context.WithCancel(ctx)
+	stop := startWorker(ctx, cfg, h, queueURL, log)
 	defer stop()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = poller.New(sqs.NewFromConfig(cfg), queueURL, h.Handle, &poller.Options{FunctionTimeout: 25 * time.Second, Logger: log}).Run(wctx)
-	}()
 
 	c := h.Producer()
 	jobs := []*demoJob{
@@ -220,8 +235,6 @@ func runSeedJobs(ctx context.Context, cfg aws.Config, table, queueURL, dlqURL st
 		return err
 	}
 	fmt.Fprintf(w, "\nwelcome-42 enqueued again after it succeeded: %v\n", dup)
-	stop()
-	<-done
 	return nil
 }
 
@@ -242,4 +255,36 @@ func waitTerminal(ctx context.Context, s *ledger.Store, jobs []*demoJob, limit t
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("jobs not finished after %s", limit)
+}
+
+// demo runs the demo; with --dashboard it then keeps a worker running and
+// serves the dashboard on the demo's table until Ctrl-C.
+func (c *cli) demo(ctx context.Context, cfg aws.Config, f *flags) error {
+	run, err := demo(ctx, cfg, c.stdout)
+	if err != nil {
+		return err
+	}
+	if f.dashboard == "" {
+		fmt.Fprintf(c.stdout, "\nTo look at these jobs in the web dashboard: make dashboard\n"+
+			"  (it runs this demo in an emulator it keeps up, then serves http://127.0.0.1:8080/ until Ctrl-C;\n"+
+			"   make dashboard WRITE=1 turns on requeue, cancel, delete and redrive)\n")
+		return nil
+	}
+	log := slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	h, err := seedWorker(cfg, run, log)
+	if err != nil {
+		return err
+	}
+	stop := startWorker(ctx, cfg, h, run.queueURL, log)
+	defer stop()
+	s, err := c.settings(ctx, cfg, &flags{table: run.table, queue: run.queueURL, dlq: run.dlqURL})
+	if err != nil {
+		return err
+	}
+	op, err := newOps(c, s)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout)
+	return op.serve(ctx, f.dashboard, f.write)
 }

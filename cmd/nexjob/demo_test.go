@@ -13,7 +13,7 @@ import (
 func TestDemo(t *testing.T) {
 	cfg := awstest.Config(t)
 	var out bytes.Buffer
-	if err := demo(context.Background(), cfg, &out); err != nil {
+	if _, err := demo(context.Background(), cfg, &out); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	text := out.String()

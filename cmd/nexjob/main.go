@@ -1,160 +1,234 @@
 // Command nexjob is the project's command line: the demo that `make run`
-// runs, provisioning for local emulators, and job administration.
+// runs, provisioning for local emulators, and the operator's tools.
+// `nexjob help` prints the commands. Flags may come before or after the
+// arguments.
 //
-//	nexjob demo                      run the seed's jobs end to end and print the tables
-//	nexjob provision NAME            create table NAME and queues NAME, NAME-dlq; print export lines:
-//	                                 eval "$(nexjob provision NAME)" points a shell at them
-//	nexjob schema                    print the table definition for the AWS CLI (LocalStack's hook)
-//	nexjob get     -table T ID       print a job's record
-//	nexjob requeue -table T -queue URL ID   requeue a terminal job
-//	nexjob delete  -table T ID       delete a job (frees its key)
-//	nexjob list    -table T STATE    list jobs in a state, newest first
-//
-// AWS settings come from the standard SDK environment (AWS_ENDPOINT_URL,
-// AWS_REGION, credentials).
+// The deployment comes from the same variables the functions read
+// (package settings: NEXJOB_TABLE, NEXJOB_QUEUE_URL, NEXJOB_DLQ_URL, …),
+// or from --table, --queue and --dlq; AWS settings from the standard SDK
+// environment (AWS_ENDPOINT_URL, AWS_REGION, credentials).
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/nexjob/nexjob-aws/enqueue"
-	"github.com/nexjob/nexjob-aws/ledger"
-	"github.com/nexjob/nexjob-aws/provision"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
+const usageText = `nexjob: NexJob-style background jobs on AWS
+
+usage: nexjob COMMAND [flags] [args]
+
+  demo [--dashboard ADDR] [--write]   run the seed's jobs end to end and print the tables;
+                                      with --dashboard, then serve the dashboard on the demo's data
+  provision NAME                      create table NAME and queues NAME, NAME-dlq and print export lines:
+                                      eval "$(nexjob provision NAME)" points a shell at them
+  schema                              print the table definition for the AWS CLI (LocalStack's hook)
+
+  list [--state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
+                                      jobs in a state (default Failed), newest first
+  get ID [--show-args]                one job's record (args only with --show-args)
+  stats                               jobs per state and kind, queue and DLQ depth (scans the table)
+  cancel ID... [--reason R]           withdraw Enqueued or Scheduled jobs: each becomes Failed, marked
+                                      cancelled, kept for the failed retention
+  requeue ID...                       run terminal jobs again
+  requeue --state S [--kind K] [--since D] [--limit N]
+                                      requeue every match, with a progress bar
+  delete ID...                        remove jobs' records (frees their keys)
+  redrive                             move the DLQ's messages back into work
+  dashboard [--addr 127.0.0.1:8080] [--write]
+                                      serve the web dashboard (read-only without --write)
+  help                                this text
+
+deployment flags (default: the NEXJOB_* variables): --table T --queue URL --dlq URL
+`
+
 func main() {
-	if err := run(context.Background(), os.Args[1:]); err != nil {
-		fmt.Fprintln(os.Stderr, "nexjob:", err)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	c := &cli{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		c.tty = true
+	}
+	if err := c.run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "nexjob:", message(err))
 		os.Exit(1)
 	}
 }
 
-func usage() error {
-	return fmt.Errorf("usage: nexjob demo | provision NAME | schema | get|delete -table T ID | requeue -table T -queue URL ID | list -table T STATE")
+// message is err's text with the "nexjob: " prefixes of wrapped errors
+// taken out, so the line says it once.
+func message(err error) string {
+	return strings.TrimPrefix(strings.ReplaceAll(err.Error(), ": nexjob: ", ": "), "nexjob: ")
 }
 
-func run(ctx context.Context, args []string) error {
+// cli is one invocation: its output streams and environment.
+type cli struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	tty            bool // stderr is a terminal: draw the progress bar in place
+}
+
+// usageError is a mistake in the command line; the usage hint follows it.
+type usageError string
+
+func (u usageError) Error() string { return string(u) + " (nexjob help lists the commands)" }
+
+// flags is every flag any command takes; each command reads its own.
+type flags struct {
+	table, queue, dlq   string
+	state, kind, reason string
+	since, until, addr  string
+	limit               int
+	showArgs, write     bool
+	dashboard           string
+}
+
+func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
+	f := &flags{}
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&f.table, "table", "", "ledger table")
+	fs.StringVar(&f.queue, "queue", "", "job queue URL")
+	fs.StringVar(&f.dlq, "dlq", "", "dead-letter queue URL")
+	fs.StringVar(&f.state, "state", "", "job state")
+	fs.StringVar(&f.kind, "kind", "", "job kind")
+	fs.StringVar(&f.since, "since", "", "changed at most this long ago (24h) or since this RFC 3339 time")
+	fs.StringVar(&f.until, "until", "", "changed at least this long ago or before this time")
+	fs.IntVar(&f.limit, "limit", 0, "at most this many")
+	fs.StringVar(&f.reason, "reason", "", "why (cancel)")
+	fs.BoolVar(&f.showArgs, "show-args", false, "print the job's args")
+	fs.BoolVar(&f.write, "write", false, "allow the dashboard's write actions")
+	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "the dashboard's address")
+	fs.StringVar(&f.dashboard, "dashboard", "", "after the demo, serve the dashboard on this address")
+	// Flags anywhere: parse, take one argument, parse the rest again.
+	var rest []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, usageError(fmt.Sprintf("%s: %v", cmd, err))
+		}
+		if fs.NArg() == 0 {
+			return f, rest, nil
+		}
+		rest = append(rest, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func (c *cli) run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usage()
+		return usageError("no command")
+	}
+	cmd := args[0]
+	switch cmd {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(c.stdout, usageText)
+		return nil
+	}
+	f, rest, err := c.parse(cmd, args[1:])
+	if err != nil {
+		return err
 	}
 	cfg, err := config.LoadDefaultConfig(ctx)
 	if err != nil {
-		return err
+		return fmt.Errorf("AWS configuration: %w", err)
 	}
 	if cfg.Region == "" {
 		return settings.ErrNoRegion
 	}
-	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
-	table := fs.String("table", os.Getenv("NEXJOB_TABLE"), "ledger table (env NEXJOB_TABLE)")
-	queue := fs.String("queue", os.Getenv("NEXJOB_QUEUE_URL"), "job queue URL (env NEXJOB_QUEUE_URL)")
-	if err := fs.Parse(args[1:]); err != nil {
+	want := func(n int) error {
+		if len(rest) < n {
+			return usageError(fmt.Sprintf("%s needs %d argument(s)", cmd, n))
+		}
+		return nil
+	}
+	switch cmd {
+	case "demo":
+		return c.demo(ctx, cfg, f)
+	case "schema":
+		return c.schema()
+	case "provision":
+		if err := want(1); err != nil {
+			return err
+		}
+		return c.provision(ctx, cfg, rest[0])
+	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "dashboard":
+	default:
+		return usageError(fmt.Sprintf("unknown command %q", cmd))
+	}
+	s, err := c.settings(ctx, cfg, f)
+	if err != nil {
 		return err
 	}
-	switch args[0] {
-	case "demo":
-		return demo(ctx, cfg, os.Stdout)
-	case "schema":
-		out, err := provision.TableJSON("nexjob")
-		if err != nil {
-			return err
-		}
-		fmt.Println(string(out))
-		return nil
-	case "provision":
-		if fs.NArg() != 1 {
-			return usage()
-		}
-		name := fs.Arg(0)
-		if err := provision.Table(ctx, dynamodb.NewFromConfig(cfg), name); err != nil {
-			return err
-		}
-		q, dlq, err := provision.Queues(ctx, sqs.NewFromConfig(cfg), provision.QueueSpec{Name: name})
-		if err != nil {
-			return err
-		}
-		printExports(os.Stdout, cfg, map[string]string{settings.EnvTable: name, settings.EnvQueueURL: q, settings.EnvDLQURL: dlq})
-		return nil
-	case "requeue":
-		if fs.NArg() != 1 {
-			return usage()
-		}
-		c, err := enqueue.New(cfg, *table, *queue, nil)
-		if err != nil {
-			return err
-		}
-		res, err := c.Requeue(ctx, fs.Arg(0))
-		if err != nil {
-			return err
-		}
-		fmt.Printf("requeued %s: %s\n", res.ID, res.State)
-		return nil
-	case "get", "delete", "list":
-		if fs.NArg() != 1 {
-			return usage()
-		}
-		s, err := ledger.New(dynamodb.NewFromConfig(cfg), *table, nil)
-		if err != nil {
-			return err
-		}
-		switch args[0] {
-		case "delete":
-			return s.Delete(ctx, fs.Arg(0))
-		case "list":
-			return list(ctx, s, ledger.State(fs.Arg(0)))
-		}
-		rec, err := s.Get(ctx, fs.Arg(0))
-		if err != nil {
-			return err
-		}
-		rec.Args = fmt.Sprintf("(%d bytes, not shown)", len(rec.Args))
-		out, _ := json.MarshalIndent(rec, "", "  ")
-		fmt.Println(string(out))
-		return nil
+	op, err := newOps(c, s)
+	if err != nil {
+		return err
 	}
-	return usage()
+	switch cmd {
+	case "list":
+		return op.list(ctx, f)
+	case "get":
+		if err := want(1); err != nil {
+			return err
+		}
+		return op.get(ctx, rest[0], f.showArgs)
+	case "stats":
+		return op.stats(ctx)
+	case "cancel":
+		if err := want(1); err != nil {
+			return err
+		}
+		return op.each(rest, func(id string) (string, error) { return op.cancel(ctx, id, f.reason) })
+	case "requeue":
+		if f.state != "" {
+			return op.requeueAll(ctx, f)
+		}
+		if err := want(1); err != nil {
+			return err
+		}
+		return op.each(rest, func(id string) (string, error) { return op.requeue(ctx, id) })
+	case "delete":
+		if err := want(1); err != nil {
+			return err
+		}
+		return op.each(rest, func(id string) (string, error) { return "deleted " + id, op.a.Delete(ctx, id) })
+	case "redrive":
+		return op.redrive(ctx)
+	}
+	return op.serve(ctx, f.addr, f.write)
 }
 
-// list prints every job in the state, newest first, a page at a time.
-func list(ctx context.Context, s *ledger.Store, st ledger.State) error {
-	cursor := ""
-	for {
-		recs, next, err := s.List(ctx, st, 50, cursor)
-		if err != nil {
-			return err
+// settings reads the deployment like every function does, with the
+// command line's flags over the environment.
+func (c *cli) settings(ctx context.Context, cfg aws.Config, f *flags) (settings.Settings, error) {
+	over := map[string]string{settings.EnvTable: f.table, settings.EnvQueueURL: f.queue, settings.EnvDLQURL: f.dlq}
+	return settings.FromEnv(ctx, cfg, settings.Operator, func(k string) string {
+		if v := over[k]; v != "" {
+			return v
 		}
-		for _, r := range recs {
-			fmt.Printf("%s\t%s\t%s\tattempt %d/%d\t%s\n", ledger.Millis(r.UpdatedAt).UTC().Format(time.RFC3339), r.ID, r.Kind, r.Attempt, r.MaxAttempts, r.LastError)
-		}
-		if next == "" {
-			return nil
-		}
-		cursor = next
-	}
+		return c.getenv(k)
+	})
 }
 
 // printExports prints shell export lines for the nexjob variables and the
 // SDK settings that reach the same backend: the endpoint and, for an
 // emulator, its region and dummy credentials (nothing secret of a real
 // account is printed).
-func printExports(w io.Writer, cfg aws.Config, vars map[string]string) {
-	if ep := os.Getenv("AWS_ENDPOINT_URL"); ep != "" {
+func (c *cli) printExports(cfg aws.Config, vars map[string]string) {
+	if ep := c.getenv("AWS_ENDPOINT_URL"); ep != "" {
 		vars["AWS_ENDPOINT_URL"] = ep
 		vars["AWS_REGION"] = cfg.Region
-		if id := os.Getenv("AWS_ACCESS_KEY_ID"); id == "test" || os.Getenv("NEXJOB_EMULATOR") != "" {
+		if id := c.getenv("AWS_ACCESS_KEY_ID"); id == "test" || c.getenv("NEXJOB_EMULATOR") != "" {
 			vars["AWS_ACCESS_KEY_ID"], vars["AWS_SECRET_ACCESS_KEY"] = "test", "test"
 		}
 	}
@@ -164,7 +238,7 @@ func printExports(w io.Writer, cfg aws.Config, vars map[string]string) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		fmt.Fprintf(w, "export %s=%s\n", k, shellQuote(vars[k]))
+		fmt.Fprintf(c.stdout, "export %s=%s\n", k, shellQuote(vars[k]))
 	}
 }
 

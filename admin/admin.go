@@ -1,0 +1,365 @@
+// Package admin is what an operator does to a deployment's jobs: look at
+// them (Find, Get, Holder, Stats, DeadLetters) and act on them (Requeue,
+// Cancel, Delete, RequeueAll, Redrive). The nexjob CLI and the web
+// dashboard are two faces of it, so they cannot disagree.
+//
+//	s, _ := settings.Load(ctx, settings.Operator)
+//	a, _ := admin.New(s)
+//	st, _ := a.Stats(ctx)
+//
+// # Costs
+//
+// Find of an indexed state is a Query of the byState index; of any other
+// state, and Stats, a Scan of the whole table (billed for every record):
+// an operator's tool, not a hot path. DeadLetters receives up to ten DLQ
+// messages and makes them visible again at once (each peek counts as a
+// receive). IAM: the construct's GrantOperate covers every call.
+//
+// # How it fails
+//
+// Each action on one job returns the enqueue package's typed errors
+// (*enqueue.NotTerminalError, *enqueue.NotCancellableError,
+// ledger.ErrNotFound …) and writes nothing when it refuses. RequeueAll
+// and Redrive go on past one job's failure and report each one; a crash
+// half-way leaves every job either moved or untouched, never lost: a
+// redriven message is deleted from the DLQ only after its job is back on
+// the queue (a crash in between sends it twice, which the worker's
+// conditional claim makes harmless).
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+// Admin acts on one deployment's table and queues. It is safe for
+// concurrent use.
+type Admin struct {
+	client    *enqueue.Client
+	store     *ledger.Store
+	sqs       *sqs.Client
+	queueURL  string
+	dlqURL    string
+	retention handler.Retention
+}
+
+// New returns an Admin for the deployment the settings name (role
+// settings.Operator: table and queue required, DLQ optional).
+func New(s settings.Settings) (*Admin, error) {
+	opts := s.ClientOptions()
+	q := sqs.NewFromConfig(s.AWS)
+	opts.SQS = q
+	c, err := enqueue.New(s.AWS, s.Table, s.QueueURL, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Admin{client: c, store: c.Store(), sqs: q, queueURL: s.QueueURL, dlqURL: s.DLQURL, retention: s.Retention}, nil
+}
+
+// Table is the ledger table's name.
+func (a *Admin) Table() string { return a.store.Table() }
+
+// HasDLQ reports whether the settings name a DLQ (Redrive needs one).
+func (a *Admin) HasDLQ() bool { return a.dlqURL != "" }
+
+// Find lists jobs: see ledger.Store.Find.
+func (a *Admin) Find(ctx context.Context, f ledger.Filter) ([]ledger.Record, string, error) {
+	return a.store.Find(ctx, f)
+}
+
+// Get reads one job; ledger.ErrNotFound if there is none.
+func (a *Admin) Get(ctx context.Context, id string) (ledger.Record, error) {
+	return a.store.Get(ctx, id)
+}
+
+// Holder returns the job that holds the idempotency key (looked up by the
+// key's hash; the key itself is neither stored nor logged);
+// ledger.ErrNotFound if the key is free.
+func (a *Admin) Holder(ctx context.Context, key string) (ledger.Record, error) {
+	return a.store.GetByKey(ctx, key)
+}
+
+// HashKey is the key's stored hash, to show instead of the key.
+func (a *Admin) HashKey(key string) string { return a.store.HashKey(key) }
+
+// Requeue runs a terminal job again: see enqueue.Client.Requeue.
+func (a *Admin) Requeue(ctx context.Context, id string) (enqueue.Result, error) {
+	return a.client.Requeue(ctx, id)
+}
+
+// Cancel withdraws a job that has not started, kept for the Failed
+// retention: see enqueue.Client.Cancel.
+func (a *Admin) Cancel(ctx context.Context, id, reason string) (ledger.Record, error) {
+	return a.client.Cancel(ctx, id, reason, a.retention.Failed)
+}
+
+// Delete removes a job's record and frees its key: see enqueue.Client.Delete.
+func (a *Admin) Delete(ctx context.Context, id string) error {
+	return a.client.Delete(ctx, id)
+}
+
+// Stats is an overview of the deployment.
+type Stats struct {
+	// Jobs counts live records per state and kind.
+	Jobs map[ledger.State]map[string]int
+	// Queued and InFlight are the job queue's approximate counts; DLQ the
+	// dead-letter queue's (visible plus in flight), -1 without a DLQ.
+	Queued, InFlight, DLQ int
+}
+
+// Total is the number of jobs in state st, over every kind.
+func (s Stats) Total(st ledger.State) int {
+	n := 0
+	for _, c := range s.Jobs[st] {
+		n += c
+	}
+	return n
+}
+
+// Stats counts jobs (one Scan) and reads the queues' depths.
+func (a *Admin) Stats(ctx context.Context) (Stats, error) {
+	jobs, err := a.store.Counts(ctx)
+	if err != nil {
+		return Stats{}, err
+	}
+	st := Stats{Jobs: jobs, DLQ: -1}
+	if st.Queued, st.InFlight, err = a.depth(ctx, a.queueURL); err != nil {
+		return Stats{}, err
+	}
+	if a.dlqURL != "" {
+		v, f, err := a.depth(ctx, a.dlqURL)
+		if err != nil {
+			return Stats{}, err
+		}
+		st.DLQ = v + f
+	}
+	return st, nil
+}
+
+func (a *Admin) depth(ctx context.Context, url string) (visible, inFlight int, err error) {
+	out, err := a.sqs.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(url),
+		AttributeNames: []sqstypes.QueueAttributeName{
+			sqstypes.QueueAttributeNameApproximateNumberOfMessages,
+			sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+		},
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("nexjob: read the depth of %s: %w", url, err)
+	}
+	visible, _ = strconv.Atoi(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)])
+	inFlight, _ = strconv.Atoi(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
+	return visible, inFlight, nil
+}
+
+// Outcome is what a bulk action did to one job.
+type Outcome struct {
+	ID  string
+	Err error // nil: done
+}
+
+// Report is a bulk action's result, one Outcome per job it tried.
+type Report struct {
+	Outcomes []Outcome
+}
+
+// Done counts the jobs the action succeeded on.
+func (r Report) Done() int {
+	n := 0
+	for _, o := range r.Outcomes {
+		if o.Err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// Err joins the failures, each naming its job; nil if there were none.
+func (r Report) Err() error {
+	var errs []error
+	for _, o := range r.Outcomes {
+		if o.Err != nil {
+			errs = append(errs, fmt.Errorf("job %s: %w", o.ID, o.Err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Progress is told after each job of a bulk action: done of total tried.
+type Progress func(done, total int)
+
+// RequeueAll requeues every job Find(f) returns (f.State must be terminal;
+// f.Limit caps how many, 0 for all), telling progress after each. It first
+// collects the ids, so the jobs it requeues do not come back into its own
+// listing, then requeues them one by one.
+func (a *Admin) RequeueAll(ctx context.Context, f ledger.Filter, progress Progress) (Report, error) {
+	if !f.State.Terminal() {
+		return Report{}, fmt.Errorf("nexjob: only terminal jobs can be requeued, not %s ones", f.State)
+	}
+	max := f.Limit
+	var ids []string
+	for {
+		f.Limit = 100
+		if max > 0 && max-len(ids) < f.Limit {
+			f.Limit = max - len(ids)
+		}
+		recs, next, err := a.store.Find(ctx, f)
+		if err != nil {
+			return Report{}, err
+		}
+		for _, r := range recs {
+			if r.Kind != ledger.DeadLetterKind {
+				ids = append(ids, r.ID)
+			}
+		}
+		if next == "" || (max > 0 && len(ids) >= max) {
+			break
+		}
+		f.Cursor = next
+	}
+	var rep Report
+	for i, id := range ids {
+		_, err := a.client.Requeue(ctx, id)
+		rep.Outcomes = append(rep.Outcomes, Outcome{ID: id, Err: err})
+		if progress != nil {
+			progress(i+1, len(ids))
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return rep, nil
+}
+
+// DeadLetter is one message in the DLQ, as DeadLetters shows it.
+type DeadLetter struct {
+	MessageID string
+	Job       enqueue.Message // zero Job.ID: the body is not a job message
+	Receives  int             // how often SQS delivered it, on both queues
+	SentAt    time.Time       // when it was first sent
+	Record    *ledger.Record  // the job's record, if it has one
+}
+
+// DeadLetters peeks at up to max (1–10) DLQ messages with their job
+// records. The messages stay in the DLQ.
+func (a *Admin) DeadLetters(ctx context.Context, max int) ([]DeadLetter, error) {
+	if a.dlqURL == "" {
+		return nil, ErrNoDLQ
+	}
+	if max < 1 || max > 10 {
+		max = 10
+	}
+	out, err := a.sqs.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+		QueueUrl:                    aws.String(a.dlqURL),
+		MaxNumberOfMessages:         int32(max),
+		VisibilityTimeout:           0,
+		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("nexjob: read the DLQ %s: %w", a.dlqURL, err)
+	}
+	var dls []DeadLetter
+	for _, m := range out.Messages {
+		d := DeadLetter{MessageID: aws.ToString(m.MessageId)}
+		d.Receives, _ = strconv.Atoi(m.Attributes[string(sqstypes.MessageSystemAttributeNameApproximateReceiveCount)])
+		if ms, err := strconv.ParseInt(m.Attributes[string(sqstypes.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
+			d.SentAt = time.UnixMilli(ms)
+		}
+		if job, err := enqueue.DecodeMessage(aws.ToString(m.Body)); err == nil {
+			d.Job = job
+			if rec, err := a.store.Get(ctx, job.ID); err == nil {
+				d.Record = &rec
+			}
+		}
+		dls = append(dls, d)
+	}
+	return dls, nil
+}
+
+// ErrNoDLQ: the settings name no dead-letter queue (NEXJOB_DLQ_URL).
+var ErrNoDLQ = errors.New("nexjob: no dead-letter queue configured (set NEXJOB_DLQ_URL)")
+
+// Redrive moves the DLQ's messages back into work, telling progress after
+// each, until the DLQ reads empty: a job that ended (the DLQ consumer
+// recorded it Failed) is requeued with a fresh attempt budget; a job still
+// active has its message sent to the job queue again; a message that is
+// not a job, or whose job is gone, stays in the DLQ and is reported.
+// Each message is deleted from the DLQ only once its job is back.
+func (a *Admin) Redrive(ctx context.Context, progress Progress) (Report, error) {
+	if a.dlqURL == "" {
+		return Report{}, ErrNoDLQ
+	}
+	var rep Report
+	seen := map[string]bool{}
+	for {
+		out, err := a.sqs.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
+			QueueUrl:            aws.String(a.dlqURL),
+			MaxNumberOfMessages: 10,
+			VisibilityTimeout:   60, // messages left behind come back a minute later
+		})
+		if err != nil {
+			return rep, fmt.Errorf("nexjob: read the DLQ %s: %w", a.dlqURL, err)
+		}
+		fresh := 0
+		for _, m := range out.Messages {
+			if seen[aws.ToString(m.MessageId)] {
+				continue
+			}
+			seen[aws.ToString(m.MessageId)] = true
+			fresh++
+			o := a.redriveOne(ctx, m)
+			rep.Outcomes = append(rep.Outcomes, o)
+			if progress != nil {
+				progress(len(rep.Outcomes), len(rep.Outcomes))
+			}
+		}
+		if fresh == 0 {
+			return rep, nil
+		}
+	}
+}
+
+func (a *Admin) redriveOne(ctx context.Context, m sqstypes.Message) Outcome {
+	job, err := enqueue.DecodeMessage(aws.ToString(m.Body))
+	if err != nil {
+		return Outcome{ID: "message " + aws.ToString(m.MessageId), Err: fmt.Errorf("not a job message, left in the DLQ: %w", err)}
+	}
+	o := Outcome{ID: job.ID}
+	rec, err := a.store.Get(ctx, job.ID)
+	switch {
+	case err != nil:
+		o.Err = fmt.Errorf("left in the DLQ: %w", err)
+		return o
+	case rec.State.Terminal():
+		if _, err := a.client.Requeue(ctx, job.ID); err != nil {
+			o.Err = fmt.Errorf("left in the DLQ: %w", err)
+			return o
+		}
+	default:
+		if err := a.client.Dispatch(ctx, rec); err != nil {
+			o.Err = fmt.Errorf("left in the DLQ: %w", err)
+			return o
+		}
+	}
+	if _, err := a.sqs.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(a.dlqURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
+		// The job is back; the DLQ copy is redriven again later, harmlessly.
+		o.Err = fmt.Errorf("back in work, but its DLQ copy was not deleted: %w", err)
+	}
+	return o
+}
+
+// Indexed reports whether Find of state st queries the index (true) or
+// scans the table.
+func (a *Admin) Indexed(st ledger.State) bool { return a.store.Indexed(st) }

@@ -1,0 +1,344 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/admin"
+	"github.com/nexjob/nexjob-aws/dashboard"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/provision"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+// ops are the operator's commands over one deployment.
+type ops struct {
+	*cli
+	a   *admin.Admin
+	now func() time.Time
+}
+
+func newOps(c *cli, s settings.Settings) (*ops, error) {
+	a, err := admin.New(s)
+	if err != nil {
+		return nil, err
+	}
+	return &ops{cli: c, a: a, now: time.Now}, nil
+}
+
+// when reads --since/--until: a duration back from now, or a time.
+func (o *ops) when(flag, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return o.now().Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t, nil
+	}
+	return time.Time{}, usageError(fmt.Sprintf("--%s %q is neither a duration (24h) nor an RFC 3339 time", flag, v))
+}
+
+func (o *ops) filter(f *flags, defaultState ledger.State) (ledger.Filter, error) {
+	st := ledger.State(f.state)
+	if st == "" {
+		st = defaultState
+	}
+	if !st.Valid() {
+		return ledger.Filter{}, usageError(fmt.Sprintf("--state %q is not one of Enqueued, Scheduled, Processing, AwaitingContinuation, Succeeded, Failed, Expired", f.state))
+	}
+	if f.limit < 0 {
+		return ledger.Filter{}, usageError("--limit must be positive")
+	}
+	since, err := o.when("since", f.since)
+	if err != nil {
+		return ledger.Filter{}, err
+	}
+	until, err := o.when("until", f.until)
+	if err != nil {
+		return ledger.Filter{}, err
+	}
+	return ledger.Filter{State: st, Kind: f.kind, Since: since, Until: until, Limit: f.limit}, nil
+}
+
+func (o *ops) list(ctx context.Context, f *flags) error {
+	flt, err := o.filter(f, ledger.Failed)
+	if err != nil {
+		return err
+	}
+	max := flt.Limit
+	if max == 0 {
+		max = 50
+	}
+	if !o.a.Indexed(flt.State) {
+		fmt.Fprintf(o.stderr, "(%s jobs are not indexed: scanning the table)\n", flt.State)
+	}
+	tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tKIND\tSTATE\tATTEMPT\tCHANGED\tLAST ERROR")
+	n := 0
+	for n < max {
+		flt.Limit = max - n
+		recs, next, err := o.a.Find(ctx, flt)
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			st := string(r.State)
+			if r.Cancelled {
+				st += " (cancelled)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", r.ID, r.Kind, st, r.Attempt, r.MaxAttempts,
+				dashboard.Ago(ledger.Millis(r.UpdatedAt), o.now()), oneLine(r.LastError, 70))
+		}
+		n += len(recs)
+		if next == "" {
+			break
+		}
+		flt.Cursor = next
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if n == 0 {
+		fmt.Fprintf(o.stderr, "no %s jobs\n", flt.State)
+	}
+	return nil
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return s
+}
+
+func (o *ops) get(ctx context.Context, id string, showArgs bool) error {
+	rec, err := o.a.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+		}
+	}
+	at := func(ms int64) string {
+		if ms == 0 {
+			return ""
+		}
+		t := ledger.Millis(ms)
+		return t.UTC().Format(time.RFC3339) + " (" + dashboard.Ago(t, o.now()) + ")"
+	}
+	st := string(rec.State)
+	if rec.Cancelled {
+		st += " (cancelled by an operator)"
+	}
+	row("id", rec.ID)
+	row("kind", rec.Kind)
+	row("state", st)
+	row("attempt", fmt.Sprintf("%d of %d", rec.Attempt, rec.MaxAttempts))
+	if rec.KeyHash != "" {
+		row("key hash", rec.KeyHash+" ("+rec.Policy+")")
+	}
+	row("created", at(rec.CreatedAt))
+	row("changed", at(rec.UpdatedAt))
+	row("due", at(rec.RunAt))
+	row("deadline", at(rec.Deadline))
+	row("lease until", at(rec.LeaseUntil))
+	if rec.ExpiresAt > 0 {
+		row("retention ends", at(rec.ExpiresAt*1000))
+	}
+	row("parent", rec.ParentID)
+	row("continuations", strings.Join(rec.Children, " "))
+	row("last error", oneLine(rec.LastError, 400))
+	if showArgs {
+		row("args", rec.Args)
+	} else {
+		row("args", fmt.Sprintf("%d bytes (--show-args prints them)", len(rec.Args)))
+	}
+	return tw.Flush()
+}
+
+func (o *ops) stats(ctx context.Context) error {
+	st, err := o.a.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	states := []ledger.State{ledger.Enqueued, ledger.Scheduled, ledger.Processing, ledger.AwaitingContinuation, ledger.Succeeded, ledger.Failed, ledger.Expired}
+	kinds := map[string]bool{}
+	for _, byKind := range st.Jobs {
+		for k := range byKind {
+			kinds[k] = true
+		}
+	}
+	var ks []string
+	for k := range kinds {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "KIND\t"
+	for _, s := range states {
+		head += string(s) + "\t"
+	}
+	fmt.Fprintln(tw, head)
+	for _, k := range append(ks, "(all)") {
+		line := k + "\t"
+		for _, s := range states {
+			n := st.Jobs[s][k]
+			if k == "(all)" {
+				n = st.Total(s)
+			}
+			line += fmt.Sprint(n) + "\t"
+		}
+		fmt.Fprintln(tw, line)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	dlq := "none configured"
+	if st.DLQ >= 0 {
+		dlq = fmt.Sprintf("%d messages", st.DLQ)
+	}
+	fmt.Fprintf(o.stdout, "\njob queue: %d waiting, %d in flight; dead-letter queue: %s\n", st.Queued, st.InFlight, dlq)
+	return nil
+}
+
+func (o *ops) cancel(ctx context.Context, id, reason string) (string, error) {
+	rec, err := o.a.Cancel(ctx, id, reason)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("cancelled %s: %s (%s)", rec.ID, rec.State, rec.LastError), nil
+}
+
+func (o *ops) requeue(ctx context.Context, id string) (string, error) {
+	res, err := o.a.Requeue(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("requeued %s: %s", res.ID, res.State), nil
+}
+
+// each runs do for every id, printing one line per success, and returns
+// the failures joined (each names its job once).
+func (o *ops) each(ids []string, do func(id string) (string, error)) error {
+	var errs []error
+	for _, id := range ids {
+		line, err := do(id)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		fmt.Fprintln(o.stdout, line)
+	}
+	return errors.Join(errs...)
+}
+
+// bar draws a progress bar on stderr: in place on a terminal, else one
+// line per tenth.
+func (o *ops) bar(verb string) admin.Progress {
+	last := -1
+	return func(done, total int) {
+		const width = 30
+		fill := width
+		if total > 0 {
+			fill = done * width / total
+		}
+		line := fmt.Sprintf("%s [%s%s] %d/%d", verb, strings.Repeat("#", fill), strings.Repeat(".", width-fill), done, total)
+		switch {
+		case o.tty:
+			fmt.Fprint(o.stderr, "\r"+line)
+			if done == total {
+				fmt.Fprintln(o.stderr)
+			}
+		case total == 0 || done*10/total != last:
+			last = done * 10 / max(total, 1)
+			fmt.Fprintln(o.stderr, line)
+		}
+	}
+}
+
+func (o *ops) requeueAll(ctx context.Context, f *flags) error {
+	flt, err := o.filter(f, "")
+	if err != nil {
+		return err
+	}
+	rep, err := o.a.RequeueAll(ctx, flt, o.bar("requeue"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.stdout, "requeued %d of %d %s jobs\n", rep.Done(), len(rep.Outcomes), flt.State)
+	return rep.Err()
+}
+
+func (o *ops) redrive(ctx context.Context) error {
+	rep, err := o.a.Redrive(ctx, o.bar("redrive"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.stdout, "redrove %d of %d dead-letter messages\n", rep.Done(), len(rep.Outcomes))
+	return rep.Err()
+}
+
+// serve runs the dashboard until ctx ends. A non-loopback address is
+// refused unless given with an explicit host (the default is 127.0.0.1).
+func (o *ops) serve(ctx context.Context, addr string, write bool) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("dashboard: %w", err)
+	}
+	log := slog.New(slog.NewTextHandler(o.stderr, nil))
+	srv := &http.Server{Handler: dashboard.New(o.a, &dashboard.Options{Write: write, Logger: log}), ReadHeaderTimeout: 10 * time.Second}
+	mode := "read-only (--write enables requeue, cancel, delete, redrive)"
+	if write {
+		mode = "write actions on"
+	}
+	fmt.Fprintf(o.stdout, "dashboard for table %s on http://%s/ (%s); Ctrl-C stops it\n", o.a.Table(), ln.Addr(), mode)
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+func (c *cli) schema() error {
+	out, err := provision.TableJSON("nexjob")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(c.stdout, string(out))
+	return nil
+}
+
+func (c *cli) provision(ctx context.Context, cfg aws.Config, name string) error {
+	if err := provision.Table(ctx, dynamodb.NewFromConfig(cfg), name); err != nil {
+		return err
+	}
+	q, dlq, err := provision.Queues(ctx, sqs.NewFromConfig(cfg), provision.QueueSpec{Name: name})
+	if err != nil {
+		return err
+	}
+	c.printExports(cfg, map[string]string{settings.EnvTable: name, settings.EnvQueueURL: q, settings.EnvDLQURL: dlq})
+	return nil
+}
