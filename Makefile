@@ -10,9 +10,9 @@ FUZZTIME ?= 3s
 # package:FuzzTarget pairs; `make test` runs each briefly, `make fuzz FUZZTIME=5m` for real.
 FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzCursor ./handler/guard:FuzzChangeFromImages
 
-LAMBDAS := worker deadletter guard
+LAMBDAS := worker deadletter guard dashboard
 
-.PHONY: help run test orders fuzz bench vet lint emulator lambdas synth up down clean
+.PHONY: help run test browser dashboard orders fuzz bench vet lint emulator lambdas synth up down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -20,7 +20,7 @@ help: ## list the targets
 run: ## the demo: start the emulator, provision, run the worker, enqueue the seed's jobs, print the tables
 	$(EMU) $(GO) run ./cmd/nexjob demo
 
-test: vet ## every test against the default emulator (started and stopped here), the CDK tests, a short fuzz run
+test: vet browser ## every test against the default emulator (started and stopped here), the browser and CDK tests, a short fuzz run
 	NEXJOB_WITH_AWSCLI=1 $(EMU) $(GO) test -count=1 -timeout 20m ./...
 	cd infra && $(GO) test -count=1 -timeout 20m ./...
 	@# The example app, a module of its own: its tests start their own emulator (nexjobtest.Main);
@@ -28,6 +28,18 @@ test: vet ## every test against the default emulator (started and stopped here),
 	cd examples/orders && $(GO) test -count=1 -timeout 10m ./...
 	cd examples/orders/deploy && $(GO) test -count=1 -timeout 10m ./...
 	@$(MAKE) --no-print-directory fuzz
+
+# The dashboard's browser tests drive headless Chromium: Debian's package,
+# installed here where missing (as root, or through sudo).
+browser: ## install Debian's chromium for the browser tests, if missing
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  echo "installing Debian's chromium for the dashboard's browser tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); export DEBIAN_FRONTEND=noninteractive; \
+	  $$SUDO apt-get install -y -q chromium >/dev/null || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null
+
+dashboard: ## the demo, then its jobs in the web dashboard on http://127.0.0.1:8080/ (WRITE=1: actions on)
+	$(EMU) $(GO) run ./cmd/nexjob demo --dashboard 127.0.0.1:8080 $(if $(WRITE),--write)
 
 fuzz: ## run each fuzz target for FUZZTIME (seed corpora in testdata/fuzz)
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \

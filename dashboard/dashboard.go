@@ -248,7 +248,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, ledger.ErrNotFound):
 		status = http.StatusNotFound
-	case errors.As(err, &bad), errors.Is(err, ledger.ErrBadCursor):
+	case errors.As(err, &bad), errors.Is(err, ledger.ErrBadCursor), errors.Is(err, ledger.ErrBadID):
 		status = http.StatusBadRequest
 	case errors.As(err, &nt), errors.As(err, &nc), errors.Is(err, ledger.ErrKeyReused), errors.Is(err, ledger.ErrDeadLetterRecord):
 		status = http.StatusConflict

@@ -165,3 +165,42 @@ func TestReuseRetriesTransactionConflict(t *testing.T) {
 	}
 	checkMessages(t, e, 1)
 }
+
+// TestCancelWhenReplyIsLost: the operator's cancel is applied, its reply
+// is lost and the SDK resends it: the failed condition finds our own
+// write, so the cancel reads as done. Throttled past the SDK's retries,
+// it is an error and the job is untouched.
+func TestCancelWhenReplyIsLost(t *testing.T) {
+	t.Parallel()
+	for _, f := range []faults.Fault{faults.LostReply, faults.Throttle} {
+		t.Run(f.String(), func(t *testing.T) {
+			t.Parallel()
+			e := awstest.New(t, nil)
+			c, ft := faultyClient(t, e)
+			ctx := context.Background()
+			res, err := c.Enqueue(ctx, payment{OrderID: "c-1", Cents: 1}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			times := 1
+			if f == faults.Throttle {
+				times = faults.Attempts
+			}
+			h := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: f, Times: times})
+			rec, err := c.Cancel(ctx, res.ID, "", time.Hour)
+			if h.Fired() != times {
+				t.Fatalf("fault fired %d times", h.Fired())
+			}
+			got := e.Get(t, res.ID)
+			if f == faults.Throttle {
+				if err == nil || got.State != ledger.Enqueued {
+					t.Fatalf("throttled cancel: %v, record %s; want an error and Enqueued", err, got.State)
+				}
+				return
+			}
+			if err != nil || rec.State != ledger.Failed || !got.Cancelled || got.State != ledger.Failed {
+				t.Fatalf("cancel after a lost reply: %v, %+v; want Failed and cancelled", err, got)
+			}
+		})
+	}
+}

@@ -114,8 +114,24 @@ type JobQueueProps struct {
 	FailureRateAlarm *float64
 	// RemovalPolicy of the table. Defaults to RETAIN.
 	RemovalPolicy awscdk.RemovalPolicy
+	// WebDashboard adds the web dashboard (package dashboard) as a
+	// function behind a Lambda function URL with IAM auth: only principals
+	// allowed lambda:InvokeFunctionUrl on it (grant with
+	// JobQueue.WebDashboard.GrantInvokeUrl) can open it, through a
+	// SigV4-signing proxy. Defaults to nil: no dashboard function.
+	WebDashboard *WebDashboardProps
 	// Environment is added to every function's (settings of your own).
 	Environment *map[string]*string
+}
+
+// WebDashboardProps configure the dashboard function.
+type WebDashboardProps struct {
+	// Write turns the requeue, cancel, delete and redrive actions on (and
+	// grants them). Defaults to false: read-only, read grants only.
+	Write *bool
+	// Code runs lambdamain.Dashboard (or lambdamain.Serve). Defaults to
+	// JobQueueProps.Code, else CodeDir/dashboard.
+	Code awslambda.Code
 }
 
 // Retention of terminal records; nil fields keep the default.
@@ -148,6 +164,8 @@ type JobQueue struct {
 	OldestMessageAlarm awscloudwatch.Alarm
 	FailureRateAlarm   awscloudwatch.Alarm // over the functions' EMF metrics
 	Dashboard          awscloudwatch.Dashboard
+	WebDashboard       awslambda.Function    // nil without the WebDashboard prop
+	WebDashboardURL    awslambda.FunctionUrl // its IAM-authenticated URL
 	keySecret          awsssm.IStringParameter
 	env                map[string]*string // every function's settings
 	guardAfter         string
@@ -288,6 +306,10 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		})
 	}
 
+	if p.WebDashboard != nil {
+		q.webDashboard(c, p, roleEnv(settings.Dashboard))
+	}
+
 	q.DLQDepthAlarm = q.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
 		Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum"),
 	}).CreateAlarm(c, jsii.String("DLQDepth"), &awscloudwatch.CreateAlarmOptions{
@@ -350,6 +372,29 @@ func (q *JobQueue) metricsViews(c constructs.Construct, p JobQueueProps) {
 	})
 }
 
+// webDashboard adds the dashboard's function and its IAM-authenticated URL
+// (response streaming, as lambdaurl answers).
+func (q *JobQueue) webDashboard(c constructs.Construct, p JobQueueProps, env map[string]*string) {
+	wp := p.WebDashboard
+	code := wp.Code
+	if code == nil {
+		code = p.code(settings.Dashboard)
+	}
+	write := wp.Write != nil && *wp.Write
+	env[settings.EnvDashboardWrite] = jsii.String(strconv.FormatBool(write))
+	q.WebDashboard = newFunction(c, "WebDashboard", code, awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(256), env)
+	if write {
+		q.GrantOperate(q.WebDashboard)
+	} else {
+		q.GrantRead(q.WebDashboard)
+	}
+	q.WebDashboardURL = q.WebDashboard.AddFunctionUrl(&awslambda.FunctionUrlOptions{
+		AuthType:   awslambda.FunctionUrlAuthType_AWS_IAM,
+		InvokeMode: awslambda.InvokeMode_RESPONSE_STREAM,
+	})
+	awscdk.NewCfnOutput(c, jsii.String("WebDashboardUrl"), &awscdk.CfnOutputProps{Value: q.WebDashboardURL.Url()})
+}
+
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:
 // Enqueue, ContinueWith, Requeue, Get, Delete (item reads and conditional
 // writes; TransactWriteItems, used to re-use a key, is authorised by the
@@ -364,14 +409,12 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 }
 
 // GrantOperate lets grantee operate the jobs (the nexjob CLI, a
-// dashboard): everything GrantEnqueue allows, listing (Query on the
-// index), and the DLQ: its depth, and redrive (receive, delete, send
-// back to the job queue).
+// dashboard with write actions): everything GrantEnqueue and GrantRead
+// allow, and redrive (DLQ receive, delete, send back to the job queue).
 func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.GrantEnqueue(grantee)
-	q.Table.Grant(grantee, jsii.String("dynamodb:Query"))
-	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:ReceiveMessage"), jsii.String("sqs:DeleteMessage"),
-		jsii.String("sqs:ChangeMessageVisibility"), jsii.String("sqs:GetQueueAttributes"))
+	q.GrantRead(grantee)
+	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:DeleteMessage"), jsii.String("sqs:ChangeMessageVisibility"))
 }
 
 func (q *JobQueue) grantKeySecret(grantee awsiam.IGrantable) {
@@ -380,9 +423,14 @@ func (q *JobQueue) grantKeySecret(grantee awsiam.IGrantable) {
 	}
 }
 
-// GrantRead lets grantee read and list jobs (the CLI, a dashboard).
+// GrantRead lets grantee look at the jobs (the CLI's list, get and stats,
+// a read-only dashboard): item reads, Query of the index, Scan (stats, and
+// listing states the index does not hold), the queues' depths, and
+// peeking at the DLQ (ReceiveMessage with no delete).
 func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
-	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"))
+	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
+	q.Queue.Grant(grantee, jsii.String("sqs:GetQueueAttributes"))
+	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:ReceiveMessage"), jsii.String("sqs:GetQueueAttributes"))
 	q.grantKeySecret(grantee)
 }
 
@@ -463,6 +511,8 @@ func codeProp(r settings.Role) string {
 		return "WorkerCode"
 	case settings.DeadLetter:
 		return "DeadLetterCode"
+	case settings.Dashboard:
+		return "WebDashboard.Code"
 	}
 	return "GuardCode (or NoGuard)"
 }

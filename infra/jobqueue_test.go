@@ -318,3 +318,67 @@ func TestJobQueueOneBinaryNoGuard(t *testing.T) {
 		})
 	}
 }
+
+// TestWebDashboard: off by default; with the prop, one more function
+// (role dashboard) behind an IAM-authenticated, streaming function URL,
+// read grants only unless Write, and never the write actions when read-only.
+func TestWebDashboard(t *testing.T) {
+	_, raw := synth(t)
+	for _, res := range raw["Resources"].(map[string]any) {
+		if res.(map[string]any)["Type"] == "AWS::Lambda::Url" {
+			t.Fatal("a function URL without the WebDashboard prop")
+		}
+	}
+	for _, write := range []bool{false, true} {
+		code := t.TempDir()
+		if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+		stack := awscdk.NewStack(app, jsii.String(fmt.Sprintf("Dash%v", write)), nil)
+		q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{Code: infra.BootstrapCode(code), WebDashboard: &infra.WebDashboardProps{Write: jsii.Bool(write)}})
+		if q.WebDashboard == nil || q.WebDashboardURL == nil {
+			t.Fatal("no dashboard function or URL")
+		}
+		tpl := assertions.Template_FromStack(stack, nil)
+		tpl.ResourceCountIs(jsii.String("AWS::Lambda::Function"), jsii.Number(4))
+		tpl.HasResourceProperties(jsii.String("AWS::Lambda::Url"), map[string]any{"AuthType": "AWS_IAM", "InvokeMode": "RESPONSE_STREAM"})
+		tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+			"Environment": map[string]any{"Variables": map[string]any{"NEXJOB_ROLE": "dashboard", "NEXJOB_DASHBOARD_WRITE": fmt.Sprint(write)}},
+		})
+		var actions []string
+		b, _ := json.Marshal(tpl.ToJSON())
+		var doc map[string]any
+		_ = json.Unmarshal(b, &doc)
+		for _, res := range doc["Resources"].(map[string]any) {
+			r := res.(map[string]any)
+			if r["Type"] != "AWS::IAM::Policy" {
+				continue
+			}
+			props := r["Properties"].(map[string]any)
+			if !strings.Contains(fmt.Sprint(props["Roles"]), "JobsWebDashboardRole") {
+				continue
+			}
+			for _, st := range props["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+				switch a := st.(map[string]any)["Action"].(type) {
+				case string:
+					actions = append(actions, a)
+				case []any:
+					for _, x := range a {
+						actions = append(actions, x.(string))
+					}
+				}
+			}
+		}
+		for _, a := range []string{"dynamodb:GetItem", "dynamodb:Query", "dynamodb:Scan", "sqs:ReceiveMessage", "sqs:GetQueueAttributes"} {
+			if !slices.Contains(actions, a) {
+				t.Fatalf("write=%v: the dashboard lacks %s: %v", write, a, actions)
+			}
+		}
+		for _, a := range []string{"dynamodb:UpdateItem", "dynamodb:DeleteItem", "sqs:SendMessage", "sqs:DeleteMessage"} {
+			if slices.Contains(actions, a) != write {
+				t.Fatalf("write=%v: %s granted %v: %v", write, a, !write, actions)
+			}
+		}
+	}
+}

@@ -7,9 +7,9 @@
 //		lambdamain.Serve(reg, nil)
 //	}
 //
-// Serve picks the function's role from NEXJOB_ROLE (worker, deadletter or
-// guard), so one binary can serve all three; Worker, DeadLetter and Guard
-// start one role each. Every role reads its configuration through
+// Serve picks the function's role from NEXJOB_ROLE (worker, deadletter,
+// guard or dashboard), so one binary can serve them all; Worker,
+// DeadLetter, Guard and Dashboard start one role each. Every role reads its configuration through
 // settings.Load: the same variables the CDK construct sets on every
 // function and that producers and the CLI read.
 //
@@ -30,8 +30,11 @@ import (
 	"os"
 
 	"github.com/aws/aws-lambda-go/lambda"
+	"github.com/aws/aws-lambda-go/lambdaurl"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/nexjob/nexjob-aws/admin"
+	"github.com/nexjob/nexjob-aws/dashboard"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/guard"
 	"github.com/nexjob/nexjob-aws/metrics"
@@ -59,8 +62,10 @@ func Serve(reg *handler.Registry, opts *Options) {
 		DeadLetter(reg, opts)
 	case settings.Guard:
 		Guard(opts)
+	case settings.Dashboard:
+		Dashboard(opts)
 	default:
-		fail(logger(opts, r), &settings.InvalidError{Var: settings.EnvRole, Reason: "want worker, deadletter or guard"})
+		fail(logger(opts, r), &settings.InvalidError{Var: settings.EnvRole, Reason: "want worker, deadletter, guard or dashboard"})
 	}
 }
 
@@ -89,6 +94,23 @@ func Guard(opts *Options) {
 	}
 	g := guard.New(sqs.NewFromConfig(s.AWS), s.QueueURL, &guard.Options{After: s.GuardAfter, Logger: log})
 	start(opts, log, g.HandleStream)
+}
+
+// Dashboard starts the web dashboard behind a Lambda function URL (the
+// construct's Dashboard prop: IAM auth, response streaming). Write
+// actions are on only with NEXJOB_DASHBOARD_WRITE=true. It does not
+// return.
+func Dashboard(opts *Options) {
+	log := logger(opts, settings.Dashboard)
+	s, err := settings.Load(context.Background(), settings.Dashboard)
+	if err != nil {
+		fail(log, err)
+	}
+	a, err := admin.New(s)
+	if err != nil {
+		fail(log, err)
+	}
+	start(opts, log, lambdaurl.Wrap(dashboard.New(a, &dashboard.Options{Write: s.DashboardWrite, Logger: log})))
 }
 
 // NewHandler builds the handler a role's function runs, from the

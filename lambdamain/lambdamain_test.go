@@ -2,6 +2,7 @@ package lambdamain_test
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -100,5 +101,34 @@ func TestBadConfigurationStopsAtStart(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "NEXJOB_TABLE must be set") || strings.Count(string(out), "\n") != 1 {
 		t.Fatalf("log: %s", out)
+	}
+}
+
+// TestServeDashboard: NEXJOB_ROLE=dashboard serves the dashboard to
+// Lambda function URL requests, read-only unless NEXJOB_DASHBOARD_WRITE.
+func TestServeDashboard(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	e.Setenv(t)
+	t.Setenv(settings.EnvRole, string(settings.Dashboard))
+	var got any
+	lambdamain.Serve(registry(), &lambdamain.Options{Start: func(h any) { got = h }})
+	fn, ok := got.(func(context.Context, *events.LambdaFunctionURLRequest) (*events.LambdaFunctionURLStreamingResponse, error))
+	if !ok {
+		t.Fatalf("started %T, want a function URL handler", got)
+	}
+	res, err := e.Client.Enqueue(context.Background(), note{Text: "hi"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &events.LambdaFunctionURLRequest{RawPath: "/jobs/" + res.ID}
+	req.RequestContext.DomainName = "abc.lambda-url.eu-west-1.on.aws"
+	req.RequestContext.HTTP.Method = "GET"
+	resp, err := fn(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "Job "+res.ID) || !strings.Contains(string(body), "read-only") {
+		t.Fatalf("%d\n%s", resp.StatusCode, body)
 	}
 }

@@ -19,6 +19,7 @@
 //	NEXJOB_KEY_SECRET_PARAMETER  an SSM SecureString parameter holding the key secret
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
+//	NEXJOB_DASHBOARD_WRITE       "true" turns the dashboard function's write actions on
 //
 // AWS settings (region, credentials, AWS_ENDPOINT_URL for an emulator)
 // are the SDK's standard ones.
@@ -60,6 +61,7 @@ const (
 	EnvKeySecretParameter = "NEXJOB_KEY_SECRET_PARAMETER"
 	EnvKeySecret          = "NEXJOB_KEY_SECRET"
 	EnvGuardAfter         = "NEXJOB_GUARD_AFTER"
+	EnvDashboardWrite     = "NEXJOB_DASHBOARD_WRITE"
 )
 
 // Role is what the process is: each reads the variables it needs.
@@ -72,6 +74,7 @@ const (
 	Guard      Role = "guard"      // the dispatch guard (guard.HandleStream)
 	Producer   Role = "producer"   // enqueues (a team's API)
 	Operator   Role = "operator"   // the CLI and the dashboard (package admin)
+	Dashboard  Role = "dashboard"  // the dashboard as a Lambda function URL
 )
 
 // Vars lists the variables a role reads, required ones first. The CDK
@@ -82,6 +85,8 @@ func Vars(r Role) []string {
 		return []string{EnvQueueURL, EnvGuardAfter}
 	case Worker, Operator:
 		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates}
+	case Dashboard:
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvDashboardWrite}
 	}
 	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates}
 }
@@ -108,6 +113,8 @@ type Settings struct {
 	KeySecret      []byte
 	// GuardAfter is guard.Options.After; zero takes its default.
 	GuardAfter time.Duration
+	// DashboardWrite turns the dashboard's write actions on.
+	DashboardWrite bool
 }
 
 // MissingError: a variable the role needs is not set.
@@ -148,7 +155,7 @@ func Load(ctx context.Context, role Role) (Settings, error) {
 // FromEnv is Load with the SDK configuration and the environment given.
 func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string) string) (Settings, error) {
 	switch role {
-	case Worker, DeadLetter, Guard, Producer, Operator:
+	case Worker, DeadLetter, Guard, Producer, Operator, Dashboard:
 	default:
 		return Settings{}, &InvalidError{Var: EnvRole, Reason: fmt.Sprintf("%q is not worker, deadletter or guard", string(role))}
 	}
@@ -172,6 +179,11 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 	if v := getenv(EnvIndexAllStates); v != "" {
 		if s.IndexAllStates, err = strconv.ParseBool(v); err != nil {
 			return Settings{}, &InvalidError{Var: EnvIndexAllStates, Reason: "want true or false"}
+		}
+	}
+	if v := getenv(EnvDashboardWrite); v != "" {
+		if s.DashboardWrite, err = strconv.ParseBool(v); err != nil {
+			return Settings{}, &InvalidError{Var: EnvDashboardWrite, Reason: "want true or false"}
 		}
 	}
 	if v := getenv(EnvGuardAfter); v != "" {

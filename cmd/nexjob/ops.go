@@ -191,7 +191,7 @@ func (o *ops) stats(ctx context.Context) error {
 		ks = append(ks, k)
 	}
 	sort.Strings(ks)
-	tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
 	head := "KIND\t"
 	for _, s := range states {
 		head += string(s) + "\t"

@@ -1,0 +1,241 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+// report is the operator tests' job: it fails while its kind is broken.
+type report struct {
+	Name string `json:"name"`
+}
+
+func (report) Kind() string { return "report" }
+
+// rig is a deployment with a worker whose jobs fail while broken is set.
+type rig struct {
+	e      *awstest.Env
+	h      *handler.Handler
+	broken *atomic.Bool
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	r := &rig{e: awstest.New(t, nil), broken: new(atomic.Bool)}
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[report](func(ctx context.Context, j *handler.Job[report]) error {
+		if r.broken.Load() {
+			return handler.Permanent(errors.New("report store unavailable"))
+		}
+		return nil
+	}), nil)
+	r.h = r.e.Handler(t, reg, &handler.Options{Logger: quiet})
+	return r
+}
+
+// cli runs the command line in process against the rig's deployment.
+func (r *rig) cli(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	env := map[string]string{settings.EnvTable: r.e.Table, settings.EnvQueueURL: r.e.QueueURL, settings.EnvDLQURL: r.e.DLQURL}
+	c := &cli{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
+	err = c.run(context.Background(), args)
+	return out.String(), errOut.String(), err
+}
+
+func (r *rig) must(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errOut, err := r.cli(t, args...)
+	if err != nil {
+		t.Fatalf("nexjob %s: %v\n%s%s", strings.Join(args, " "), err, out, errOut)
+	}
+	return out + errOut
+}
+
+// enqueue adds n report jobs and returns their ids.
+func (r *rig) enqueue(t *testing.T, n int, prefix string) []string {
+	t.Helper()
+	var ids []string
+	for i := range n {
+		res, err := r.e.Client.Enqueue(context.Background(), report{Name: fmt.Sprintf("%s-%d", prefix, i)}, &enqueue.Opts{MaxAttempts: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	return ids
+}
+
+func TestHelp(t *testing.T) {
+	for _, arg := range []string{"help", "--help", "-h"} {
+		var out bytes.Buffer
+		c := &cli{stdout: &out, stderr: &out, getenv: func(string) string { return "" }}
+		if err := c.run(context.Background(), []string{arg}); err != nil {
+			t.Fatalf("%s: %v", arg, err)
+		}
+		for _, w := range []string{"usage: nexjob COMMAND", "requeue --state S", "dashboard [--addr 127.0.0.1:8080] [--write]", "redrive"} {
+			if !strings.Contains(out.String(), w) {
+				t.Fatalf("%s output lacks %q:\n%s", arg, w, out.String())
+			}
+		}
+	}
+}
+
+// TestOperatorCommands (issue 11, item 4): list, get, stats, cancel,
+// requeue of many with a progress bar, against jobs a real worker ran.
+func TestOperatorCommands(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.broken.Store(true)
+	failed := r.enqueue(t, 3, "broken")
+	r.e.Drain(t, r.h)
+	for _, id := range failed {
+		r.e.RequireState(t, id, ledger.Failed)
+	}
+	r.broken.Store(false)
+	waiting := r.enqueue(t, 2, "waiting") // not drained: Enqueued
+
+	// list: a header, human times, the kind filter; flags after arguments.
+	out := r.must(t, "list", "--state", "Failed", "--kind", "report", "--since", "1h")
+	if !strings.HasPrefix(out, "JOB ") || !strings.Contains(out, "LAST ERROR") {
+		t.Fatalf("list has no header:\n%s", out)
+	}
+	for _, id := range failed {
+		if !strings.Contains(out, id) {
+			t.Fatalf("list lacks %s:\n%s", id, out)
+		}
+	}
+	if !strings.Contains(out, "report store unavailable") || !(strings.Contains(out, "ago") || strings.Contains(out, "just now")) {
+		t.Fatalf("list lacks the error or a human time:\n%s", out)
+	}
+	if out := r.must(t, "list", "--state", "Failed", "--kind", "other"); strings.Contains(out, failed[0]) {
+		t.Fatalf("the kind filter let a report job through:\n%s", out)
+	}
+	if out := r.must(t, "list", "--state", "Failed", "--until", "1h"); strings.Contains(out, failed[0]) {
+		t.Fatalf("--until 1h listed a job that failed just now:\n%s", out)
+	}
+	if out := r.must(t, "list", "--state=Failed", "--limit", "2"); strings.Count(out, "  report  ") != 2 {
+		t.Fatalf("--limit 2 printed:\n%s", out)
+	}
+	// Enqueued is not indexed by default: listed by a scan, and said so.
+	if out := r.must(t, "list", "--state", "Enqueued"); !strings.Contains(out, waiting[0]) || !strings.Contains(out, "scanning the table") {
+		t.Fatalf("list of Enqueued jobs:\n%s", out)
+	}
+
+	// get: args only on request, with the flag after the id.
+	if out := r.must(t, "get", failed[0]); strings.Contains(out, "broken-0") || !strings.Contains(out, "--show-args prints them") {
+		t.Fatalf("get showed the args without --show-args:\n%s", out)
+	}
+	if out := r.must(t, "get", failed[0], "--show-args"); !strings.Contains(out, `{"name":"broken-0"}`) {
+		t.Fatalf("get --show-args:\n%s", out)
+	}
+
+	// stats: counts per state and kind.
+	out = r.must(t, "stats")
+	if !regexpLine(out, `report\s+2\s+0\s+0\s+0\s+0\s+3\s+0`) || !strings.Contains(out, "job queue: 2 waiting") || !strings.Contains(out, "dead-letter queue: 0 messages") {
+		t.Fatalf("stats:\n%s", out)
+	}
+
+	// cancel: the record is kept, Failed and marked; a second cancel is refused.
+	r.must(t, "cancel", waiting[0], "--reason", "customer withdrew the order")
+	rec := r.e.RequireState(t, waiting[0], ledger.Failed)
+	if !rec.Cancelled || rec.LastError != "customer withdrew the order" || rec.ExpiresAt == 0 {
+		t.Fatalf("cancelled record %+v", rec)
+	}
+	_, _, err := r.cli(t, "cancel", waiting[0])
+	var nc *enqueue.NotCancellableError
+	if !errors.As(err, &nc) || nc.State != ledger.Failed {
+		t.Fatalf("second cancel: %v", err)
+	}
+
+	// requeue many, with a progress bar; then the worker runs them.
+	out = r.must(t, "requeue", "--state", "Failed", "--kind", "report")
+	if !strings.Contains(out, "requeue [##############################] 4/4") || !strings.Contains(out, "requeued 4 of 4 Failed jobs") {
+		t.Fatalf("requeue of many:\n%s", out)
+	}
+	r.e.Drain(t, r.h)
+	for _, id := range append(failed, waiting...) {
+		r.e.RequireState(t, id, ledger.Succeeded)
+	}
+
+	// Bad input is a usage error naming the flag.
+	for _, args := range [][]string{{"list", "--state", "Finished"}, {"list", "--since", "yesterday"}, {"get"}, {"frobnicate"}} {
+		if _, _, err := r.cli(t, args...); err == nil || !strings.Contains(err.Error(), "nexjob help") {
+			t.Fatalf("nexjob %v: %v", args, err)
+		}
+	}
+}
+
+// TestRedrive: a message in the DLQ whose job the DLQ consumer recorded
+// Failed is requeued and runs; one that is not a job stays, reported.
+func TestRedrive(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	ids := r.enqueue(t, 1, "lost")
+	rec, err := r.e.Client.Store().Get(context.Background(), ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The job's message went to the DLQ and the consumer recorded it Failed.
+	ctx := context.Background()
+	r.e.Purge(t, r.e.QueueURL)
+	if _, _, err := r.e.Client.Store().DeadLetter(ctx, rec, "poison message", time.Time{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{enqueue.Message{V: 1, ID: ids[0], Kind: "report"}.Encode(), "not a job"} {
+		if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.DLQURL), MessageBody: aws.String(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errOut, err := r.cli(t, "redrive")
+	if err == nil || !strings.Contains(err.Error(), "not a job message, left in the DLQ") || !strings.Contains(out, "redrove 1 of 2 dead-letter messages") {
+		t.Fatalf("redrive: %v\n%s%s", err, out, errOut)
+	}
+	r.e.Drain(t, r.h)
+	r.e.RequireState(t, ids[0], ledger.Succeeded)
+	if n := r.e.QueueDepth(t, r.e.DLQURL); n != 1 {
+		t.Fatalf("DLQ holds %d messages after the redrive, want the 1 that is not a job", n)
+	}
+}
+
+// TestErrorsPrintedOnce: the binary prints one "nexjob:" per failure line.
+func TestErrorsPrintedOnce(t *testing.T) {
+	r := newRig(t)
+	ids := r.enqueue(t, 1, "x")
+	bin := buildCLI(t)
+	cmd := exec.Command(bin, "requeue", ids[0], "--table", r.e.Table, "--queue", r.e.QueueURL)
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("requeue of an Enqueued job succeeded:\n%s", out)
+	}
+	want := "nexjob: job " + ids[0] + " is Enqueued; only terminal jobs can be requeued\n"
+	if string(out) != want {
+		t.Fatalf("printed %q, want %q", out, want)
+	}
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// regexpLine reports whether some line of out matches re.
+func regexpLine(out, re string) bool {
+	return regexp.MustCompile(`(?m)^` + re + `\s*$`).MatchString(out)
+}

@@ -1,0 +1,144 @@
+package dashboard_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// browser starts headless Chromium (Debian's chromium package; `make
+// browser` installs it) and returns a context that drives one tab. With
+// no Chromium the test is skipped, except under CI=true, where it fails.
+func browser(t *testing.T) context.Context {
+	t.Helper()
+	path := os.Getenv("NEXJOB_CHROMIUM")
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if path != "" {
+			break
+		}
+		path, _ = exec.LookPath(name)
+	}
+	if path == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("no Chromium: `make browser` installs Debian's chromium package")
+		}
+		t.Skip("no Chromium (`make browser` installs it)")
+	}
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.NoSandbox, // root in CI containers
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	// One minute for the whole walk: a bound for a hung browser, not a
+	// timing assumption (every step waits on an element).
+	ctx, cancelTime := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() { cancelTime(); cancelTab(); cancelAlloc() })
+	return ctx
+}
+
+// shot writes a full-page screenshot to build/dashboard/NAME.png at the
+// repository root.
+func shot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // quality 100: PNG
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, file, _, _ := runtime.Caller(0)
+	dir := filepath.Join(filepath.Dir(file), "..", "build", "dashboard")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// do runs steps in the tab, failing the test on an error.
+func do(t *testing.T, ctx context.Context, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// text waits for the element and returns its visible text.
+func text(t *testing.T, ctx context.Context, css string) string {
+	t.Helper()
+	s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(css)))
+	if err != nil {
+		t.Fatalf("%s: %v", css, err)
+	}
+	return strings.TrimSpace(s)
+}
+
+// TestBrowserRequeue (issue 11, item 6): in a real browser, list the
+// jobs, open the Failed one, requeue it through the confirmation page and
+// see the worker run it.
+func TestBrowserRequeue(t *testing.T) {
+	r := newRig(t, true)
+	ctx := browser(t)
+	do(t, ctx, chromedp.Navigate(r.srv.URL+"/"))
+	if counts := text(t, ctx, "#counts"); !strings.Contains(counts, "invoice") {
+		t.Fatalf("overview counts lack the invoice kind:\n%s", counts)
+	}
+	shot(t, ctx, "1-overview")
+	do(t, ctx, chromedp.Click(chromedp.CSS(`a[href="/jobs?state=Failed&kind=invoice"]`)))
+	if jobs := text(t, ctx, "#jobs"); !strings.Contains(jobs, r.failed) || !strings.Contains(jobs, "ledger service unreachable") {
+		t.Fatalf("Failed list:\n%s", jobs)
+	}
+	shot(t, ctx, "2-failed-jobs")
+	do(t, ctx, chromedp.Click(chromedp.CSS(`a.job[href="/jobs/`+r.failed+`"]`)))
+	if state, last := text(t, ctx, "#state"), text(t, ctx, "#lastError"); state != "Failed" || !strings.Contains(last, "ledger service unreachable") {
+		t.Fatalf("job page: state %q, last error %q", state, last)
+	}
+	shot(t, ctx, "3-job-failed")
+	do(t, ctx, chromedp.Click(chromedp.CSS("#requeue")), chromedp.WaitVisible(chromedp.CSS("#confirm")))
+	shot(t, ctx, "4-confirm-requeue")
+	do(t, ctx, chromedp.Click(chromedp.CSS("#confirm")))
+	if flash, state := text(t, ctx, "#flash"), text(t, ctx, "#state"); !strings.HasPrefix(flash, "requeued") || state != "Enqueued" {
+		t.Fatalf("after the requeue: flash %q, state %q", flash, state)
+	}
+	// The worker runs it; the page, reloaded, shows it done.
+	r.e.Drain(t, r.h)
+	r.e.RequireState(t, r.failed, ledger.Succeeded)
+	do(t, ctx, chromedp.Navigate(r.srv.URL+"/jobs/"+r.failed))
+	if state := text(t, ctx, "#state"); state != "Succeeded" {
+		t.Fatalf("after the run the page shows %q", state)
+	}
+	shot(t, ctx, "5-job-succeeded")
+}
+
+// TestBrowserReadOnly: without the write flag the browser is offered no
+// action, and a write page it is sent to anyway refuses.
+func TestBrowserReadOnly(t *testing.T) {
+	r := newRig(t, false)
+	ctx := browser(t)
+	do(t, ctx, chromedp.Navigate(r.srv.URL+"/jobs/"+r.failed))
+	mode := text(t, ctx, "#mode")
+	actions, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("a.action").length`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mode != "read-only" || actions != 0 {
+		t.Fatalf("read-only page: mode %q, %d actions offered", mode, actions)
+	}
+	do(t, ctx, chromedp.Navigate(r.srv.URL+"/jobs/"+r.failed+"/requeue"))
+	if body := text(t, ctx, "#error"); !strings.Contains(body, "this dashboard is read-only") {
+		t.Fatalf("a write page without the flag:\n%s", body)
+	}
+	shot(t, ctx, "6-read-only-refusal")
+	r.e.RequireState(t, r.failed, ledger.Failed)
+}
