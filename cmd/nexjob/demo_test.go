@@ -1,19 +1,25 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/nexjob/nexjob-aws/internal/awstest"
 )
 
-// TestDemo runs what `make run` runs and checks both tables.
+// TestDemo runs what `make run` runs and checks both tables and the last
+// lines, which say how to open the dashboard.
 func TestDemo(t *testing.T) {
-	cfg := awstest.Config(t)
+	awstest.Config(t)
 	var out bytes.Buffer
-	if _, err := demo(context.Background(), cfg, &out); err != nil {
+	c := &cli{stdout: &out, stderr: io.Discard, getenv: func(string) string { return "" }}
+	if err := c.run(context.Background(), []string{"demo"}); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	text := out.String()
@@ -30,5 +36,42 @@ func TestDemo(t *testing.T) {
 		if !strings.Contains(text, w) {
 			t.Errorf("demo output lacks %q:\n%s", w, text)
 		}
+	}
+	if !strings.Contains(text, "To look at these jobs in the web dashboard: make dashboard\n") {
+		t.Errorf("demo does not end with how to open the dashboard:\n%s", text)
+	}
+}
+
+// TestDemoDashboard: `make dashboard` (demo --dashboard) serves the
+// dashboard on the demo's own jobs until it is stopped.
+func TestDemoDashboard(t *testing.T) {
+	awstest.Config(t)
+	ctx, stop := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	c := &cli{stdout: pw, stderr: io.Discard, getenv: func(string) string { return "" }}
+	done := make(chan error, 1)
+	go func() { done <- c.run(ctx, []string{"demo", "--dashboard", "127.0.0.1:0"}); pw.Close() }()
+	addr := regexp.MustCompile(`dashboard for table (\S+) on (http://\S+) \(read-only`)
+	var m []string
+	sc := bufio.NewScanner(pr)
+	for m == nil && sc.Scan() {
+		m = addr.FindStringSubmatch(sc.Text())
+	}
+	if m == nil {
+		t.Fatalf("no dashboard line (%v)", <-done)
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	resp, err := http.Get(m[2] + "jobs?state=Failed&kind=webhook")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "subscriber endpoint refused the connection") || !strings.Contains(string(body), m[1]) {
+		t.Fatalf("%d\n%s", resp.StatusCode, body)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("demo --dashboard after Ctrl-C: %v", err)
 	}
 }
