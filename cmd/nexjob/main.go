@@ -35,7 +35,7 @@ usage: nexjob COMMAND [flags] [args]
                                       eval "$(nexjob provision NAME)" points a shell at them
   schema                              print the table definition for the AWS CLI (LocalStack's hook)
 
-  list [--state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
+  list [STATE | --state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
                                       jobs in a state (default Failed), newest first
   get ID [--show-args]                one job's record (args only with --show-args)
   stats                               jobs per state and kind, queue and DLQ depth (scans the table)
@@ -176,6 +176,9 @@ func (c *cli) run(ctx context.Context, args []string) error {
 	}
 	switch cmd {
 	case "list":
+		if f.state == "" && len(rest) > 0 {
+			f.state = rest[0] // nexjob list Failed
+		}
 		return op.list(ctx, f)
 	case "get":
 		if err := want(1); err != nil {

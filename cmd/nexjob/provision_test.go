@@ -30,7 +30,7 @@ func TestProvisionExports(t *testing.T) {
 	name := fmt.Sprintf("nj-provision-%d", time.Now().UnixNano()%1e9)
 	script := `eval "$(` + bin + ` provision ` + name + `)" && env -u AWS_REGION -u AWS_ACCESS_KEY_ID bash -c 'echo "$NEXJOB_TABLE $NEXJOB_QUEUE_URL"' && ` +
 		// a fresh environment with only the exported lines
-		`env -i PATH="$PATH" HOME="$HOME" AWS_ENDPOINT_URL="$AWS_ENDPOINT_URL" AWS_REGION="$AWS_REGION" AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY" NEXJOB_TABLE="$NEXJOB_TABLE" ` + bin + ` list Failed`
+		`env -i PATH="$PATH" HOME="$HOME" AWS_ENDPOINT_URL="$AWS_ENDPOINT_URL" AWS_REGION="$AWS_REGION" AWS_ACCESS_KEY_ID="$AWS_ACCESS_KEY_ID" AWS_SECRET_ACCESS_KEY="$AWS_SECRET_ACCESS_KEY" NEXJOB_TABLE="$NEXJOB_TABLE" NEXJOB_QUEUE_URL="$NEXJOB_QUEUE_URL" ` + bin + ` list Failed`
 	cmd := exec.Command("bash", "-c", script)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr // the SDK may log warnings there
