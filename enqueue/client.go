@@ -168,11 +168,15 @@ type Opts struct {
 	Deadline time.Time
 	// MaxAttempts is the attempt budget. Defaults to DefaultMaxAttempts.
 	MaxAttempts int
+	// PayloadMismatch: what a key held by an active job with other args
+	// does. Defaults to IgnorePayload (a duplicate, as in NexJob).
+	PayloadMismatch PayloadPolicy
 }
 
 // Result is the outcome of an accepted enqueue.
 type Result struct {
 	ID        string       // the job's id: the new job's, or the existing one's
+	Kind      string       // the job's kind (the existing job's for a duplicate)
 	State     ledger.State // the job's state as this call saw it
 	Duplicate bool         // true: an active job already held the key; nothing new was written
 	// Redispatched: the duplicate's job had apparently never been sent
@@ -192,6 +196,9 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	if opts != nil {
 		o = *opts
 	}
+	if args != nil && !isNilPointer(args) {
+		applyDefaults(args, &o)
+	}
 	rec, err := c.newRecord(args, &o)
 	if err != nil {
 		return Result{}, err
@@ -209,8 +216,11 @@ func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
+	res := Result{ID: got.ID, Kind: got.Kind, State: got.State, Duplicate: !created}
 	if !created {
+		if err := checkHolder(rec, got, o); err != nil {
+			return Result{}, err
+		}
 		c.log.InfoContext(ctx, "nexjob: enqueue deduplicated", "job_id", got.ID, "kind", got.Kind, "state", got.State)
 		c.metrics.Count(metrics.Deduplicated, got.Kind, got.ID)
 		if !c.unsent(got) {
@@ -322,6 +332,9 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	if !o.DuplicatePolicy.Valid() {
 		return ledger.Record{}, invalid("DuplicatePolicy", fmt.Sprintf("unknown value %d", int(o.DuplicatePolicy)))
 	}
+	if o.PayloadMismatch != IgnorePayload && o.PayloadMismatch != RejectPayload {
+		return ledger.Record{}, invalid("PayloadMismatch", fmt.Sprintf("unknown value %d", int(o.PayloadMismatch)))
+	}
 	switch {
 	case o.MaxAttempts < 0:
 		return ledger.Record{}, invalid("MaxAttempts", "negative")
@@ -333,7 +346,7 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	if err != nil {
 		return ledger.Record{}, err
 	}
-	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts}
+	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts, ArgsHash: ledger.ArgsHash(kind, string(raw))}
 	if runAt.After(now) {
 		rec.State, rec.RunAt = ledger.Scheduled, runAt.UnixMilli()
 	}

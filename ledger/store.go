@@ -122,6 +122,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	rec.CreatedAt, rec.UpdatedAt = now.UnixMilli(), now.UnixMilli()
 	rec.Policy = policy.String()
 	rec.Nonce = newNonce()
+	rec.ArgsHash = ArgsHash(rec.Kind, rec.Args)
 	if s.Indexed(rec.State) {
 		rec.ListState, rec.ListAt = rec.State, rec.UpdatedAt
 	}
@@ -164,7 +165,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 			return old, false, nil
 		case !policy.Allows(old.State):
 			return Record{}, false, &DuplicateJobError{
-				ExistingJobID: old.ID, Policy: policy, ExistingState: old.State, Key: key, KeyHash: rec.KeyHash,
+				ExistingJobID: old.ID, ExistingKind: old.Kind, Policy: policy, ExistingState: old.State, Key: key, KeyHash: rec.KeyHash,
 			}
 		}
 		err = s.replace(ctx, old, rec)
@@ -253,13 +254,20 @@ func (s *Store) conditionError(op string, err error) error {
 // replace archives old under its own job id and puts rec in its place, in
 // one transaction conditional on old still being what we saw.
 func (s *Store) replace(ctx context.Context, old, rec Record) error {
+	return s.archive(ctx, old, &rec)
+}
+
+// archive moves old from its key's record to one under its own job id
+// (freeing the key), putting rec in its place if given (else the archived
+// copy no longer names the key: released), in one transaction
+// conditional on old still being what we saw.
+func (s *Store) archive(ctx context.Context, old Record, rec *Record) error {
 	archived := old
 	archived.PK = jobPrefix + old.ID
-	arch, err := attributevalue.MarshalMap(archived)
-	if err != nil {
-		return fmt.Errorf("nexjob: encode job record: %w", err)
+	if rec == nil {
+		archived.KeyHash = "" // released: the job no longer owns the key
 	}
-	item, err := attributevalue.MarshalMap(rec)
+	arch, err := attributevalue.MarshalMap(archived)
 	if err != nil {
 		return fmt.Errorf("nexjob: encode job record: %w", err)
 	}
@@ -276,6 +284,25 @@ func (s *Store) replace(ctx context.Context, old, rec Record) error {
 	if err != nil {
 		return fmt.Errorf("nexjob: build condition: %w", err)
 	}
+	second := types.TransactWriteItem{Delete: &types.Delete{
+		TableName:                 aws.String(s.table),
+		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: old.PK}},
+		ConditionExpression:       sameCond.Condition(),
+		ExpressionAttributeNames:  sameCond.Names(),
+		ExpressionAttributeValues: sameCond.Values(),
+	}}
+	if rec != nil {
+		item, err := attributevalue.MarshalMap(*rec)
+		if err != nil {
+			return fmt.Errorf("nexjob: encode job record: %w", err)
+		}
+		second = types.TransactWriteItem{Put: &types.Put{
+			TableName: aws.String(s.table), Item: item,
+			ConditionExpression:       sameCond.Condition(),
+			ExpressionAttributeNames:  sameCond.Names(),
+			ExpressionAttributeValues: sameCond.Values(),
+		}}
+	}
 	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
 		TransactItems: []types.TransactWriteItem{
 			{Put: &types.Put{
@@ -283,12 +310,7 @@ func (s *Store) replace(ctx context.Context, old, rec Record) error {
 				ConditionExpression:      archCond.Condition(),
 				ExpressionAttributeNames: archCond.Names(),
 			}},
-			{Put: &types.Put{
-				TableName: aws.String(s.table), Item: item,
-				ConditionExpression:       sameCond.Condition(),
-				ExpressionAttributeNames:  sameCond.Names(),
-				ExpressionAttributeValues: sameCond.Values(),
-			}},
+			second,
 		},
 	})
 	var tce *types.TransactionCanceledException
