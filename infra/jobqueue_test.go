@@ -382,3 +382,49 @@ func TestWebDashboard(t *testing.T) {
 		}
 	}
 }
+
+// TestRecurring: the prop adds a schedule group, the target function
+// (role recurring, allowed to enqueue), and Scheduler's role, allowed to
+// invoke only the target; producers get the schedule settings, and
+// GrantSchedule gives the schedule actions and the role to pass.
+func TestRecurring(t *testing.T) {
+	code := t.TempDir()
+	if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	stack := awscdk.NewStack(app, jsii.String("Rec"), nil)
+	q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{Code: infra.BootstrapCode(code), Recurring: jsii.Bool(true)})
+	ops := awsiam.NewRole(stack, jsii.String("Ops"), &awsiam.RoleProps{AssumedBy: awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil)})
+	q.GrantSchedule(ops)
+	env := *q.Settings("producer")
+	for _, k := range []string{"NEXJOB_SCHEDULE_GROUP", "NEXJOB_SCHEDULE_TARGET_ARN", "NEXJOB_SCHEDULER_ROLE_ARN"} {
+		if env[k] == nil {
+			t.Fatalf("producer settings lack %s", k)
+		}
+	}
+	tpl := assertions.Template_FromStack(stack, nil)
+	tpl.ResourceCountIs(jsii.String("AWS::Scheduler::ScheduleGroup"), jsii.Number(1))
+	tpl.ResourceCountIs(jsii.String("AWS::Lambda::Function"), jsii.Number(4))
+	tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+		"Environment": map[string]any{"Variables": map[string]any{"NEXJOB_ROLE": "recurring"}},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::IAM::Role"), map[string]any{
+		"AssumeRolePolicyDocument": map[string]any{"Statement": []any{map[string]any{
+			"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": map[string]any{"Service": "scheduler.amazonaws.com"},
+		}}},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::IAM::Policy"), map[string]any{
+		"Roles": []any{map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^JobsSchedulerRole"))}},
+		"PolicyDocument": map[string]any{"Statement": []any{assertions.Match_ObjectLike(&map[string]any{
+			"Action": assertions.Match_AnyValue(), "Effect": "Allow",
+			"Resource": assertions.Match_ArrayWith(&[]any{map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("^JobsRecurringTarget")), "Arn"}}}),
+		})}},
+	})
+	b, _ := json.Marshal(tpl.ToJSON())
+	for _, a := range []string{"scheduler:CreateSchedule", "scheduler:DeleteSchedule", "scheduler:GetSchedule", "scheduler:ListSchedules", "iam:PassRole"} {
+		if !strings.Contains(string(b), `"`+a+`"`) {
+			t.Fatalf("GrantSchedule lacks %s", a)
+		}
+	}
+}
