@@ -171,8 +171,8 @@ type JobQueue struct {
 	OldestMessageAlarm awscloudwatch.Alarm
 	FailureRateAlarm   awscloudwatch.Alarm // over the functions' EMF metrics
 	Dashboard          awscloudwatch.Dashboard
-	WebDashboard       awslambda.Function    // nil without the WebDashboard prop
-	WebDashboardURL    awslambda.FunctionUrl // its IAM-authenticated URL
+	WebDashboard       awslambda.Function         // nil without the WebDashboard prop
+	WebDashboardURL    awslambda.FunctionUrl      // its IAM-authenticated URL
 	ScheduleGroup      awsscheduler.ScheduleGroup // nil without the Recurring prop
 	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
 	SchedulerRole      awsiam.Role                // assumed by Scheduler to invoke the target

@@ -50,8 +50,8 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
-	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/recurring"
 )
 
 // The environment variables, one name each for every reader.
