@@ -110,12 +110,16 @@ func TestJobQueueTemplate(t *testing.T) {
 		"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
 		"EventSourceArn":        map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("JobsDLQ")), "Arn"}},
 	})
-	// The guard reads the stream, filtered to jobs that became runnable.
+	// The guard reads the stream, filtered to jobs that became runnable
+	// and to first claims (which spare their check), ten seconds a batch.
 	tpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
-		"StartingPosition": "TRIM_HORIZON",
-		"EventSourceArn":   map[string]any{"Fn::GetAtt": []any{assertions.Match_AnyValue(), "StreamArn"}},
+		"StartingPosition":               "TRIM_HORIZON",
+		"MaximumBatchingWindowInSeconds": 10,
+		"EventSourceArn":                 map[string]any{"Fn::GetAtt": []any{assertions.Match_AnyValue(), "StreamArn"}},
 		"FilterCriteria": map[string]any{"Filters": []any{map[string]any{
 			"Pattern": `{"dynamodb":{"NewImage":{"attempt":{"N":["0"]},"state":{"S":["Enqueued","Scheduled"]}}},"eventName":["INSERT","MODIFY"]}`,
+		}, map[string]any{
+			"Pattern": `{"dynamodb":{"NewImage":{"attempt":{"N":["1"]},"state":{"S":["Processing"]}}},"eventName":["MODIFY"]}`,
 		}}},
 	})
 
