@@ -10,7 +10,7 @@ FUZZTIME ?= 3s
 # package:FuzzTarget pairs; `make test` runs each briefly, `make fuzz FUZZTIME=5m` for real.
 FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzCursor ./handler/guard:FuzzChangeFromImages
 
-LAMBDAS := worker deadletter guard dashboard
+LAMBDAS := worker deadletter guard dashboard recurring
 
 .PHONY: help run test browser dashboard orders fuzz bench vet lint emulator lambdas synth up down clean
 

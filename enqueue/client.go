@@ -168,11 +168,15 @@ type Opts struct {
 	Deadline time.Time
 	// MaxAttempts is the attempt budget. Defaults to DefaultMaxAttempts.
 	MaxAttempts int
+	// PayloadMismatch: what a key held by an active job with other args
+	// does. Defaults to IgnorePayload (a duplicate, as in NexJob).
+	PayloadMismatch PayloadPolicy
 }
 
 // Result is the outcome of an accepted enqueue.
 type Result struct {
 	ID        string       // the job's id: the new job's, or the existing one's
+	Kind      string       // the job's kind (the existing job's for a duplicate)
 	State     ledger.State // the job's state as this call saw it
 	Duplicate bool         // true: an active job already held the key; nothing new was written
 	// Redispatched: the duplicate's job had apparently never been sent
@@ -192,6 +196,9 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	if opts != nil {
 		o = *opts
 	}
+	if args != nil && !isNilPointer(args) {
+		applyDefaults(args, &o)
+	}
 	rec, err := c.newRecord(args, &o)
 	if err != nil {
 		return Result{}, err
@@ -205,39 +212,37 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 
 // submit inserts a validated record and sends it, or handles the duplicate.
 func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result, error) {
+	got, send, r := c.decide(ctx, rec, o)
+	if send {
+		c.sent(ctx, got, &r, c.Dispatch(ctx, got))
+	}
+	if r.Err != nil && !r.Recorded {
+		return Result{}, r.Err
+	}
+	return r.Result, r.Err
+}
+
+// decide writes a validated record (or meets the key's holder) and says
+// whether its message is to be sent now.
+func (c *Client) decide(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, ItemResult) {
 	got, created, err := c.insert(ctx, rec, o)
 	if err != nil {
-		return Result{}, err
+		return got, false, ItemResult{Err: err}
 	}
-	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
+	res := ItemResult{Result: Result{ID: got.ID, Kind: got.Kind, State: got.State, Duplicate: !created}, Recorded: true}
 	if !created {
+		if err := checkHolder(rec, got, o); err != nil {
+			return got, false, ItemResult{Err: err}
+		}
 		c.log.InfoContext(ctx, "nexjob: enqueue deduplicated", "job_id", got.ID, "kind", got.Kind, "state", got.State)
 		c.metrics.Count(metrics.Deduplicated, got.Kind, got.ID)
 		if !c.unsent(got) {
-			return res, nil
+			res.Sent = true
+			return got, false, res
 		}
 		res.Redispatched = true
 	}
-	if err := c.Dispatch(ctx, got); err != nil {
-		// The send may have failed because ctx ended: the mark must not
-		// depend on it, or a caller retrying the key would not re-send.
-		bctx, cancel := bookkeeping(ctx)
-		defer cancel()
-		if mErr := c.store.MarkUndispatched(bctx, got.ID); mErr != nil {
-			c.log.ErrorContext(ctx, "nexjob: could not mark an unsent job; the dispatch guard will find it", "job_id", got.ID, "err", mErr)
-		}
-		return res, &DispatchError{JobID: got.ID, Err: c.missing(err)}
-	}
-	if got.Undispatched {
-		bctx, cancel := bookkeeping(ctx)
-		defer cancel()
-		if err := c.store.ClearUndispatched(bctx, got.ID); err != nil {
-			c.log.WarnContext(ctx, "nexjob: could not clear the unsent mark", "job_id", got.ID, "err", err)
-		}
-	}
-	c.log.InfoContext(ctx, "nexjob: enqueued", "job_id", got.ID, "kind", got.Kind, "state", got.State)
-	c.metrics.Count(metrics.Enqueued, got.Kind, got.ID)
-	return res, nil
+	return got, true, res
 }
 
 // BookkeepingTimeout bounds the ledger writes that record what happened
@@ -322,6 +327,9 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	if !o.DuplicatePolicy.Valid() {
 		return ledger.Record{}, invalid("DuplicatePolicy", fmt.Sprintf("unknown value %d", int(o.DuplicatePolicy)))
 	}
+	if o.PayloadMismatch != IgnorePayload && o.PayloadMismatch != RejectPayload {
+		return ledger.Record{}, invalid("PayloadMismatch", fmt.Sprintf("unknown value %d", int(o.PayloadMismatch)))
+	}
 	switch {
 	case o.MaxAttempts < 0:
 		return ledger.Record{}, invalid("MaxAttempts", "negative")
@@ -333,7 +341,7 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	if err != nil {
 		return ledger.Record{}, err
 	}
-	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts}
+	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts, ArgsHash: ledger.ArgsHash(kind, string(raw))}
 	if runAt.After(now) {
 		rec.State, rec.RunAt = ledger.Scheduled, runAt.UnixMilli()
 	}
@@ -392,24 +400,34 @@ func maxTime(a, b time.Time) time.Time {
 // the worker until due. Dispatching a job twice is harmless: the worker's
 // claim is conditional.
 func (c *Client) Dispatch(ctx context.Context, rec ledger.Record) error {
+	msg, delay := c.message(rec)
+	return c.Send(ctx, msg, delay)
+}
+
+// message is the job's SQS message and the delay until it is due.
+func (c *Client) message(rec ledger.Record) (Message, time.Duration) {
 	msg := Message{V: 1, ID: rec.ID, Kind: rec.Kind}
 	var delay time.Duration
 	if rec.State == ledger.Scheduled && rec.RunAt != 0 {
 		msg.RunAt = rec.RunAt
 		delay = ledger.Millis(rec.RunAt).Sub(c.store.Now())
 	}
-	return c.Send(ctx, msg, delay)
+	return msg, delay
+}
+
+// delaySeconds is an SQS delay: whole seconds rounded up, capped at MaxDelay.
+func (c *Client) delaySeconds(delay time.Duration) int32 {
+	delay = max(0, min(delay, c.maxDelay))
+	return int32((delay + time.Second - 1) / time.Second)
 }
 
 // Send sends one job message with a delay, capped at MaxDelay. The
 // worker uses it to carry a long schedule forward.
 func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
-	delay = max(0, min(delay, c.maxDelay))
-	secs := int32((delay + time.Second - 1) / time.Second)
 	_, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
 		QueueUrl:          aws.String(c.queueURL),
 		MessageBody:       aws.String(msg.Encode()),
-		DelaySeconds:      secs,
+		DelaySeconds:      c.delaySeconds(delay),
 		MessageAttributes: traceAttributes(ctx),
 	})
 	if err != nil {

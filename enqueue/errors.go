@@ -16,6 +16,7 @@ import (
 type DuplicateJobError struct {
 	ExistingJobID string          // the job that holds the key
 	ExistingState ledger.State    // its terminal state
+	ExistingKind  string          // its kind
 	Policy        DuplicatePolicy // the policy that rejected the enqueue
 	Key           string          // the idempotency key as the caller gave it
 	KeyHash       string          // the key's stored hash
@@ -27,7 +28,7 @@ func (e *DuplicateJobError) Error() string {
 
 // duplicateFrom converts the ledger's rejection.
 func duplicateFrom(d *ledger.DuplicateJobError) *DuplicateJobError {
-	return &DuplicateJobError{ExistingJobID: d.ExistingJobID, ExistingState: d.ExistingState, Policy: d.Policy, Key: d.Key, KeyHash: d.KeyHash}
+	return &DuplicateJobError{ExistingJobID: d.ExistingJobID, ExistingState: d.ExistingState, ExistingKind: d.ExistingKind, Policy: d.Policy, Key: d.Key, KeyHash: d.KeyHash}
 }
 
 // ErrInvalidInput matches every *InputError with errors.Is.

@@ -28,11 +28,8 @@ type SQS interface {
 	ChangeMessageVisibility(context.Context, *sqs.ChangeMessageVisibilityInput, ...func(*sqs.Options)) (*sqs.ChangeMessageVisibilityOutput, error)
 }
 
-// Retention is how long terminal records are kept (the TTL written on the
-// terminal write). Zero keeps a record forever.
-type Retention struct {
-	Succeeded, Failed, Expired time.Duration
-}
+// Retention is how long terminal records are kept: see ledger.Retention.
+type Retention = ledger.Retention
 
 // DefaultRetention is NexJob's: 7 days, 30 days, 7 days.
 var DefaultRetention = Retention{Succeeded: 7 * 24 * time.Hour, Failed: 30 * 24 * time.Hour, Expired: 7 * 24 * time.Hour}
@@ -442,13 +439,14 @@ func (e *entry) backoff(attempt int) time.Duration {
 // hook of a Failed job with its cause, end the children of a Failed or
 // Expired one as it ended. It reports whether the message may be deleted.
 func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish, cause error) bool {
+	ret := h.retention(rec.Kind)
 	switch f.State {
 	case ledger.Succeeded:
-		f.ExpiresAt = h.expiry(h.o.Retention.Succeeded)
+		f.ExpiresAt = h.expiry(ret.Succeeded)
 	case ledger.Failed:
-		f.ExpiresAt = h.expiry(h.o.Retention.Failed)
+		f.ExpiresAt = h.expiry(ret.Failed)
 	case ledger.Expired:
-		f.ExpiresAt = h.expiry(h.o.Retention.Expired)
+		f.ExpiresAt = h.expiry(ret.Expired)
 	}
 	out, err := h.record(ctx, rec, f)
 	if err == nil {
@@ -540,15 +538,23 @@ func (h *Handler) endChildren(ctx context.Context, parent ledger.Record) bool {
 	if len(parent.Children) == 0 {
 		return true
 	}
-	ret := h.o.Retention.Failed
+	ret := h.retention(parent.Kind).Failed
 	if parent.State == ledger.Expired {
-		ret = h.o.Retention.Expired
+		ret = h.retention(parent.Kind).Expired
 	}
 	if err := h.producer.CancelContinuations(ctx, parent, "", ret); err != nil {
 		h.log.ErrorContext(ctx, "nexjob: ending the continuations of an ended job failed", "job_id", parent.ID, "err", err)
 		return false
 	}
 	return true
+}
+
+// retention is the kind's own (KindOptions.Retention) or the handler's.
+func (h *Handler) retention(kind string) Retention {
+	if e, ok := h.reg.lookup(kind); ok && e.opts.Retention != nil {
+		return *e.opts.Retention
+	}
+	return *h.o.Retention
 }
 
 func (h *Handler) expiry(d time.Duration) time.Time {

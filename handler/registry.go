@@ -55,6 +55,10 @@ type KindOptions struct {
 	// Options.MaxCutOffs times). Defaults to none: the lease or the
 	// invocation bounds the run.
 	Timeout time.Duration
+	// Retention of this kind's terminal records, instead of the handler's
+	// Options.Retention (a zero field keeps them forever). Defaults to the
+	// handler's.
+	Retention *Retention
 }
 
 type entry struct {
@@ -92,6 +96,16 @@ func AddWorker[T enqueue.JobArgs](r *Registry, w Worker[T], opts *KindOptions) {
 	}}
 	if opts != nil {
 		e.opts = *opts
+	}
+	// The args type's own defaults (enqueue.KindDefaults) fill what opts leaves unset.
+	if d, ok := any(zero).(enqueue.KindDefaults); ok {
+		def := d.JobDefaults()
+		if e.opts.Timeout == 0 {
+			e.opts.Timeout = def.Timeout
+		}
+		if e.opts.Retention == nil {
+			e.opts.Retention = def.Retention
+		}
 	}
 	if e.opts.Timeout < 0 {
 		panic(fmt.Sprintf("nexjob: kind %q has a negative Timeout", kind))

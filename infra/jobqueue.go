@@ -38,6 +38,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsscheduler"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsssm"
 	"github.com/aws/constructs-go/constructs/v10"
@@ -120,6 +121,12 @@ type JobQueueProps struct {
 	// JobQueue.WebDashboard.GrantInvokeUrl) can open it, through a
 	// SigV4-signing proxy. Defaults to nil: no dashboard function.
 	WebDashboard *WebDashboardProps
+	// Recurring adds what recurring jobs (package recurring) need: an
+	// EventBridge Scheduler schedule group, the target function (role
+	// recurring; it enqueues each firing), and the role Scheduler assumes
+	// to invoke it, and sets NEXJOB_SCHEDULE_* in Settings(Producer).
+	// Grant GrantSchedule to whoever creates schedules. Defaults to false.
+	Recurring *bool
 	// Environment is added to every function's (settings of your own).
 	Environment *map[string]*string
 }
@@ -164,8 +171,11 @@ type JobQueue struct {
 	OldestMessageAlarm awscloudwatch.Alarm
 	FailureRateAlarm   awscloudwatch.Alarm // over the functions' EMF metrics
 	Dashboard          awscloudwatch.Dashboard
-	WebDashboard       awslambda.Function    // nil without the WebDashboard prop
-	WebDashboardURL    awslambda.FunctionUrl // its IAM-authenticated URL
+	WebDashboard       awslambda.Function         // nil without the WebDashboard prop
+	WebDashboardURL    awslambda.FunctionUrl      // its IAM-authenticated URL
+	ScheduleGroup      awsscheduler.ScheduleGroup // nil without the Recurring prop
+	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
+	SchedulerRole      awsiam.Role                // assumed by Scheduler to invoke the target
 	keySecret          awsssm.IStringParameter
 	env                map[string]*string // every function's settings
 	guardAfter         string
@@ -289,11 +299,13 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 			jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
 		q.Queue.Grant(q.Guard, jsii.String("sqs:SendMessage"))
 		awslambda.NewEventSourceMapping(c, jsii.String("GuardStream"), &awslambda.EventSourceMappingProps{
-			Target:             q.Guard,
-			EventSourceArn:     q.Table.TableStreamArn(),
-			StartingPosition:   awslambda.StartingPosition_TRIM_HORIZON,
-			BatchSize:          jsii.Number(100),
-			MaxBatchingWindow:  awscdk.Duration_Seconds(jsii.Number(1)),
+			Target:           q.Guard,
+			EventSourceArn:   q.Table.TableStreamArn(),
+			StartingPosition: awslambda.StartingPosition_TRIM_HORIZON,
+			BatchSize:        jsii.Number(100),
+			// Ten seconds of changes per batch: a job claimed within them
+			// (the usual case) needs no check message (see package guard).
+			MaxBatchingWindow:  awscdk.Duration_Seconds(jsii.Number(10)),
 			BisectBatchOnError: jsii.Bool(true),
 			RetryAttempts:      jsii.Number(50),
 			Filters: &[]*map[string]interface{}{awslambda.FilterCriteria_Filter(&map[string]interface{}{
@@ -302,12 +314,22 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 					ledger.AttrState:   map[string]interface{}{"S": awslambda.FilterRule_Or(jsii.String(string(ledger.Enqueued)), jsii.String(string(ledger.Scheduled)))},
 					ledger.AttrAttempt: map[string]interface{}{"N": awslambda.FilterRule_IsEqual(jsii.String("0"))},
 				}},
+			}), awslambda.FilterCriteria_Filter(&map[string]interface{}{
+				// A job's first claim, so the guard can skip its check.
+				"eventName": awslambda.FilterRule_IsEqual(jsii.String("MODIFY")),
+				"dynamodb": map[string]interface{}{"NewImage": map[string]interface{}{
+					ledger.AttrState:   map[string]interface{}{"S": awslambda.FilterRule_IsEqual(jsii.String(string(ledger.Processing)))},
+					ledger.AttrAttempt: map[string]interface{}{"N": awslambda.FilterRule_IsEqual(jsii.String("1"))},
+				}},
 			})},
 		})
 	}
 
 	if p.WebDashboard != nil {
 		q.webDashboard(c, p, roleEnv(settings.Dashboard))
+	}
+	if p.Recurring != nil && *p.Recurring {
+		q.recurring(c, p, roleEnv(settings.Recurring))
 	}
 
 	q.DLQDepthAlarm = q.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
@@ -393,6 +415,36 @@ func (q *JobQueue) webDashboard(c constructs.Construct, p JobQueueProps, env map
 		InvokeMode: awslambda.InvokeMode_RESPONSE_STREAM,
 	})
 	awscdk.NewCfnOutput(c, jsii.String("WebDashboardUrl"), &awscdk.CfnOutputProps{Value: q.WebDashboardURL.Url()})
+}
+
+// recurring adds the schedule group, the target and Scheduler's role.
+func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[string]*string) {
+	q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+	q.RecurringTarget = newFunction(c, "RecurringTarget", p.code(settings.Recurring), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
+	q.GrantEnqueue(q.RecurringTarget)
+	q.SchedulerRole = awsiam.NewRole(c, jsii.String("SchedulerRole"), &awsiam.RoleProps{
+		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), nil),
+	})
+	q.RecurringTarget.GrantInvoke(q.SchedulerRole)
+	q.env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
+	q.env[settings.EnvScheduleTarget] = q.RecurringTarget.FunctionArn()
+	q.env[settings.EnvSchedulerRole] = q.SchedulerRole.RoleArn()
+}
+
+// GrantSchedule lets grantee create, update, read, list and remove
+// recurring jobs' schedules in the construct's group (package recurring),
+// and pass Scheduler its role. It panics without the Recurring prop.
+func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
+	if q.ScheduleGroup == nil {
+		panic("nexjob infra: GrantSchedule needs JobQueueProps.Recurring")
+	}
+	q.ScheduleGroup.GrantWriteSchedules(grantee)
+	q.ScheduleGroup.GrantReadSchedules(grantee)
+	q.ScheduleGroup.GrantDeleteSchedules(grantee)
+	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+		Grantee: grantee, Actions: jsii.Strings("scheduler:ListSchedules"), ResourceArns: jsii.Strings("*"),
+	})
+	q.SchedulerRole.GrantPassRole(grantee.GrantPrincipal())
 }
 
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:
@@ -513,6 +565,8 @@ func codeProp(r settings.Role) string {
 		return "DeadLetterCode"
 	case settings.Dashboard:
 		return "WebDashboard.Code"
+	case settings.Recurring:
+		return "Code (or CodeDir/recurring)"
 	}
 	return "GuardCode (or NoGuard)"
 }

@@ -110,12 +110,16 @@ func TestJobQueueTemplate(t *testing.T) {
 		"FunctionResponseTypes": []any{"ReportBatchItemFailures"},
 		"EventSourceArn":        map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("JobsDLQ")), "Arn"}},
 	})
-	// The guard reads the stream, filtered to jobs that became runnable.
+	// The guard reads the stream, filtered to jobs that became runnable
+	// and to first claims (which spare their check), ten seconds a batch.
 	tpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
-		"StartingPosition": "TRIM_HORIZON",
-		"EventSourceArn":   map[string]any{"Fn::GetAtt": []any{assertions.Match_AnyValue(), "StreamArn"}},
+		"StartingPosition":               "TRIM_HORIZON",
+		"MaximumBatchingWindowInSeconds": 10,
+		"EventSourceArn":                 map[string]any{"Fn::GetAtt": []any{assertions.Match_AnyValue(), "StreamArn"}},
 		"FilterCriteria": map[string]any{"Filters": []any{map[string]any{
 			"Pattern": `{"dynamodb":{"NewImage":{"attempt":{"N":["0"]},"state":{"S":["Enqueued","Scheduled"]}}},"eventName":["INSERT","MODIFY"]}`,
+		}, map[string]any{
+			"Pattern": `{"dynamodb":{"NewImage":{"attempt":{"N":["1"]},"state":{"S":["Processing"]}}},"eventName":["MODIFY"]}`,
 		}}},
 	})
 
@@ -379,6 +383,52 @@ func TestWebDashboard(t *testing.T) {
 			if slices.Contains(actions, a) != write {
 				t.Fatalf("write=%v: %s granted %v: %v", write, a, !write, actions)
 			}
+		}
+	}
+}
+
+// TestRecurring: the prop adds a schedule group, the target function
+// (role recurring, allowed to enqueue), and Scheduler's role, allowed to
+// invoke only the target; producers get the schedule settings, and
+// GrantSchedule gives the schedule actions and the role to pass.
+func TestRecurring(t *testing.T) {
+	code := t.TempDir()
+	if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	stack := awscdk.NewStack(app, jsii.String("Rec"), nil)
+	q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{Code: infra.BootstrapCode(code), Recurring: jsii.Bool(true)})
+	ops := awsiam.NewRole(stack, jsii.String("Ops"), &awsiam.RoleProps{AssumedBy: awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil)})
+	q.GrantSchedule(ops)
+	env := *q.Settings("producer")
+	for _, k := range []string{"NEXJOB_SCHEDULE_GROUP", "NEXJOB_SCHEDULE_TARGET_ARN", "NEXJOB_SCHEDULER_ROLE_ARN"} {
+		if env[k] == nil {
+			t.Fatalf("producer settings lack %s", k)
+		}
+	}
+	tpl := assertions.Template_FromStack(stack, nil)
+	tpl.ResourceCountIs(jsii.String("AWS::Scheduler::ScheduleGroup"), jsii.Number(1))
+	tpl.ResourceCountIs(jsii.String("AWS::Lambda::Function"), jsii.Number(4))
+	tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
+		"Environment": map[string]any{"Variables": map[string]any{"NEXJOB_ROLE": "recurring"}},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::IAM::Role"), map[string]any{
+		"AssumeRolePolicyDocument": map[string]any{"Statement": []any{map[string]any{
+			"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": map[string]any{"Service": "scheduler.amazonaws.com"},
+		}}},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::IAM::Policy"), map[string]any{
+		"Roles": []any{map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^JobsSchedulerRole"))}},
+		"PolicyDocument": map[string]any{"Statement": []any{assertions.Match_ObjectLike(&map[string]any{
+			"Action": assertions.Match_AnyValue(), "Effect": "Allow",
+			"Resource": assertions.Match_ArrayWith(&[]any{map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("^JobsRecurringTarget")), "Arn"}}}),
+		})}},
+	})
+	b, _ := json.Marshal(tpl.ToJSON())
+	for _, a := range []string{"scheduler:CreateSchedule", "scheduler:DeleteSchedule", "scheduler:GetSchedule", "scheduler:ListSchedules", "iam:PassRole"} {
+		if !strings.Contains(string(b), `"`+a+`"`) {
+			t.Fatalf("GrantSchedule lacks %s", a)
 		}
 	}
 }

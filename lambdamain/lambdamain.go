@@ -8,8 +8,8 @@
 //	}
 //
 // Serve picks the function's role from NEXJOB_ROLE (worker, deadletter,
-// guard or dashboard), so one binary can serve them all; Worker,
-// DeadLetter, Guard and Dashboard start one role each. Every role reads its configuration through
+// guard, dashboard or recurring), so one binary can serve them all;
+// Worker, DeadLetter, Guard, Dashboard and Recurring start one role each. Every role reads its configuration through
 // settings.Load: the same variables the CDK construct sets on every
 // function and that producers and the CLI read.
 //
@@ -35,9 +35,11 @@ import (
 
 	"github.com/nexjob/nexjob-aws/admin"
 	"github.com/nexjob/nexjob-aws/dashboard"
+	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/guard"
 	"github.com/nexjob/nexjob-aws/metrics"
+	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -64,8 +66,10 @@ func Serve(reg *handler.Registry, opts *Options) {
 		Guard(opts)
 	case settings.Dashboard:
 		Dashboard(opts)
+	case settings.Recurring:
+		Recurring(opts)
 	default:
-		fail(logger(opts, r), &settings.InvalidError{Var: settings.EnvRole, Reason: "want worker, deadletter, guard or dashboard"})
+		fail(logger(opts, r), &settings.InvalidError{Var: settings.EnvRole, Reason: "want worker, deadletter, guard, dashboard or recurring"})
 	}
 }
 
@@ -111,6 +115,29 @@ func Dashboard(opts *Options) {
 		fail(log, err)
 	}
 	start(opts, log, lambdaurl.Wrap(dashboard.New(a, &dashboard.Options{Write: s.DashboardWrite, Logger: log})))
+}
+
+// Recurring starts the EventBridge Scheduler target of recurring jobs
+// (package recurring): each invocation enqueues one firing. A firing that
+// fails returns its error, and Scheduler retries it. It does not return.
+func Recurring(opts *Options) {
+	log := logger(opts, settings.Recurring)
+	s, err := settings.Load(context.Background(), settings.Recurring)
+	if err != nil {
+		fail(log, err)
+	}
+	o := s.ClientOptions()
+	o.Logger = log
+	if o.Metrics == nil {
+		o.Metrics = metrics.New(nil)
+	}
+	c, err := enqueue.New(s.AWS, s.Table, s.QueueURL, o)
+	if err != nil {
+		fail(log, err)
+	}
+	start(opts, log, func(ctx context.Context, f recurring.Firing) (enqueue.Result, error) {
+		return recurring.Fire(ctx, c, f)
+	})
 }
 
 // NewHandler builds the handler a role's function runs, from the

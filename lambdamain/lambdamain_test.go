@@ -11,11 +11,13 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 
+	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/lambdamain"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -131,4 +133,29 @@ func TestServeDashboard(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "Job "+res.ID) || !strings.Contains(string(body), "read-only") {
 		t.Fatalf("%d\n%s", resp.StatusCode, body)
 	}
+}
+
+// TestServeRecurring: NEXJOB_ROLE=recurring starts the Scheduler target;
+// a firing enqueues its job once per recurring id while it is active.
+func TestServeRecurring(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	e.Setenv(t)
+	t.Setenv(settings.EnvRole, string(settings.Recurring))
+	var got any
+	lambdamain.Serve(registry(), &lambdamain.Options{Start: func(h any) { got = h }})
+	fn, ok := got.(func(context.Context, recurring.Firing) (enqueue.Result, error))
+	if !ok {
+		t.Fatalf("started %T, want a firing handler", got)
+	}
+	f := recurring.Firing{V: 1, ID: "digest", Kind: "note", Args: []byte(`{"text":"daily"}`), Concurrency: recurring.SkipIfRunning, ScheduledTime: "2026-12-03T08:00:00Z"}
+	first, err := fn(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ScheduledTime = "2026-12-04T08:00:00Z"
+	second, err := fn(context.Background(), f)
+	if err != nil || !second.Duplicate || second.ID != first.ID {
+		t.Fatalf("second firing while the first is active: %+v %v", second, err)
+	}
+	e.RequireEnqueued(t, "note", recurring.KeyPrefix+"digest")
 }

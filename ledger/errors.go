@@ -27,6 +27,7 @@ type DuplicateJobError struct {
 	ExistingJobID string          // the job that holds the key
 	Policy        DuplicatePolicy // the policy that rejected the enqueue
 	ExistingState State           // the existing job's terminal state
+	ExistingKind  string          // the existing job's kind
 	Key           string          // the idempotency key as the caller gave it
 	KeyHash       string          // the key's stored hash
 }

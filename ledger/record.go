@@ -51,6 +51,10 @@ type Record struct {
 	// Returns counts how often the DLQ consumer sent the job back because
 	// its message reached the DLQ before any run of it started.
 	Returns int `dynamodbav:"dlqReturns,omitempty"`
+	// ArgsHash fingerprints Kind and Args (see ArgsHash), so a key re-used
+	// with other args can be told from a true retry. Empty on records
+	// written before it existed.
+	ArgsHash string `dynamodbav:"argsHash,omitempty"`
 	// Cancelled marks a Failed job that an operator withdrew before it
 	// started (Withdraw).
 	Cancelled bool `dynamodbav:"cancelled,omitempty"`
@@ -185,4 +189,11 @@ func newNonce() string {
 // stringSet is a one-element DynamoDB string set for ADD.
 func stringSet(v string) *types.AttributeValueMemberSS {
 	return &types.AttributeValueMemberSS{Value: []string{v}}
+}
+
+// Retention is how long terminal records are kept, per terminal state (the
+// TTL written on the terminal write). A zero field keeps such records
+// forever.
+type Retention struct {
+	Succeeded, Failed, Expired time.Duration
 }

@@ -34,6 +34,7 @@ const (
 	AttrNonce        = "nonce"        // the last update's nonce: a resend that meets it knows its write was applied
 	AttrCutOffs      = "cutOffs"      // runs of the current attempt cut off by the invocation deadline
 	AttrReturns      = "dlqReturns"   // times the DLQ consumer sent back a job that never started
+	AttrArgsHash     = "argsHash"     // fingerprint of kind and args (ArgsHash)
 	AttrCancelled    = "cancelled"    // true on a Failed job an operator withdrew before it started
 )
 

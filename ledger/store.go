@@ -119,16 +119,8 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 		return Record{}, false, fmt.Errorf("%w: args are %d bytes, the limit is %d", ErrItemTooLarge, len(rec.Args), MaxArgsBytes)
 	}
 	now := s.now()
-	rec.CreatedAt, rec.UpdatedAt = now.UnixMilli(), now.UnixMilli()
-	rec.Policy = policy.String()
-	rec.Nonce = newNonce()
-	if s.Indexed(rec.State) {
-		rec.ListState, rec.ListAt = rec.State, rec.UpdatedAt
-	}
+	rec = s.stamp(rec, key, policy, now)
 	if key == "" {
-		rec.KeyHash = ""
-		rec.ID = newID("")
-		rec.PK = jobPrefix + rec.ID
 		cond := expression.AttributeNotExists(expression.Name(AttrPK))
 		err := s.put(ctx, rec, cond)
 		var held *heldError
@@ -140,9 +132,6 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 		}
 		return rec, true, nil
 	}
-	rec.KeyHash = s.HashKey(key)
-	rec.ID = newID(rec.KeyHash)
-	rec.PK = keyPrefix + rec.KeyHash
 	const tries = 8
 	for range tries {
 		err := s.put(ctx, rec, keyFree(now))
@@ -164,7 +153,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 			return old, false, nil
 		case !policy.Allows(old.State):
 			return Record{}, false, &DuplicateJobError{
-				ExistingJobID: old.ID, Policy: policy, ExistingState: old.State, Key: key, KeyHash: rec.KeyHash,
+				ExistingJobID: old.ID, ExistingKind: old.Kind, Policy: policy, ExistingState: old.State, Key: key, KeyHash: rec.KeyHash,
 			}
 		}
 		err = s.replace(ctx, old, rec)
@@ -177,6 +166,77 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 		// Someone else changed the key's record first: decide again.
 	}
 	return Record{}, false, ErrContention
+}
+
+// stamp sets what Insert sets on a new record: times, policy, nonce, args
+// hash, index keys, and the id and partition key (the key's, if any).
+func (s *Store) stamp(rec Record, key string, policy DuplicatePolicy, now time.Time) Record {
+	rec.CreatedAt, rec.UpdatedAt = now.UnixMilli(), now.UnixMilli()
+	rec.Policy = policy.String()
+	rec.Nonce = newNonce()
+	rec.ArgsHash = ArgsHash(rec.Kind, rec.Args)
+	if s.Indexed(rec.State) {
+		rec.ListState, rec.ListAt = rec.State, rec.UpdatedAt
+	}
+	rec.KeyHash = ""
+	if key != "" {
+		rec.KeyHash = s.HashKey(key)
+	}
+	rec.ID = newID(rec.KeyHash)
+	rec.PK = jobPrefix + rec.ID
+	if key != "" {
+		rec.PK = keyPrefix + rec.KeyHash
+	}
+	return rec
+}
+
+// Prepared is a job insert for a caller's own DynamoDB transaction.
+type Prepared struct {
+	// Record is the job the transaction creates, or, for a Duplicate, the
+	// active job holding the key.
+	Record Record
+	// Duplicate: an active job holds the key; Items is empty.
+	Duplicate bool
+	// Items go into the caller's TransactWriteItems (one Put, or two when
+	// a terminal holder is archived to free its key).
+	Items []types.TransactWriteItem
+}
+
+// Prepare is Insert for a caller's own transaction: it reads the key's
+// holder (one strongly consistent read) and decides with the same policy
+// matrix, returning the items that create the job, each conditional on the
+// key still being as read (free, or held by the same terminal job). When
+// the key changes hands before the commit, the transaction is cancelled,
+// the caller's writes with it; prepare again. A protected terminal holder
+// gives a *DuplicateJobError; bad input as Insert.
+func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy DuplicatePolicy) (Prepared, error) {
+	if !policy.Valid() {
+		return Prepared{}, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
+	}
+	if len(rec.Args) > MaxArgsBytes {
+		return Prepared{}, fmt.Errorf("%w: args are %d bytes, the limit is %d", ErrItemTooLarge, len(rec.Args), MaxArgsBytes)
+	}
+	now := s.now()
+	rec = s.stamp(rec, key, policy, now)
+	if key == "" {
+		it, err := s.putItem(rec, expression.AttributeNotExists(expression.Name(AttrPK)))
+		return Prepared{Record: rec, Items: []types.TransactWriteItem{it}}, err
+	}
+	old, held, err := s.getPK(ctx, rec.PK, true)
+	if err != nil {
+		return Prepared{}, err
+	}
+	switch {
+	case !held || old.ExpiredAt(now):
+		it, err := s.putItem(rec, keyFree(now))
+		return Prepared{Record: rec, Items: []types.TransactWriteItem{it}}, err
+	case old.State.Active():
+		return Prepared{Record: old, Duplicate: true}, nil
+	case !policy.Allows(old.State):
+		return Prepared{}, &DuplicateJobError{ExistingJobID: old.ID, ExistingKind: old.Kind, Policy: policy, ExistingState: old.State, Key: key, KeyHash: rec.KeyHash}
+	}
+	items, err := s.archiveItems(old, &rec)
+	return Prepared{Record: rec, Items: items}, err
 }
 
 // uncertain wraps the error of a write whose outcome it does not tell.
@@ -253,44 +313,19 @@ func (s *Store) conditionError(op string, err error) error {
 // replace archives old under its own job id and puts rec in its place, in
 // one transaction conditional on old still being what we saw.
 func (s *Store) replace(ctx context.Context, old, rec Record) error {
-	archived := old
-	archived.PK = jobPrefix + old.ID
-	arch, err := attributevalue.MarshalMap(archived)
+	return s.archive(ctx, old, &rec)
+}
+
+// archive moves old from its key's record to one under its own job id
+// (freeing the key), putting rec in its place if given (else the archived
+// copy no longer names the key: released), in one transaction
+// conditional on old still being what we saw.
+func (s *Store) archive(ctx context.Context, old Record, rec *Record) error {
+	items, err := s.archiveItems(old, rec)
 	if err != nil {
-		return fmt.Errorf("nexjob: encode job record: %w", err)
+		return err
 	}
-	item, err := attributevalue.MarshalMap(rec)
-	if err != nil {
-		return fmt.Errorf("nexjob: encode job record: %w", err)
-	}
-	archCond, err := expression.NewBuilder().
-		WithCondition(expression.AttributeNotExists(expression.Name(AttrPK))).Build()
-	if err != nil {
-		return fmt.Errorf("nexjob: build condition: %w", err)
-	}
-	sameCond, err := expression.NewBuilder().WithCondition(
-		expression.Name(AttrID).Equal(expression.Value(old.ID)).
-			And(expression.Name(AttrState).Equal(expression.Value(old.State))).
-			And(expression.Name(AttrUpdatedAt).Equal(expression.Value(old.UpdatedAt))),
-	).Build()
-	if err != nil {
-		return fmt.Errorf("nexjob: build condition: %w", err)
-	}
-	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{
-		TransactItems: []types.TransactWriteItem{
-			{Put: &types.Put{
-				TableName: aws.String(s.table), Item: arch,
-				ConditionExpression:      archCond.Condition(),
-				ExpressionAttributeNames: archCond.Names(),
-			}},
-			{Put: &types.Put{
-				TableName: aws.String(s.table), Item: item,
-				ConditionExpression:       sameCond.Condition(),
-				ExpressionAttributeNames:  sameCond.Names(),
-				ExpressionAttributeValues: sameCond.Values(),
-			}},
-		},
-	})
+	_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
 	var tce *types.TransactionCanceledException
 	if errors.As(err, &tce) {
 		for _, r := range tce.CancellationReasons {
@@ -308,6 +343,65 @@ func (s *Store) replace(ctx context.Context, old, rec Record) error {
 		return fmt.Errorf("nexjob: re-use key in %s: %w", s.table, err)
 	}
 	return nil
+}
+
+// archiveItems are archive's two transaction items.
+func (s *Store) archiveItems(old Record, rec *Record) ([]types.TransactWriteItem, error) {
+	archived := old
+	archived.PK = jobPrefix + old.ID
+	if rec == nil {
+		archived.KeyHash = "" // released: the job no longer owns the key
+	}
+	arch, err := s.putItem(archived, expression.AttributeNotExists(expression.Name(AttrPK)))
+	if err != nil {
+		return nil, err
+	}
+	sameCond, err := expression.NewBuilder().WithCondition(
+		expression.Name(AttrID).Equal(expression.Value(old.ID)).
+			And(expression.Name(AttrState).Equal(expression.Value(old.State))).
+			And(expression.Name(AttrUpdatedAt).Equal(expression.Value(old.UpdatedAt))),
+	).Build()
+	if err != nil {
+		return nil, fmt.Errorf("nexjob: build condition: %w", err)
+	}
+	second := types.TransactWriteItem{Delete: &types.Delete{
+		TableName:                 aws.String(s.table),
+		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: old.PK}},
+		ConditionExpression:       sameCond.Condition(),
+		ExpressionAttributeNames:  sameCond.Names(),
+		ExpressionAttributeValues: sameCond.Values(),
+	}}
+	if rec != nil {
+		item, err := attributevalue.MarshalMap(*rec)
+		if err != nil {
+			return nil, fmt.Errorf("nexjob: encode job record: %w", err)
+		}
+		second = types.TransactWriteItem{Put: &types.Put{
+			TableName: aws.String(s.table), Item: item,
+			ConditionExpression:       sameCond.Condition(),
+			ExpressionAttributeNames:  sameCond.Names(),
+			ExpressionAttributeValues: sameCond.Values(),
+		}}
+	}
+	return []types.TransactWriteItem{arch, second}, nil
+}
+
+// putItem is a transaction's Put of rec under cond.
+func (s *Store) putItem(rec Record, cond expression.ConditionBuilder) (types.TransactWriteItem, error) {
+	item, err := attributevalue.MarshalMap(rec)
+	if err != nil {
+		return types.TransactWriteItem{}, fmt.Errorf("nexjob: encode job record: %w", err)
+	}
+	expr, err := expression.NewBuilder().WithCondition(cond).Build()
+	if err != nil {
+		return types.TransactWriteItem{}, fmt.Errorf("nexjob: build condition: %w", err)
+	}
+	return types.TransactWriteItem{Put: &types.Put{
+		TableName: aws.String(s.table), Item: item,
+		ConditionExpression:       expr.Condition(),
+		ExpressionAttributeNames:  expr.Names(),
+		ExpressionAttributeValues: expr.Values(),
+	}}, nil
 }
 
 // Get returns the job with this id, read strongly consistent. A record

@@ -72,6 +72,9 @@ func (s *Store) updateByID(ctx context.Context, id string, cond expression.Condi
 	}
 	now := s.now()
 	nonce := newNonce()
+	// Built once: an UpdateBuilder shares its operations between copies,
+	// so setting the nonce per try would set it twice on the second pk.
+	upd = upd.Set(expression.Name(AttrNonce), expression.Value(nonce))
 	for _, pk := range pks {
 		rec, err := s.update(ctx, pk, cond, upd, nonce)
 		var held *heldError
@@ -137,7 +140,8 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	cond := expression.Name(AttrID).Equal(expression.Value(rec.ID)).
 		And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
 		And(expression.Name(AttrState).Equal(expression.Value(Processing)))
-	out, err := s.update(ctx, rec.PK, cond, upd, rec.Nonce+".end")
+	nonce := rec.Nonce + ".end"
+	out, err := s.update(ctx, rec.PK, cond, upd.Set(expression.Name(AttrNonce), expression.Value(nonce)), nonce)
 	var held *heldError
 	if errors.As(err, &held) {
 		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
@@ -153,8 +157,9 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 // fails its condition against the update's own result. So every update
 // writes a nonce, and a failed condition that finds it is the success it
 // is.
+// upd must set the nonce: a failed condition that finds it is this very
+// update, applied but its reply lost.
 func (s *Store) update(ctx context.Context, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder, nonce string) (Record, error) {
-	upd = upd.Set(expression.Name(AttrNonce), expression.Value(nonce))
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
 		return Record{}, fmt.Errorf("nexjob: build update: %w", err)

@@ -20,6 +20,9 @@
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
 //	NEXJOB_DASHBOARD_WRITE       "true" turns the dashboard function's write actions on
+//	NEXJOB_SCHEDULE_GROUP        recurring jobs: the EventBridge Scheduler group (optional)
+//	NEXJOB_SCHEDULE_TARGET_ARN   recurring jobs: the target function's ARN
+//	NEXJOB_SCHEDULER_ROLE_ARN    recurring jobs: the role Scheduler assumes to invoke it
 //
 // AWS settings (region, credentials, AWS_ENDPOINT_URL for an emulator)
 // are the SDK's standard ones.
@@ -48,6 +51,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/recurring"
 )
 
 // The environment variables, one name each for every reader.
@@ -62,6 +66,9 @@ const (
 	EnvKeySecret          = "NEXJOB_KEY_SECRET"
 	EnvGuardAfter         = "NEXJOB_GUARD_AFTER"
 	EnvDashboardWrite     = "NEXJOB_DASHBOARD_WRITE"
+	EnvScheduleGroup      = "NEXJOB_SCHEDULE_GROUP"
+	EnvScheduleTarget     = "NEXJOB_SCHEDULE_TARGET_ARN"
+	EnvSchedulerRole      = "NEXJOB_SCHEDULER_ROLE_ARN"
 )
 
 // Role is what the process is: each reads the variables it needs.
@@ -75,6 +82,7 @@ const (
 	Producer   Role = "producer"   // enqueues (a team's API)
 	Operator   Role = "operator"   // the CLI and the dashboard (package admin)
 	Dashboard  Role = "dashboard"  // the dashboard as a Lambda function URL
+	Recurring  Role = "recurring"  // the EventBridge Scheduler target (recurring.Fire)
 )
 
 // Vars lists the variables a role reads, required ones first. The CDK
@@ -115,6 +123,9 @@ type Settings struct {
 	GuardAfter time.Duration
 	// DashboardWrite turns the dashboard's write actions on.
 	DashboardWrite bool
+	// Schedules are recurring.Options: where recurring jobs' schedules
+	// live and what they invoke (empty without the construct's Recurring).
+	Schedules recurring.Options
 }
 
 // MissingError: a variable the role needs is not set.
@@ -155,7 +166,7 @@ func Load(ctx context.Context, role Role) (Settings, error) {
 // FromEnv is Load with the SDK configuration and the environment given.
 func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string) string) (Settings, error) {
 	switch role {
-	case Worker, DeadLetter, Guard, Producer, Operator, Dashboard:
+	case Worker, DeadLetter, Guard, Producer, Operator, Dashboard, Recurring:
 	default:
 		return Settings{}, &InvalidError{Var: EnvRole, Reason: fmt.Sprintf("%q is not worker, deadletter or guard", string(role))}
 	}
@@ -171,6 +182,7 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 		Role: role, AWS: cfg,
 		Table: getenv(EnvTable), QueueURL: getenv(EnvQueueURL), DLQURL: getenv(EnvDLQURL),
 		Retention: handler.DefaultRetention,
+		Schedules: recurring.Options{Group: getenv(EnvScheduleGroup), TargetARN: getenv(EnvScheduleTarget), RoleARN: getenv(EnvSchedulerRole)},
 	}
 	var err error
 	if s.Retention, err = ParseRetention(getenv(EnvRetention)); err != nil {

@@ -1,0 +1,54 @@
+package enqueue
+
+import (
+	"time"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// KindDefaults is an optional method of an args type: its kind's defaults,
+// as River's InsertOpts. Enqueue takes MaxAttempts, DuplicatePolicy and
+// PayloadMismatch from it where the Opts leave them at their zero value;
+// the worker (handler.AddWorker) takes Timeout and Retention where the
+// KindOptions leave them unset.
+//
+//	func (Payment) JobDefaults() enqueue.Defaults {
+//		return enqueue.Defaults{MaxAttempts: 10, DuplicatePolicy: enqueue.RejectIfFailed, Timeout: 30 * time.Second}
+//	}
+//
+// The zero value of an Opts field is "not set": a kind whose default
+// policy is RejectAlways cannot be enqueued with AllowAfterFailed by
+// naming it (it is DuplicatePolicy's zero). Use a kind without that
+// default, or release the key (Client.ReleaseKey).
+type KindDefaults interface {
+	JobDefaults() Defaults
+}
+
+// Defaults are a kind's defaults; zero fields take the package's.
+type Defaults struct {
+	MaxAttempts     int
+	DuplicatePolicy DuplicatePolicy
+	PayloadMismatch PayloadPolicy
+	// Timeout bounds one run (handler.KindOptions.Timeout).
+	Timeout time.Duration
+	// Retention of the kind's terminal records (handler.KindOptions.Retention).
+	Retention *ledger.Retention
+}
+
+// applyDefaults fills o's zero fields from the args type's defaults.
+func applyDefaults(args JobArgs, o *Opts) {
+	d, ok := args.(KindDefaults)
+	if !ok {
+		return
+	}
+	def := d.JobDefaults()
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = def.MaxAttempts
+	}
+	if o.DuplicatePolicy == AllowAfterFailed {
+		o.DuplicatePolicy = def.DuplicatePolicy
+	}
+	if o.PayloadMismatch == IgnorePayload {
+		o.PayloadMismatch = def.PayloadMismatch
+	}
+}

@@ -1,0 +1,119 @@
+package enqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
+)
+
+// TxJob is a job prepared for the caller's own DynamoDB transaction
+// (EnqueueTx). Put Items into the same TransactWriteItems as your own
+// writes, commit, then call Settle with the commit's error.
+type TxJob struct {
+	// Items create the job (empty for a duplicate): add them to your
+	// TransactWriteItems. The transaction takes at most 100 items.
+	Items []types.TransactWriteItem
+	// Result is the job as it will be once committed: its id, kind and
+	// state, or the active duplicate holding the key.
+	Result Result
+	rec    ledger.Record
+	opts   Opts
+}
+
+// ErrTxNotCommitted: Settle found the transaction did not commit (the
+// job's record is not there). When its cause is a cancelled transaction
+// because the key changed hands, EnqueueTx again and retry.
+var ErrTxNotCommitted = errors.New("nexjob: the transaction did not commit; the job was not created")
+
+// EnqueueTx prepares a job to commit in the caller's own DynamoDB
+// transaction, so the job exists if and only if the caller's writes do
+// (River's InsertTx). The key's holder is read once and the policy matrix
+// applied as Enqueue does: a duplicate is a result (tx.Result.Duplicate,
+// no items); a protected terminal holder gives a *DuplicateJobError; the
+// items' conditions make the commit fail if the key changes hands in
+// between. Bad input is an *InputError; nothing is written before the
+// caller commits.
+//
+//	tx, err := client.EnqueueTx(ctx, Receipt{OrderID: id}, &enqueue.Opts{IdempotencyKey: "receipt-" + id})
+//	items := append([]types.TransactWriteItem{orderPut}, tx.Items...)
+//	_, err = db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+//	res, err := client.Settle(ctx, tx, err)
+//
+// A crash between the commit and Settle's send leaves the job recorded and
+// unsent: the dispatch guard sends it after GuardAfter (and a caller
+// retrying its key re-sends it), as for Enqueue.
+func (c *Client) EnqueueTx(ctx context.Context, args JobArgs, opts *Opts) (*TxJob, error) {
+	var o Opts
+	if opts != nil {
+		o = *opts
+	}
+	if args != nil && !isNilPointer(args) {
+		applyDefaults(args, &o)
+	}
+	rec, err := c.newRecord(args, &o)
+	if err != nil {
+		return nil, err
+	}
+	p, err := c.store.Prepare(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy)
+	var dup *ledger.DuplicateJobError
+	switch {
+	case errors.As(err, &dup):
+		c.metrics.Count(metrics.Rejected, rec.Kind, dup.ExistingJobID)
+		return nil, duplicateFrom(dup)
+	case errors.Is(err, ledger.ErrItemTooLarge):
+		return nil, &InputError{Field: "args", Reason: "too large for a job record", Err: err}
+	case err != nil:
+		return nil, c.missing(err)
+	}
+	tx := &TxJob{Items: p.Items, rec: p.Record, opts: o,
+		Result: Result{ID: p.Record.ID, Kind: p.Record.Kind, State: p.Record.State, Duplicate: p.Duplicate}}
+	if p.Duplicate {
+		if err := checkHolder(rec, p.Record, &o); err != nil {
+			return nil, err
+		}
+	}
+	return tx, nil
+}
+
+// Settle finishes an EnqueueTx after the caller's commit, given the
+// commit's error: it sends the job (a duplicate only if it looks unsent).
+// A commit error that does not say whether the transaction was applied
+// (a lost reply, a timeout) is settled by reading the job: found, it
+// committed and is sent. Not found, the error wraps ErrTxNotCommitted
+// and the commit's error. A send that fails is a *DispatchError, the job
+// recorded and marked, as for Enqueue.
+func (c *Client) Settle(ctx context.Context, tx *TxJob, commitErr error) (Result, error) {
+	if tx == nil {
+		return Result{}, invalid("tx", "nil")
+	}
+	if tx.Result.Duplicate {
+		if commitErr != nil {
+			return Result{}, fmt.Errorf("%w: %w", ErrTxNotCommitted, commitErr)
+		}
+		r := ItemResult{Result: tx.Result, Recorded: true, Sent: true}
+		c.metrics.Count(metrics.Deduplicated, tx.rec.Kind, tx.rec.ID)
+		if c.unsent(tx.rec) {
+			r.Redispatched = true
+			c.sent(ctx, tx.rec, &r, c.Dispatch(ctx, tx.rec))
+		}
+		return r.Result, r.Err
+	}
+	got := tx.rec
+	if commitErr != nil {
+		bctx, cancel := bookkeeping(ctx)
+		defer cancel()
+		rec, err := c.store.Get(bctx, tx.rec.ID)
+		if err != nil {
+			return Result{}, fmt.Errorf("%w: %w", ErrTxNotCommitted, commitErr)
+		}
+		got = rec
+	}
+	r := ItemResult{Result: tx.Result, Recorded: true}
+	c.sent(ctx, got, &r, c.Dispatch(ctx, got))
+	return r.Result, r.Err
+}

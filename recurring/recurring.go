@@ -1,0 +1,278 @@
+// Package recurring runs jobs on a schedule with Amazon EventBridge
+// Scheduler, NexJob's recurring jobs: a schedule per recurring id invokes
+// the small target function (lambdamain.Recurring), which enqueues the job
+// through the same conditional write and policy matrix as any Enqueue.
+//
+//	r := recurring.New(cfg, recurring.Options{Group: g, TargetARN: fn, RoleARN: role})
+//	err := r.Recurring(ctx, "nightly-report", "cron(0 2 * * ? *)", Report{}, nil)
+//
+// # Concurrency
+//
+// SkipIfRunning (the default, NexJob's): one active instance. Each firing
+// enqueues with the idempotency key "nexjob-recurring:<id>": while the
+// previous run is active the firing is a duplicate and nothing new runs;
+// once it ended (any terminal state) the next firing starts a new job.
+// AllowConcurrent: each firing is its own job, keyed by the recurring id
+// and the firing's scheduled time, so a firing Scheduler delivers twice
+// (it delivers at least once) still runs once.
+//
+// # How it fails
+//
+// Recurring and Remove are idempotent (a create that meets its own
+// schedule updates it; removing a missing schedule is done), so a lost
+// reply is retried safely. A bad id, expression or args is an
+// *enqueue.InputError before any call. A firing whose enqueue fails
+// returns the error to Scheduler, which retries it (the schedule's retry
+// policy, then its dead-letter queue): the key makes a retried firing
+// enqueue once.
+package recurring
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler/types"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+)
+
+// Concurrency is what a firing does while an earlier run is active.
+type Concurrency string
+
+// The concurrency policies.
+const (
+	SkipIfRunning   Concurrency = "SkipIfRunning"
+	AllowConcurrent Concurrency = "AllowConcurrent"
+)
+
+// KeyPrefix starts the idempotency key of every recurring job.
+const KeyPrefix = "nexjob-recurring:"
+
+// Options say where schedules live and what they invoke.
+type Options struct {
+	// Group is the schedule group. Defaults to "default".
+	Group string
+	// TargetARN is the target function's ARN (the construct's
+	// RecurringTarget). Required for Recurring.
+	TargetARN string
+	// RoleARN is the role Scheduler assumes to invoke it (the construct's
+	// SchedulerRole). Required for Recurring.
+	RoleARN string
+}
+
+// Opts tune one recurring job.
+type Opts struct {
+	// Concurrency defaults to SkipIfRunning.
+	Concurrency Concurrency
+	// Timezone of a cron expression (IANA name). Defaults to UTC.
+	Timezone string
+	// MaxAttempts of each run. Defaults to enqueue's (or the kind's).
+	MaxAttempts int
+	// Disabled creates the schedule paused. Defaults to false.
+	Disabled bool
+}
+
+// Client manages recurring jobs' schedules.
+type Client struct {
+	s *scheduler.Client
+	o Options
+}
+
+// New returns a Client. It does no I/O.
+func New(cfg aws.Config, opts Options) *Client {
+	if opts.Group == "" {
+		opts.Group = "default"
+	}
+	return &Client{s: scheduler.NewFromConfig(cfg), o: opts}
+}
+
+// Firing is the input a schedule gives the target: what to enqueue.
+// Scheduler fills ScheduledTime from its <aws.scheduler.scheduled-time>
+// context attribute.
+type Firing struct {
+	V             int             `json:"v"`
+	ID            string          `json:"id"`
+	Kind          string          `json:"kind"`
+	Args          json.RawMessage `json:"args"`
+	Concurrency   Concurrency     `json:"concurrency"`
+	MaxAttempts   int             `json:"maxAttempts,omitempty"`
+	ScheduledTime string          `json:"scheduledTime"`
+}
+
+// scheduledTimeAttr is Scheduler's context attribute for the firing's time.
+const scheduledTimeAttr = "<aws.scheduler.scheduled-time>"
+
+var idRE = regexp.MustCompile(`^[0-9A-Za-z_.-]{1,64}$`)
+
+func invalid(field, reason string) error { return &enqueue.InputError{Field: field, Reason: reason} }
+
+// expression accepts cron(…), rate(…), at(…) or six bare cron fields.
+func expression(e string) (string, error) {
+	e = strings.TrimSpace(e)
+	for _, p := range []string{"cron(", "rate(", "at("} {
+		if strings.HasPrefix(e, p) && strings.HasSuffix(e, ")") {
+			return e, nil
+		}
+	}
+	if len(strings.Fields(e)) == 6 {
+		return "cron(" + e + ")", nil
+	}
+	return "", invalid("cron", fmt.Sprintf("%q is not cron(…), rate(…), at(…) or six cron fields", e))
+}
+
+// Recurring creates or updates the schedule id, firing at expr, that
+// enqueues args each time (see "Concurrency").
+func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.JobArgs, opts *Opts) error {
+	var o Opts
+	if opts != nil {
+		o = *opts
+	}
+	if o.Concurrency == "" {
+		o.Concurrency = SkipIfRunning
+	}
+	if !idRE.MatchString(id) {
+		return invalid("id", "1 to 64 letters, digits, '-', '_' or '.'")
+	}
+	if o.Concurrency != SkipIfRunning && o.Concurrency != AllowConcurrent {
+		return invalid("Concurrency", fmt.Sprintf("%q is not SkipIfRunning or AllowConcurrent", o.Concurrency))
+	}
+	if o.MaxAttempts < 0 {
+		return invalid("MaxAttempts", "negative")
+	}
+	if o.Timezone != "" {
+		if _, err := time.LoadLocation(o.Timezone); err != nil {
+			return invalid("Timezone", err.Error())
+		}
+	}
+	if c.o.TargetARN == "" || c.o.RoleARN == "" {
+		return invalid("Options", "TargetARN and RoleARN are required to create schedules")
+	}
+	sched, err := expression(expr)
+	if err != nil {
+		return err
+	}
+	if args == nil || args.Kind() == "" {
+		return invalid("args", "nil, or an empty Kind()")
+	}
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return &enqueue.InputError{Field: "args", Reason: "cannot be encoded as JSON", Err: err}
+	}
+	in, _ := json.Marshal(Firing{V: 1, ID: id, Kind: args.Kind(), Args: raw, Concurrency: o.Concurrency, MaxAttempts: o.MaxAttempts, ScheduledTime: scheduledTimeAttr})
+	if len(in) > 8192 {
+		return invalid("args", fmt.Sprintf("a schedule's input holds 8192 bytes; this one is %d", len(in)))
+	}
+	state := types.ScheduleStateEnabled
+	if o.Disabled {
+		state = types.ScheduleStateDisabled
+	}
+	target := &types.Target{Arn: aws.String(c.o.TargetARN), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(string(in))}
+	window := &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff}
+	var tz *string
+	if o.Timezone != "" {
+		tz = aws.String(o.Timezone)
+	}
+	_, err = c.s.CreateSchedule(ctx, &scheduler.CreateScheduleInput{
+		Name: aws.String(id), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(sched),
+		ScheduleExpressionTimezone: tz, Target: target, FlexibleTimeWindow: window, State: state,
+	})
+	var conflict *types.ConflictException
+	if errors.As(err, &conflict) {
+		_, err = c.s.UpdateSchedule(ctx, &scheduler.UpdateScheduleInput{
+			Name: aws.String(id), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(sched),
+			ScheduleExpressionTimezone: tz, Target: target, FlexibleTimeWindow: window, State: state,
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("nexjob: schedule recurring job %s: %w", id, err)
+	}
+	return nil
+}
+
+// Schedule is one recurring job as Scheduler holds it.
+type Schedule struct {
+	ID         string
+	Expression string
+	Timezone   string
+	Enabled    bool
+	Firing     Firing // what each firing enqueues
+}
+
+// List returns the group's recurring jobs (one ListSchedules page per 100
+// and one GetSchedule each). Schedules of the group that are not nexjob's
+// are left out.
+func (c *Client) List(ctx context.Context) ([]Schedule, error) {
+	var out []Schedule
+	p := scheduler.NewListSchedulesPaginator(c.s, &scheduler.ListSchedulesInput{GroupName: aws.String(c.o.Group)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("nexjob: list schedules of group %s: %w", c.o.Group, err)
+		}
+		for _, s := range page.Schedules {
+			got, err := c.s.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: s.Name, GroupName: aws.String(c.o.Group)})
+			var nf *types.ResourceNotFoundException
+			if errors.As(err, &nf) {
+				continue // removed meanwhile
+			}
+			if err != nil {
+				return nil, fmt.Errorf("nexjob: read schedule %s: %w", aws.ToString(s.Name), err)
+			}
+			var f Firing
+			if got.Target == nil || json.Unmarshal([]byte(aws.ToString(got.Target.Input)), &f) != nil || f.V != 1 {
+				continue
+			}
+			out = append(out, Schedule{ID: aws.ToString(got.Name), Expression: aws.ToString(got.ScheduleExpression),
+				Timezone: aws.ToString(got.ScheduleExpressionTimezone), Enabled: got.State == types.ScheduleStateEnabled, Firing: f})
+		}
+	}
+	return out, nil
+}
+
+// Remove deletes the schedule id; a missing one is not an error. Jobs it
+// already enqueued are left alone.
+func (c *Client) Remove(ctx context.Context, id string) error {
+	_, err := c.s.DeleteSchedule(ctx, &scheduler.DeleteScheduleInput{Name: aws.String(id), GroupName: aws.String(c.o.Group)})
+	var nf *types.ResourceNotFoundException
+	if err != nil && !errors.As(err, &nf) {
+		return fmt.Errorf("nexjob: remove recurring job %s: %w", id, err)
+	}
+	return nil
+}
+
+// rawArgs carries a firing's args, already JSON, under its kind.
+type rawArgs struct {
+	kind string
+	raw  json.RawMessage
+}
+
+func (a rawArgs) Kind() string                 { return a.kind }
+func (a rawArgs) MarshalJSON() ([]byte, error) { return a.raw, nil }
+
+// Fire enqueues one firing through c: the target function's whole work.
+// SkipIfRunning returns the active run as a duplicate; AllowConcurrent
+// keys the job by the firing's scheduled time.
+func Fire(ctx context.Context, c *enqueue.Client, f Firing) (enqueue.Result, error) {
+	if f.V != 1 || !idRE.MatchString(f.ID) || f.Kind == "" || len(f.Args) == 0 {
+		return enqueue.Result{}, invalid("firing", "not a nexjob recurring firing")
+	}
+	key := KeyPrefix + f.ID
+	switch f.Concurrency {
+	case SkipIfRunning:
+	case AllowConcurrent:
+		if f.ScheduledTime == "" || f.ScheduledTime == scheduledTimeAttr {
+			return enqueue.Result{}, invalid("firing", "no scheduled time (the schedule's input must carry <aws.scheduler.scheduled-time>)")
+		}
+		key += ":" + f.ScheduledTime
+	default:
+		return enqueue.Result{}, invalid("firing", fmt.Sprintf("concurrency %q", f.Concurrency))
+	}
+	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, MaxAttempts: f.MaxAttempts, DuplicatePolicy: enqueue.AllowAfterFailed})
+}
