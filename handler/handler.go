@@ -126,6 +126,7 @@ type Handler struct {
 	o        Options
 	log      *slog.Logger
 	tracer   trace.Tracer
+	pool     *pool
 }
 
 // New returns a Handler for the ledger table and the job queue.
@@ -174,7 +175,7 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	return &Handler{reg: reg, store: p.Store(), producer: p, sqs: o.SQS, queueURL: queueURL, o: o, log: o.Logger, tracer: tp.Tracer(enqueue.TracerName)}, nil
+	return &Handler{reg: reg, store: p.Store(), producer: p, sqs: o.SQS, queueURL: queueURL, o: o, log: o.Logger, tracer: tp.Tracer(enqueue.TracerName), pool: newPool()}, nil
 }
 
 // Producer returns the enqueue client the handler dispatches with.
@@ -190,14 +191,12 @@ func (h *Handler) Producer() *enqueue.Client { return h.producer }
 // straggler left it), as are the messages not started by then.
 func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
 	var (
-		mu      sync.Mutex
-		settled = make([]bool, len(ev.Records)) // processed and may be deleted
-		closed  bool                            // the response was built
-		wg      sync.WaitGroup
-		sem     = make(chan struct{}, h.o.Concurrency)
-		stop    = h.o.StopBefore
-		giveUp  <-chan time.Time
-		stopped = make(chan struct{})
+		mu       sync.Mutex
+		settled  = make([]bool, len(ev.Records))        // processed and may be deleted
+		closed   bool                                   // the response was built
+		finished = make(chan struct{}, len(ev.Records)) // one per run ended
+		stop     = h.o.StopBefore
+		giveUp   <-chan time.Time
 	)
 	if dl, ok := ctx.Deadline(); ok {
 		stop = min(stop, time.Until(dl)/3)
@@ -217,37 +216,45 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 		}
 		return resp
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i, m := range ev.Records {
-			select {
-			case sem <- struct{}{}:
-			case <-stopped:
-				return // not started: reported as failures
-			}
-			select {
-			case <-stopped: // both were ready: stopping wins
-				return
-			default:
-			}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				ok := h.process(ctx, m, stop)
-				mu.Lock()
-				if !closed {
-					settled[i] = ok
-				}
-				mu.Unlock()
-			})
-		}
-		wg.Wait()
-	}()
-	select {
-	case <-done:
-	case <-giveUp:
-		close(stopped) // no message starts after the response
+	gaveUp := func() events.SQSEventResponse {
 		h.log.ErrorContext(ctx, "nexjob: invocation ending with runs still going; their messages come back")
+		return response() // the messages not started are failures
+	}
+	// Runs start here, at most Concurrency at once, each on a goroutine
+	// other than this one, so that the response can be returned at giveUp
+	// whatever they do.
+	running := 0
+	for i, m := range ev.Records {
+		for running >= h.o.Concurrency {
+			select {
+			case <-finished:
+				running--
+			case <-giveUp:
+				return gaveUp(), nil
+			}
+		}
+		select {
+		case <-giveUp: // a slot and the deadline both came: stopping wins
+			return gaveUp(), nil
+		default:
+		}
+		running++
+		h.pool.run(func() {
+			ok := h.process(ctx, m, stop)
+			mu.Lock()
+			if !closed {
+				settled[i] = ok
+			}
+			mu.Unlock()
+			finished <- struct{}{}
+		})
+	}
+	for ; running > 0; running-- {
+		select {
+		case <-finished:
+		case <-giveUp:
+			return gaveUp(), nil
+		}
 	}
 	return response(), nil
 }
@@ -364,9 +371,12 @@ func (h *Handler) lease(ctx context.Context, now time.Time, timeout time.Duratio
 var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
 
 func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
-	ctx, span := h.tracer.Start(ctx, "nexjob.run "+rec.Kind, trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(attribute.String("nexjob.job_id", rec.ID), attribute.String("nexjob.kind", rec.Kind), attribute.Int("nexjob.attempt", rec.Attempt)))
-	defer span.End()
+	span := trace.SpanFromContext(ctx) // tracing off: the producer's, not recording here
+	if h.o.TracerProvider != nil {
+		ctx, span = h.tracer.Start(ctx, "nexjob.run "+rec.Kind, trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(attribute.String("nexjob.job_id", rec.ID), attribute.String("nexjob.kind", rec.Kind), attribute.Int("nexjob.attempt", rec.Attempt)))
+		defer span.End()
+	}
 	start := time.Now()
 	ctx = context.WithValue(ctx, runStartKey{}, start)
 	runCtx, cancel := context.WithDeadlineCause(withJobLogger(ctx, h.log, rec), deadline, cause)
@@ -376,24 +386,32 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "run failed")
 	}
-	log := h.log.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt, "took", time.Since(start))
 	var perm *PermanentError
 	switch {
 	case err == nil:
-		log.InfoContext(ctx, "nexjob: job succeeded")
+		h.runLog(ctx, slog.LevelInfo, "nexjob: job succeeded", rec, start)
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded}, nil)
 	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:
-		log.WarnContext(ctx, "nexjob: job cut off by the invocation deadline; attempt given back", "cut_offs", rec.CutOffs+1)
+		h.runLog(ctx, slog.LevelWarn, "nexjob: job cut off by the invocation deadline; attempt given back", rec, start, "cut_offs", rec.CutOffs+1)
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, CutOff: true, LastError: errCutOff.Error()}, nil)
 	case errors.Is(context.Cause(runCtx), errCutOff):
 		err = fmt.Errorf("%w %d times in a row; the attempt is spent (raise the function timeout or set KindOptions.Timeout)", errCutOff, rec.CutOffs+1)
 	case context.Cause(runCtx) != nil && runCtx.Err() != nil && ctx.Err() == nil:
 		err = fmt.Errorf("%w: %w", context.Cause(runCtx), err)
 	case errors.As(err, &perm):
-		log.WarnContext(ctx, "nexjob: job failed permanently", "err", err)
+		h.runLog(ctx, slog.LevelWarn, "nexjob: job failed permanently", rec, start, "err", err)
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
 	}
 	return h.failed(ctx, rec, err, e.backoff)
+}
+
+// runLog logs the end of a run with the job's id, kind, attempt and run
+// time, building nothing when the level is off.
+func (h *Handler) runLog(ctx context.Context, level slog.Level, msg string, rec ledger.Record, start time.Time, args ...any) {
+	if !h.log.Enabled(ctx, level) {
+		return
+	}
+	h.log.Log(ctx, level, msg, append([]any{"job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt, "took", time.Since(start)}, args...)...)
 }
 
 // failed ends a failed attempt: Failed once attempts are exhausted, else

@@ -3,6 +3,7 @@ package handler
 import (
 	"context"
 	"log/slog"
+	"sync"
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
@@ -11,21 +12,41 @@ import (
 
 type loggerKey struct{}
 
+// jobLog is a run's logger, made on its first use: most runs never log,
+// and With copies the handler's attributes.
+type jobLog struct {
+	base          *slog.Logger
+	id, kind, req string
+	attempt       int
+	once          sync.Once
+	l             *slog.Logger
+}
+
+func (j *jobLog) logger() *slog.Logger {
+	j.once.Do(func() {
+		j.l = j.base.With("job_id", j.id, "kind", j.kind, "attempt", j.attempt)
+		if j.req != "" {
+			j.l = j.l.With("aws_request_id", j.req)
+		}
+	})
+	return j.l
+}
+
 // Logger returns the job's logger inside a worker's Work: the handler's
 // Options.Logger (the team's own slog.Handler) with the job's id, kind
 // and attempt and, under Lambda, the invocation's request id. It never
 // carries the job's args or key. Outside a run it is slog.Default().
 func Logger(ctx context.Context) *slog.Logger {
-	if l, ok := ctx.Value(loggerKey{}).(*slog.Logger); ok {
-		return l
+	if j, ok := ctx.Value(loggerKey{}).(*jobLog); ok {
+		return j.logger()
 	}
 	return slog.Default()
 }
 
 func withJobLogger(ctx context.Context, base *slog.Logger, rec ledger.Record) context.Context {
-	l := base.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt)
-	if lc, ok := lambdacontext.FromContext(ctx); ok && lc.AwsRequestID != "" {
-		l = l.With("aws_request_id", lc.AwsRequestID)
+	j := &jobLog{base: base, id: rec.ID, kind: rec.Kind, attempt: rec.Attempt}
+	if lc, ok := lambdacontext.FromContext(ctx); ok {
+		j.req = lc.AwsRequestID
 	}
-	return context.WithValue(ctx, loggerKey{}, l)
+	return context.WithValue(ctx, loggerKey{}, j)
 }

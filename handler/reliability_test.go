@@ -50,7 +50,7 @@ func (u updateBody) placeholder(attr string) string {
 
 // setsState returns the state the update SETs, or "".
 func (u updateBody) setsState() ledger.State {
-	m := regexp.MustCompile(regexp.QuoteMeta(u.placeholder(ledger.AttrState)) + ` = (:[0-9]+)`).FindStringSubmatch(u.UpdateExpression)
+	m := regexp.MustCompile(regexp.QuoteMeta(u.placeholder(ledger.AttrState)) + ` = (:[A-Za-z0-9_]+)`).FindStringSubmatch(u.UpdateExpression)
 	if m == nil {
 		return ""
 	}

@@ -39,22 +39,22 @@ var ErrFenced = errors.New("nexjob: lease lost; a newer run owns the job")
 // current record; a missing job or one past its retention, ErrNotFound.
 func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Record, error) {
 	now := s.now()
-	nowMs := now.UnixMilli()
-	st := expression.Name(AttrState)
-	cond := isJob(id).
-		And(expression.Name(AttrAttempt).LessThan(expression.Name(AttrMaxAttempts))).
-		And(expression.Or(
-			st.Equal(expression.Value(Enqueued)),
-			st.Equal(expression.Value(Scheduled)).And(expression.Name(AttrRunAt).LessThanEqual(expression.Value(nowMs))),
-			st.Equal(expression.Value(Processing)).And(expression.Name(AttrLeaseUntil).LessThanEqual(expression.Value(nowMs))),
-		))
-	upd := expression.Set(st, expression.Value(Processing)).
-		Set(expression.Name(AttrLeaseUntil), expression.Value(now.Add(lease).UnixMilli())).
-		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
-		Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Plus(expression.Value(1))).
-		Set(expression.Name(AttrToken), expression.Name(AttrToken).Plus(expression.Value(1)))
-	upd = s.withIndex(upd, Processing, nowMs)
-	return s.updateByID(ctx, id, cond, upd)
+	e := newUpdateExpr()
+	st, at, nowMs := e.n(AttrState), e.n(AttrAttempt), e.i(":now", now.UnixMilli())
+	proc, one := e.s(":proc", string(Processing)), e.i(":one", 1)
+	e.cond = e.n(AttrID) + " = " + e.s(":id", id) + " AND " + at + " < " + e.n(AttrMaxAttempts) +
+		" AND (" + st + " = " + e.s(":enq", string(Enqueued)) +
+		" OR (" + st + " = " + e.s(":sch", string(Scheduled)) + " AND " + e.n(AttrRunAt) + " <= " + nowMs + ")" +
+		" OR (" + st + " = " + proc + " AND " + e.n(AttrLeaseUntil) + " <= " + nowMs + "))"
+	e.assign(AttrState, proc)
+	e.assign(AttrLeaseUntil, e.i(":lease", now.Add(lease).UnixMilli()))
+	e.assign(AttrUpdatedAt, nowMs)
+	e.assign(AttrAttempt, at+" + "+one)
+	e.assign(AttrToken, e.n(AttrToken)+" + "+one)
+	e.index(s, Processing, nowMs)
+	nonce := newNonce()
+	e.assign(AttrNonce, e.s(":nonce", nonce))
+	return s.updateJob(ctx, id, e, nonce)
 }
 
 // ErrTooManyChildren: the parent already has MaxChildren continuations.
@@ -66,17 +66,28 @@ var ErrTooManyChildren = fmt.Errorf("nexjob: a job takes at most %d continuation
 // the current record; a failed condition that meets this very update
 // (applied, its reply lost, resent by the SDK) is a success.
 func (s *Store) updateByID(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (Record, error) {
+	if _, err := locate(id); err != nil {
+		return Record{}, err
+	}
+	nonce := newNonce()
+	// Built once: an UpdateBuilder shares its operations between copies,
+	// so setting the nonce per try would set it twice on the second pk.
+	in, err := buildUpdate(cond, upd.Set(expression.Name(AttrNonce), expression.Value(nonce)))
+	if err != nil {
+		return Record{}, err
+	}
+	return s.updateJob(ctx, id, in, nonce)
+}
+
+// updateJob is updateByID with the expressions built; they set the nonce.
+func (s *Store) updateJob(ctx context.Context, id string, in updateInput, nonce string) (Record, error) {
 	pks, err := locate(id)
 	if err != nil {
 		return Record{}, err
 	}
 	now := s.now()
-	nonce := newNonce()
-	// Built once: an UpdateBuilder shares its operations between copies,
-	// so setting the nonce per try would set it twice on the second pk.
-	upd = upd.Set(expression.Name(AttrNonce), expression.Value(nonce))
 	for _, pk := range pks {
-		rec, err := s.update(ctx, pk, cond, upd, nonce)
+		rec, err := s.update(ctx, pk, in, nonce)
 		var held *heldError
 		if !errors.As(err, &held) {
 			return rec, err
@@ -118,30 +129,33 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
 	}
 	now := s.now()
-	upd := expression.Set(expression.Name(AttrState), expression.Value(f.State)).
-		Set(expression.Name(AttrUpdatedAt), expression.Value(now.UnixMilli())).
-		Remove(expression.Name(AttrLeaseUntil))
-	upd = s.withIndex(upd, f.State, now.UnixMilli())
+	e := newUpdateExpr()
+	nowMs := e.i(":now", now.UnixMilli())
+	e.assign(AttrState, e.s(":st", string(f.State)))
+	e.assign(AttrUpdatedAt, nowMs)
+	e.drop(AttrLeaseUntil)
+	e.index(s, f.State, nowMs)
 	if f.LastError != "" {
-		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(f.LastError, MaxLastError)))
+		e.assign(AttrLastError, e.s(":err", truncate(f.LastError, MaxLastError)))
 	}
 	if !f.RunAt.IsZero() {
-		upd = upd.Set(expression.Name(AttrRunAt), expression.Value(f.RunAt.UnixMilli()))
+		e.assign(AttrRunAt, e.i(":runAt", f.RunAt.UnixMilli()))
 	}
 	if !f.ExpiresAt.IsZero() {
-		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(TTL(f.ExpiresAt)))
+		e.assign(AttrExpiresAt, e.i(":exp", TTL(f.ExpiresAt)))
 	}
 	if f.CutOff {
-		upd = upd.Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Minus(expression.Value(1))).
-			Set(expression.Name(AttrCutOffs), counterPlusOne(AttrCutOffs))
+		at, co, one := e.n(AttrAttempt), e.n(AttrCutOffs), e.i(":one", 1)
+		e.assign(AttrAttempt, at+" - "+one)
+		e.assign(AttrCutOffs, "if_not_exists("+co+", "+e.i(":zero", 0)+") + "+one)
 	} else {
-		upd = upd.Remove(expression.Name(AttrCutOffs))
+		e.drop(AttrCutOffs)
 	}
-	cond := expression.Name(AttrID).Equal(expression.Value(rec.ID)).
-		And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
-		And(expression.Name(AttrState).Equal(expression.Value(Processing)))
+	e.cond = e.n(AttrID) + " = " + e.s(":id", rec.ID) + " AND " + e.n(AttrToken) + " = " + e.i(":token", rec.Token) +
+		" AND " + e.n(AttrState) + " = " + e.s(":proc", string(Processing))
 	nonce := rec.Nonce + ".end"
-	out, err := s.update(ctx, rec.PK, cond, upd.Set(expression.Name(AttrNonce), expression.Value(nonce)), nonce)
+	e.assign(AttrNonce, e.s(":nonce", nonce))
+	out, err := s.update(ctx, rec.PK, e, nonce)
 	var held *heldError
 	if errors.As(err, &held) {
 		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
@@ -159,18 +173,14 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 // is.
 // upd must set the nonce: a failed condition that finds it is this very
 // update, applied but its reply lost.
-func (s *Store) update(ctx context.Context, pk string, cond expression.ConditionBuilder, upd expression.UpdateBuilder, nonce string) (Record, error) {
-	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
-	if err != nil {
-		return Record{}, fmt.Errorf("nexjob: build update: %w", err)
-	}
+func (s *Store) update(ctx context.Context, pk string, in updateInput, nonce string) (Record, error) {
 	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(s.table),
 		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
-		ConditionExpression:                 expr.Condition(),
-		UpdateExpression:                    expr.Update(),
-		ExpressionAttributeNames:            expr.Names(),
-		ExpressionAttributeValues:           expr.Values(),
+		ConditionExpression:                 in.condition(),
+		UpdateExpression:                    in.updateExpression(),
+		ExpressionAttributeNames:            in.attrNames(),
+		ExpressionAttributeValues:           in.attrValues(),
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})

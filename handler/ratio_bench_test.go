@@ -1,0 +1,140 @@
+package handler_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/benchcmp"
+)
+
+// cannedJob answers the worker's two UpdateItems as DynamoDB would: the
+// claim (a nonce without ".end") with the job Processing, the finish with
+// it Succeeded.
+func cannedJob(id string) func(body []byte) []byte {
+	rec := func(state, nonce string) []byte {
+		ms := strconv.FormatInt(time.Now().UnixMilli(), 10)
+		lease := strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10)
+		return []byte(`{"Attributes":{"pk":{"S":"j#` + id + `"},"id":{"S":"` + id + `"},"kind":{"S":"email"},` +
+			`"args":{"S":"{\"to\":\"someone@example.com\",\"subject\":\"hello\"}"},"state":{"S":"` + state + `"},` +
+			`"attempt":{"N":"1"},"maxAttempts":{"N":"25"},"token":{"N":"1"},"createdAt":{"N":"` + ms + `"},` +
+			`"updatedAt":{"N":"` + ms + `"},"leaseUntil":{"N":"` + lease + `"},"nonce":{"S":"` + nonce + `"}}}`)
+	}
+	claim, finish := rec("Processing", "aaaaaaaaaaaaaaaa"), rec("Succeeded", "aaaaaaaaaaaaaaaa.end")
+	return func(body []byte) []byte {
+		if bytes.Contains(body, []byte(`.end"`)) {
+			return finish
+		}
+		return claim
+	}
+}
+
+// BenchmarkRatioHandle: (b) the worker's Handle of a batch of one job
+// against the canned endpoint, vs the bare two UpdateItems a hand-written
+// worker makes (claim with its condition, decode the args, finish
+// conditional on the claim's token), with the same expressions.
+func BenchmarkRatioHandle(b *testing.B) {
+	canned := benchcmp.NewCanned(b)
+	const id = "aaaaaaaaaaaaaaaaaaaaaaaaaa"
+	canned.Update = cannedJob(id)
+	cfg := canned.Config()
+	const table, queue = "jobs", "http://sqs.local/000000000000/jobs"
+	reg := handler.NewRegistry()
+	ran := 0
+	handler.AddWorker(reg, handler.WorkFunc[email](func(ctx context.Context, j *handler.Job[email]) error {
+		ran++
+		return nil
+	}), nil)
+	h, err := handler.New(cfg, table, queue, reg, &handler.Options{Logger: quiet})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ev := events.SQSEvent{Records: []events.SQSMessage{{
+		MessageId: "m-1", ReceiptHandle: "r-1", Body: enqueue.Message{V: 1, ID: id, Kind: "email"}.Encode(),
+	}}}
+	db := dynamodb.NewFromConfig(cfg)
+	// As under Lambda, the invocation has a deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	benchcmp.Ratio(b, "handle-one-job", func(b *testing.B) {
+		for b.Loop() {
+			resp, err := h.Handle(ctx, ev)
+			if err != nil || len(resp.BatchItemFailures) != 0 {
+				b.Fatal(resp, err)
+			}
+		}
+		if ran == 0 {
+			b.Fatal("the worker never ran")
+		}
+	}, func(b *testing.B) {
+		for b.Loop() {
+			if err := bareRun(ctx, db, table, id); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// bareRun is the hand-written worker: Claim's and Finish's UpdateItems.
+func bareRun(ctx context.Context, db *dynamodb.Client, table, id string) error {
+	now := time.Now()
+	ms := strconv.FormatInt(now.UnixMilli(), 10)
+	s := func(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
+	n := func(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
+	key := map[string]types.AttributeValue{"pk": s("j#" + id)}
+	out, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName: aws.String(table),
+		Key:       key,
+		ConditionExpression: aws.String("#id = :id AND #attempt < #max AND (#state = :enqueued OR " +
+			"(#state = :scheduled AND #runAt <= :now) OR (#state = :processing AND #lease <= :now))"),
+		UpdateExpression: aws.String("SET #state = :processing, #lease = :lease, #updatedAt = :now, " +
+			"#attempt = #attempt + :one, #token = #token + :one, #nonce = :nonce REMOVE #listState, #listAt"),
+		ExpressionAttributeNames: map[string]string{"#id": "id", "#attempt": "attempt", "#max": "maxAttempts",
+			"#state": "state", "#runAt": "runAt", "#lease": "leaseUntil", "#updatedAt": "updatedAt",
+			"#token": "token", "#nonce": "nonce", "#listState": "listState", "#listAt": "listAt"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":id": s(id), ":enqueued": s("Enqueued"),
+			":scheduled": s("Scheduled"), ":processing": s("Processing"), ":now": n(ms),
+			":lease": n(strconv.FormatInt(now.Add(time.Minute).UnixMilli(), 10)), ":one": n("1"), ":nonce": s("aaaaaaaaaaaaaaaa")},
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	if err != nil {
+		return err
+	}
+	var args email
+	if a, ok := out.Attributes["args"].(*types.AttributeValueMemberS); ok {
+		if err := json.Unmarshal([]byte(a.Value), &args); err != nil {
+			return err
+		}
+	}
+	token := "1"
+	if t, ok := out.Attributes["token"].(*types.AttributeValueMemberN); ok {
+		token = t.Value
+	}
+	_, err = db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           aws.String(table),
+		Key:                 key,
+		ConditionExpression: aws.String("#id = :id AND #token = :token AND #state = :processing"),
+		UpdateExpression: aws.String("SET #state = :succeeded, #updatedAt = :now, #expiresAt = :exp, #nonce = :nonce " +
+			"REMOVE #lease, #listState, #listAt, #cutOffs"),
+		ExpressionAttributeNames: map[string]string{"#id": "id", "#token": "token", "#state": "state",
+			"#updatedAt": "updatedAt", "#expiresAt": "expiresAt", "#nonce": "nonce", "#lease": "leaseUntil",
+			"#listState": "listState", "#listAt": "listAt", "#cutOffs": "cutOffs"},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":id": s(id), ":token": n(token),
+			":processing": s("Processing"), ":succeeded": s("Succeeded"), ":now": n(ms),
+			":exp": n(strconv.FormatInt(now.Add(7*24*time.Hour).Unix(), 10)), ":nonce": s("aaaaaaaaaaaaaaaa.end")},
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	return err
+}
