@@ -198,11 +198,6 @@ func (s *Store) update(ctx context.Context, pk string, in updateInput, nonce str
 	return rec, nil
 }
 
-// counterPlusOne is "name + 1", starting from 0 when absent.
-func counterPlusOne(name string) expression.SetValueBuilder {
-	return expression.Plus(expression.IfNotExists(expression.Name(name), expression.Value(0)), expression.Value(1))
-}
-
 // isJob is the condition that the item is this job (a key's record may
 // hold another job by now).
 func isJob(id string) expression.ConditionBuilder {
