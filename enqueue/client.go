@@ -171,6 +171,11 @@ type Opts struct {
 	// PayloadMismatch: what a key held by an active job with other args
 	// does. Defaults to IgnorePayload (a duplicate, as in NexJob).
 	PayloadMismatch PayloadPolicy
+	// NoKindDefaults takes these Opts as they are: the args type's
+	// JobDefaults (KindDefaults) fill none of their zero fields, so a zero
+	// field means the package's default (AllowAfterFailed over a kind
+	// whose default is RejectAlways, say). Defaults to false.
+	NoKindDefaults bool
 }
 
 // Result is the outcome of an accepted enqueue.
@@ -196,7 +201,7 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	if opts != nil {
 		o = *opts
 	}
-	if args != nil && !isNilPointer(args) {
+	if args != nil && !isNilPointer(args) && !o.NoKindDefaults {
 		applyDefaults(args, &o)
 	}
 	rec, err := c.newRecord(args, &o)

@@ -16,10 +16,9 @@ import (
 //		return enqueue.Defaults{MaxAttempts: 10, DuplicatePolicy: enqueue.RejectIfFailed, Timeout: 30 * time.Second}
 //	}
 //
-// The zero value of an Opts field is "not set": a kind whose default
-// policy is RejectAlways cannot be enqueued with AllowAfterFailed by
-// naming it (it is DuplicatePolicy's zero). Use a kind without that
-// default, or release the key (Client.ReleaseKey).
+// The zero value of an Opts field is "not set": naming AllowAfterFailed
+// (DuplicatePolicy's zero) over a kind whose default is RejectAlways still
+// gives RejectAlways. Opts.NoKindDefaults takes the Opts as they are.
 type KindDefaults interface {
 	JobDefaults() Defaults
 }

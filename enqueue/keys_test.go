@@ -107,6 +107,17 @@ func TestKindDefaults(t *testing.T) {
 	if rec := e.Get(t, other.ID); rec.MaxAttempts != 5 || rec.Policy != "RejectIfFailed" {
 		t.Fatalf("opts did not override the defaults: %d %s", rec.MaxAttempts, rec.Policy)
 	}
+	// NoKindDefaults: the zero fields mean the package's defaults.
+	plain, err := c.Enqueue(ctx, invoiceRun{Month: "2027-01"}, &enqueue.Opts{IdempotencyKey: "inv-2027-01", NoKindDefaults: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := e.Get(t, plain.ID); rec.MaxAttempts != enqueue.DefaultMaxAttempts || rec.Policy != "AllowAfterFailed" {
+		t.Fatalf("NoKindDefaults: maxAttempts %d, policy %s", rec.MaxAttempts, rec.Policy)
+	}
+	if _, err := c.Enqueue(ctx, invoiceRun{Month: "2027-02"}, &enqueue.Opts{IdempotencyKey: "inv-2027-01", NoKindDefaults: true}); err != nil {
+		t.Fatalf("NoKindDefaults: IgnorePayload, not the kind's RejectPayload: %v", err)
+	}
 }
 
 // TestKeyAdmin (issue 12, item 6): Holder, WouldAccept and ReleaseKey
