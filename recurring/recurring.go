@@ -73,7 +73,9 @@ type Opts struct {
 	Concurrency Concurrency
 	// Timezone of a cron expression (IANA name). Defaults to UTC.
 	Timezone string
-	// MaxAttempts of each run. Defaults to enqueue's (or the kind's).
+	// MaxAttempts of each run. Defaults to the kind's (the args type's
+	// JobDefaults, read here: the target has only the JSON), else
+	// enqueue's.
 	MaxAttempts int
 	// Disabled creates the schedule paused. Defaults to false.
 	Disabled bool
@@ -164,6 +166,11 @@ func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.Jo
 	raw, err := json.Marshal(args)
 	if err != nil {
 		return &enqueue.InputError{Field: "args", Reason: "cannot be encoded as JSON", Err: err}
+	}
+	if d, ok := args.(enqueue.KindDefaults); ok && o.MaxAttempts == 0 {
+		// The target enqueues raw JSON, with no type to ask: the kind's
+		// attempt budget goes into the firing here.
+		o.MaxAttempts = d.JobDefaults().MaxAttempts
 	}
 	in, _ := json.Marshal(Firing{V: 1, ID: id, Kind: args.Kind(), Args: raw, Concurrency: o.Concurrency, MaxAttempts: o.MaxAttempts, ScheduledTime: scheduledTimeAttr})
 	if len(in) > 8192 {

@@ -23,6 +23,12 @@ type report struct {
 
 func (report) Kind() string { return "report" }
 
+// digest has kind defaults: the firing carries its attempt budget.
+type digest struct{}
+
+func (digest) Kind() string                  { return "digest" }
+func (digest) JobDefaults() enqueue.Defaults { return enqueue.Defaults{MaxAttempts: 4} }
+
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // fire does what Scheduler does at a firing: it takes the schedule's input
@@ -116,6 +122,21 @@ func TestRecurring(t *testing.T) {
 	}
 	if rec := e.Get(t, a.ID); rec.State != ledger.Enqueued || rec.MaxAttempts != 2 {
 		t.Fatalf("concurrent job %+v", rec)
+	}
+
+	// The kind's JobDefaults: its MaxAttempts travels in the firing.
+	defaults := e.Table + "-defaults"
+	if len(defaults) > 64 {
+		defaults = defaults[len(defaults)-64:]
+	}
+	if err := r.Recurring(ctx, defaults, "rate(1 hour)", digest{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if rec := e.Get(t, fire(t, r, e.Client, defaults, "2026-12-03T11:00:00Z").ID); rec.MaxAttempts != 4 {
+		t.Fatalf("the kind's MaxAttempts: %d", rec.MaxAttempts)
+	}
+	if err := r.Remove(ctx, defaults); err != nil {
+		t.Fatal(err)
 	}
 
 	if err := r.Remove(ctx, skip); err != nil {
