@@ -9,10 +9,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// updateExpr is one UpdateItem's expressions, ready to send. The worker's
-// two writes per job (Claim, Finish) write theirs by hand: the expression
-// builder costs about 200 allocations an update, more than the SDK's call
-// itself. The rarer writes build theirs with the builder (built).
+// updateExpr is one UpdateItem's expressions (or a PutItem's condition),
+// ready to send. The hot path's three writes per job (Insert's put, Claim,
+// Finish) write theirs by hand: the expression builder costs about 200
+// allocations an update, more than the SDK's call itself. The rarer
+// writes build theirs with the builder (built).
 //
 // Placeholders are the attribute's name ("#state") and a label (":now");
 // every name and value added must be used, as DynamoDB refuses
@@ -34,7 +35,7 @@ func newUpdateExpr() *updateExpr {
 // made once.
 var placeholders = func() map[string]string {
 	m := map[string]string{}
-	for _, a := range []string{AttrID, AttrState, AttrAttempt, AttrMaxAttempts, AttrUpdatedAt, AttrRunAt,
+	for _, a := range []string{AttrPK, AttrID, AttrState, AttrAttempt, AttrMaxAttempts, AttrUpdatedAt, AttrRunAt,
 		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrNonce, AttrCutOffs} {
 		m[a] = "#" + a
 	}

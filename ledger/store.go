@@ -121,8 +121,9 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	now := s.now()
 	rec = s.stamp(rec, key, policy, now)
 	if key == "" {
-		cond := expression.AttributeNotExists(expression.Name(AttrPK))
-		err := s.put(ctx, rec, cond)
+		c := newUpdateExpr()
+		c.cond = "attribute_not_exists(" + c.n(AttrPK) + ")"
+		err := s.put(ctx, rec, c)
 		var held *heldError
 		if errors.As(err, &held) && held.rec.ID == rec.ID {
 			return held.rec, true, nil // our own put, applied but its reply lost
@@ -134,7 +135,9 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	}
 	const tries = 8
 	for range tries {
-		err := s.put(ctx, rec, keyFree(now))
+		c := newUpdateExpr()
+		c.cond = "attribute_not_exists(" + c.n(AttrPK) + ") OR " + c.n(AttrExpiresAt) + " <= " + c.i(":now", now.Unix())
+		err := s.put(ctx, rec, c)
 		var held *heldError
 		if !errors.As(err, &held) {
 			if err != nil {
@@ -253,7 +256,8 @@ func uncertain(id string, err error) error {
 }
 
 // keyFree is the condition under which a key's record may be overwritten
-// without a look: it does not exist, or it is past its retention.
+// without a look: it does not exist, or it is past its retention. (Insert
+// writes the same by hand: see updateExpr.)
 func keyFree(now time.Time) expression.ConditionBuilder {
 	return expression.AttributeNotExists(expression.Name(AttrPK)).
 		Or(expression.Name(AttrExpiresAt).LessThanEqual(expression.Value(now.Unix())))
@@ -270,21 +274,22 @@ func (e *heldError) Unwrap() error { return e.err }
 
 var errLostRace = errors.New("nexjob: lost a conditional write race")
 
-func (s *Store) put(ctx context.Context, rec Record, cond expression.ConditionBuilder) error {
+// put writes rec under the condition c.cond (its names and values in c).
+func (s *Store) put(ctx context.Context, rec Record, c *updateExpr) error {
 	item, err := attributevalue.MarshalMap(rec)
 	if err != nil {
 		return fmt.Errorf("nexjob: encode job record: %w", err)
 	}
-	expr, err := expression.NewBuilder().WithCondition(cond).Build()
-	if err != nil {
-		return fmt.Errorf("nexjob: build condition: %w", err)
+	values := c.values
+	if len(values) == 0 {
+		values = nil // DynamoDB refuses an empty map
 	}
 	_, err = s.db.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.table),
 		Item:                                item,
-		ConditionExpression:                 expr.Condition(),
-		ExpressionAttributeNames:            expr.Names(),
-		ExpressionAttributeValues:           expr.Values(),
+		ConditionExpression:                 &c.cond,
+		ExpressionAttributeNames:            c.names,
+		ExpressionAttributeValues:           values,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
 	return s.conditionError("put job", err)
