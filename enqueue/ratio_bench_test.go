@@ -129,7 +129,7 @@ func BenchmarkRatioEnqueueCPU(b *testing.B) {
 func parallel(b *testing.B, conc int, op func(i int64) error) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	b.ResetTimer()
+	benchcmp.ResetTimer(b)
 	for range conc {
 		wg.Go(func() {
 			for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
@@ -200,6 +200,7 @@ func BenchmarkRatioEnqueueMany(b *testing.B) {
 	}
 	benchcmp.Ratio(b, "enqueue-many-100-vs-100-enqueue", func(b *testing.B) {
 		c := client(b)
+		benchcmp.ResetTimer(b)
 		for b.Loop() {
 			res, err := c.EnqueueMany(ctx, items())
 			if err != nil {
@@ -211,6 +212,7 @@ func BenchmarkRatioEnqueueMany(b *testing.B) {
 		}
 	}, func(b *testing.B) {
 		c := client(b)
+		benchcmp.ResetTimer(b)
 		for b.Loop() {
 			for _, it := range items() {
 				if _, err := c.Enqueue(ctx, it.Args, it.Opts); err != nil {
