@@ -20,7 +20,7 @@ help: ## list the targets
 run: ## the demo: start the emulator, provision, run the worker, enqueue the seed's jobs, print the tables
 	$(EMU) $(GO) run ./cmd/nexjob demo
 
-test: vet browser ## every test against the default emulator (started and stopped here), the browser and CDK tests, a short fuzz run
+test: vet lint browser ## golangci-lint, then every test against the default emulator (started and stopped here), the browser and CDK tests, a short fuzz run
 	NEXJOB_WITH_AWSCLI=1 $(EMU) $(GO) test -count=1 -timeout 20m ./...
 	@# One iteration of each comparison: their like-for-like checks hold (no timings judged here).
 	$(EMU) $(GO) test -count=1 -run '^$$' -bench Ratio -benchtime 1x ./enqueue/ ./handler/ >/dev/null

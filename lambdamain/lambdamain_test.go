@@ -2,6 +2,7 @@ package lambdamain_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -98,7 +99,8 @@ func TestBadConfigurationStopsAtStart(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "LAMBDAMAIN_TEST_SERVE=1", settings.EnvRole+"=worker", settings.EnvTable+"=", settings.EnvQueueURL+"=https://sqs/q")
 	out, err := cmd.Output()
-	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 		t.Fatalf("exit: %v\n%s", err, out)
 	}
 	if !strings.Contains(string(out), "NEXJOB_TABLE must be set") || strings.Count(string(out), "\n") != 1 {

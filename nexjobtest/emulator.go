@@ -45,7 +45,7 @@ type Emulator struct {
 	// URL is its endpoint, http://127.0.0.1:PORT.
 	URL    string
 	proc   *os.Process
-	exited chan error // the process's end, once
+	exited chan struct{} // closed when the process has ended
 	dir    string
 }
 
@@ -95,9 +95,9 @@ func StartEmulator() (*Emulator, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the emulator: %w", err)
 	}
-	em := &Emulator{URL: fmt.Sprintf("http://127.0.0.1:%d", port), proc: cmd.Process, exited: make(chan error, 1), dir: dir}
+	em := &Emulator{URL: fmt.Sprintf("http://127.0.0.1:%d", port), proc: cmd.Process, exited: make(chan struct{}), dir: dir}
 	waited := make(chan error, 1)
-	go func() { err := cmd.Wait(); waited <- err; em.exited <- err }()
+	go func() { waited <- cmd.Wait(); close(em.exited) }()
 	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); {
 		if r, err := http.Get(em.URL + "/moto-api/"); err == nil {
 			_ = r.Body.Close()
@@ -107,7 +107,7 @@ func StartEmulator() (*Emulator, error) {
 		case err := <-waited:
 			out, _ := os.ReadFile(log.Name())
 			_ = os.RemoveAll(dir)
-			return nil, fmt.Errorf("the emulator exited (%v):\n%s", err, out)
+			return nil, fmt.Errorf("the emulator exited (%w):\n%s", err, out)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -141,11 +141,11 @@ func motoPython() (string, error) {
 	}
 	fmt.Fprintf(os.Stderr, "nexjobtest: installing moto[server]==%s into %s\n", MotoVersion, venv)
 	if out, err := exec.Command("python3", "-m", "venv", venv).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("python3 -m venv %s: %v\n%s", venv, err, out)
+		return "", fmt.Errorf("python3 -m venv %s: %w\n%s", venv, err, out)
 	}
 	pip := exec.Command(filepath.Join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check", "moto[server]=="+MotoVersion)
 	if out, err := pip.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("pip install moto[server]==%s: %v\n%s", MotoVersion, err, out)
+		return "", fmt.Errorf("pip install moto[server]==%s: %w\n%s", MotoVersion, err, out)
 	}
 	return py, nil
 }

@@ -40,6 +40,7 @@ package nexjobtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -267,7 +268,7 @@ func (e *Env) RequireNoJob(t testing.TB, key string) {
 func (e *Env) holder(t testing.TB, key string) (ledger.Record, bool) {
 	t.Helper()
 	rec, err := e.Client.Store().GetByKey(context.Background(), key)
-	if err == ledger.ErrNotFound {
+	if errors.Is(err, ledger.ErrNotFound) {
 		return ledger.Record{}, false
 	}
 	if err != nil {

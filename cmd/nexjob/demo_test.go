@@ -50,7 +50,7 @@ func TestDemoDashboard(t *testing.T) {
 	pr, pw := io.Pipe()
 	c := &cli{stdout: pw, stderr: io.Discard, getenv: func(string) string { return "" }}
 	done := make(chan error, 1)
-	go func() { done <- c.run(ctx, []string{"demo", "--dashboard", "127.0.0.1:0"}); pw.Close() }()
+	go func() { done <- c.run(ctx, []string{"demo", "--dashboard", "127.0.0.1:0"}); _ = pw.Close() }()
 	addr := regexp.MustCompile(`dashboard for table (\S+) on (http://\S+) \(read-only`)
 	var m []string
 	sc := bufio.NewScanner(pr)
@@ -66,7 +66,7 @@ func TestDemoDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "subscriber endpoint refused the connection") || !strings.Contains(string(body), m[1]) {
 		t.Fatalf("%d\n%s", resp.StatusCode, body)
 	}

@@ -55,12 +55,13 @@ deployment flags (default: the NEXJOB_* variables): --table T --queue URL --dlq 
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
 	c := &cli{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
 	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		c.tty = true
 	}
-	if err := c.run(ctx, os.Args[1:]); err != nil {
+	err := c.run(ctx, os.Args[1:])
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "nexjob:", message(err))
 		os.Exit(1)
 	}
@@ -132,8 +133,8 @@ func (c *cli) run(ctx context.Context, args []string) error {
 	cmd := args[0]
 	switch cmd {
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(c.stdout, usageText)
-		return nil
+		_, err := fmt.Fprint(c.stdout, usageText)
+		return err
 	}
 	f, rest, err := c.parse(cmd, args[1:])
 	if err != nil {

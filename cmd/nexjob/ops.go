@@ -263,7 +263,7 @@ func (o *ops) bar(verb string) admin.Progress {
 		line := fmt.Sprintf("%s [%s%s] %d/%d", verb, strings.Repeat("#", fill), strings.Repeat(".", width-fill), done, total)
 		switch {
 		case o.tty:
-			fmt.Fprint(o.stderr, "\r"+line)
+			_, _ = fmt.Fprint(o.stderr, "\r"+line)
 			if done == total {
 				fmt.Fprintln(o.stderr)
 			}

@@ -81,15 +81,15 @@ func (c *Canned) serve(w http.ResponseWriter, r *http.Request) {
 	c.mu.Unlock()
 	switch op {
 	case "DynamoDB_20120810.PutItem", "DynamoDB_20120810.TransactWriteItems":
-		io.WriteString(w, "{}")
+		_, _ = io.WriteString(w, "{}")
 	case "DynamoDB_20120810.UpdateItem":
 		if c.Update == nil {
-			io.WriteString(w, "{}")
+			_, _ = io.WriteString(w, "{}")
 			return
 		}
-		w.Write(c.Update(buf.Bytes()))
+		_, _ = w.Write(c.Update(buf.Bytes()))
 	case "AmazonSQS.SendMessage":
-		io.WriteString(w, `{"MessageId":"00000000-0000-0000-0000-000000000000"}`)
+		_, _ = io.WriteString(w, `{"MessageId":"00000000-0000-0000-0000-000000000000"}`)
 	case "AmazonSQS.SendMessageBatch":
 		var in struct{ Entries []struct{ Id string } }
 		if err := json.Unmarshal(buf.Bytes(), &in); err != nil {
@@ -101,7 +101,7 @@ func (c *Canned) serve(w http.ResponseWriter, r *http.Request) {
 		for _, e := range in.Entries {
 			out.Successful = append(out.Successful, ok{Id: e.Id, MessageId: "m-" + e.Id})
 		}
-		json.NewEncoder(w).Encode(out)
+		_ = json.NewEncoder(w).Encode(out)
 	default:
 		w.WriteHeader(http.StatusBadRequest)
 		fmt.Fprintf(w, `{"__type":"UnknownOperationException","message":"canned endpoint: %s"}`, op)
