@@ -31,6 +31,7 @@ func (p *pool) worker(f func()) {
 	defer t.Stop()
 	for {
 		f()
+		f = nil // the batch it ran can go
 		t.Reset(workerIdle)
 		select {
 		case f = <-p.work:
