@@ -183,7 +183,9 @@ func (h *Handler) Producer() *enqueue.Client { return h.producer }
 
 // Handle runs one SQS batch: the jobs run concurrently (bounded by
 // Concurrency), and the response lists exactly the messages that must come
-// back. It never returns an error: a failure is per message.
+// back. It never returns an error: a failure is per message. Runs go to
+// goroutines the Handler keeps between batches (as Lambda keeps its
+// process); one idle for a minute ends.
 //
 // Under a deadline, Handle returns shortly before it whatever the workers
 // do: a worker that ignores its context is left running and its message
