@@ -57,8 +57,7 @@ func (e *bareEnqueue) enqueue(ctx context.Context, i int64, args any) error {
 	seq := strconv.FormatInt(i, 10)
 	key := pad(seq+"h", 26)
 	id := pad(seq+"i", 26) + "." + key
-	s := func(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
-	n := func(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
+	s, n := benchcmp.S, benchcmp.N
 	_, err = e.db.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName: aws.String(e.table),
 		Item: map[string]types.AttributeValue{

@@ -89,8 +89,7 @@ func BenchmarkRatioHandle(b *testing.B) {
 func bareRun(ctx context.Context, db *dynamodb.Client, table, id string) error {
 	now := time.Now()
 	ms := strconv.FormatInt(now.UnixMilli(), 10)
-	s := func(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
-	n := func(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
+	s, n := benchcmp.S, benchcmp.N
 	key := map[string]types.AttributeValue{"pk": s("j#" + id)}
 	out, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName: aws.String(table),

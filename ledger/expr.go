@@ -4,21 +4,22 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// updateExpr is one UpdateItem's expressions (or a PutItem's condition),
-// ready to send. The hot path's three writes per job (Insert's put, Claim,
-// Finish) write theirs by hand: the expression builder costs about 200
-// allocations an update, more than the SDK's call itself. The rarer
-// writes build theirs with the builder (built).
+// writeExpr is one write's expressions, written by hand: an UpdateItem's
+// condition and update, or a Put's condition. The hot path's three writes
+// per job (Insert's put, Claim, Finish) use it: the expression builder
+// costs about 200 allocations an update, more than the SDK's call itself.
+// The rarer updates build theirs with the builder (buildUpdate).
 //
 // Placeholders are the attribute's name ("#state") and a label (":now");
 // every name and value added must be used, as DynamoDB refuses
 // unused ones.
-type updateExpr struct {
+type writeExpr struct {
 	cond   string
 	set    []string
 	remove []string
@@ -26,8 +27,8 @@ type updateExpr struct {
 	values map[string]types.AttributeValue
 }
 
-func newUpdateExpr() *updateExpr {
-	return &updateExpr{names: make(map[string]string, 12), values: make(map[string]types.AttributeValue, 10),
+func newWriteExpr() *writeExpr {
+	return &writeExpr{names: make(map[string]string, 12), values: make(map[string]types.AttributeValue, 10),
 		set: make([]string, 0, 10), remove: make([]string, 0, 4)}
 }
 
@@ -43,7 +44,7 @@ var placeholders = func() map[string]string {
 }()
 
 // n is the placeholder of an attribute name.
-func (e *updateExpr) n(attr string) string {
+func (e *writeExpr) n(attr string) string {
 	p, ok := placeholders[attr]
 	if !ok {
 		p = "#" + attr
@@ -54,26 +55,27 @@ func (e *updateExpr) n(attr string) string {
 
 // s and i are the placeholders of a string and a number value; label
 // is the placeholder (":now").
-func (e *updateExpr) s(label, v string) string {
+func (e *writeExpr) s(label, v string) string {
 	e.values[label] = &types.AttributeValueMemberS{Value: v}
 	return label
 }
 
-func (e *updateExpr) i(label string, v int64) string {
+func (e *writeExpr) i(label string, v int64) string {
 	e.values[label] = &types.AttributeValueMemberN{Value: strconv.FormatInt(v, 10)}
 	return label
 }
 
 // assign adds "SET #attr = expr".
-func (e *updateExpr) assign(attr, expr string) { e.set = append(e.set, e.n(attr)+" = "+expr) }
+func (e *writeExpr) assign(attr, expr string) { e.set = append(e.set, e.n(attr)+" = "+expr) }
 
 // drop adds "REMOVE #attr".
-func (e *updateExpr) drop(attr string) { e.remove = append(e.remove, e.n(attr)) }
+func (e *writeExpr) drop(attr string) { e.remove = append(e.remove, e.n(attr)) }
 
-// index keeps the byState index's keys as withIndex does.
-func (e *updateExpr) index(s *Store, st State, now string) {
+// index keeps the byState index's keys as withIndex does; stv and now
+// are the placeholders of st and of the time.
+func (e *writeExpr) index(s *Store, st State, stv, now string) {
 	if s.Indexed(st) {
-		e.assign(AttrListState, e.s(":st", string(st)))
+		e.assign(AttrListState, stv)
 		e.assign(AttrListAt, now)
 		return
 	}
@@ -81,7 +83,7 @@ func (e *updateExpr) index(s *Store, st State, now string) {
 	e.drop(AttrListAt)
 }
 
-func (e *updateExpr) update() string {
+func (e *writeExpr) update() string {
 	var b strings.Builder
 	if len(e.set) > 0 {
 		b.WriteString("SET ")
@@ -97,33 +99,44 @@ func (e *updateExpr) update() string {
 	return b.String()
 }
 
-// built is an update made with the expression builder, as an updateExpr.
-type built struct {
-	expr expression.Expression
+// absent is the condition that the item does not exist yet.
+func absent() *writeExpr {
+	e := newWriteExpr()
+	e.cond = "attribute_not_exists(" + e.n(AttrPK) + ")"
+	return e
+}
+
+// keyFree is the condition under which a key's record may be overwritten
+// without a look: it does not exist, or it is past its retention.
+func keyFree(now time.Time) *writeExpr {
+	e := absent()
+	e.cond += " OR " + e.n(AttrExpiresAt) + " <= " + e.i(":now", now.Unix())
+	return e
+}
+
+// exprs are a write's expressions as its request carries them.
+type exprs struct {
+	cond, update *string // update is nil for a Put
+	names        map[string]string
+	values       map[string]types.AttributeValue // nil when none: DynamoDB refuses an empty map
+}
+
+func (e *writeExpr) exprs() exprs {
+	out := exprs{cond: &e.cond, names: e.names}
+	if len(e.values) > 0 {
+		out.values = e.values
+	}
+	if u := e.update(); u != "" {
+		out.update = &u
+	}
+	return out
 }
 
 // buildUpdate builds cond and upd with the expression builder.
-func buildUpdate(cond expression.ConditionBuilder, upd expression.UpdateBuilder) (built, error) {
+func buildUpdate(cond expression.ConditionBuilder, upd expression.UpdateBuilder) (exprs, error) {
 	expr, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
 	if err != nil {
-		return built{}, fmt.Errorf("nexjob: build update: %w", err)
+		return exprs{}, fmt.Errorf("nexjob: build update: %w", err)
 	}
-	return built{expr}, nil
+	return exprs{cond: expr.Condition(), update: expr.Update(), names: expr.Names(), values: expr.Values()}, nil
 }
-
-// updateInput is what an UpdateItem needs of either kind of expression.
-type updateInput interface {
-	condition() *string
-	updateExpression() *string
-	attrNames() map[string]string
-	attrValues() map[string]types.AttributeValue
-}
-
-func (e *updateExpr) condition() *string                          { return &e.cond }
-func (e *updateExpr) updateExpression() *string                   { u := e.update(); return &u }
-func (e *updateExpr) attrNames() map[string]string                { return e.names }
-func (e *updateExpr) attrValues() map[string]types.AttributeValue { return e.values }
-func (b built) condition() *string                                { return b.expr.Condition() }
-func (b built) updateExpression() *string                         { return b.expr.Update() }
-func (b built) attrNames() map[string]string                      { return b.expr.Names() }
-func (b built) attrValues() map[string]types.AttributeValue       { return b.expr.Values() }

@@ -121,9 +121,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	now := s.now()
 	rec = s.stamp(rec, key, policy, now)
 	if key == "" {
-		c := newUpdateExpr()
-		c.cond = "attribute_not_exists(" + c.n(AttrPK) + ")"
-		err := s.put(ctx, rec, c)
+		err := s.put(ctx, rec, absent())
 		var held *heldError
 		if errors.As(err, &held) && held.rec.ID == rec.ID {
 			return held.rec, true, nil // our own put, applied but its reply lost
@@ -135,9 +133,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	}
 	const tries = 8
 	for range tries {
-		c := newUpdateExpr()
-		c.cond = "attribute_not_exists(" + c.n(AttrPK) + ") OR " + c.n(AttrExpiresAt) + " <= " + c.i(":now", now.Unix())
-		err := s.put(ctx, rec, c)
+		err := s.put(ctx, rec, keyFree(now))
 		var held *heldError
 		if !errors.As(err, &held) {
 			if err != nil {
@@ -222,7 +218,7 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 	now := s.now()
 	rec = s.stamp(rec, key, policy, now)
 	if key == "" {
-		it, err := s.putItem(rec, expression.AttributeNotExists(expression.Name(AttrPK)))
+		it, err := s.putItem(rec, absent())
 		return Prepared{Record: rec, Items: []types.TransactWriteItem{it}}, err
 	}
 	old, held, err := s.getPK(ctx, rec.PK, true)
@@ -255,14 +251,6 @@ func uncertain(id string, err error) error {
 	return &UnknownOutcomeError{ID: id, Err: err}
 }
 
-// keyFree is the condition under which a key's record may be overwritten
-// without a look: it does not exist, or it is past its retention. (Insert
-// writes the same by hand: see updateExpr.)
-func keyFree(now time.Time) expression.ConditionBuilder {
-	return expression.AttributeNotExists(expression.Name(AttrPK)).
-		Or(expression.Name(AttrExpiresAt).LessThanEqual(expression.Value(now.Unix())))
-}
-
 // heldError carries the record that made a conditional write fail.
 type heldError struct {
 	rec Record
@@ -274,22 +262,19 @@ func (e *heldError) Unwrap() error { return e.err }
 
 var errLostRace = errors.New("nexjob: lost a conditional write race")
 
-// put writes rec under the condition c.cond (its names and values in c).
-func (s *Store) put(ctx context.Context, rec Record, c *updateExpr) error {
+// put writes rec under the condition cond.
+func (s *Store) put(ctx context.Context, rec Record, cond *writeExpr) error {
 	item, err := attributevalue.MarshalMap(rec)
 	if err != nil {
 		return fmt.Errorf("nexjob: encode job record: %w", err)
 	}
-	values := c.values
-	if len(values) == 0 {
-		values = nil // DynamoDB refuses an empty map
-	}
+	x := cond.exprs()
 	_, err = s.db.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.table),
 		Item:                                item,
-		ConditionExpression:                 &c.cond,
-		ExpressionAttributeNames:            c.names,
-		ExpressionAttributeValues:           values,
+		ConditionExpression:                 x.cond,
+		ExpressionAttributeNames:            x.names,
+		ExpressionAttributeValues:           x.values,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
 	return s.conditionError("put job", err)
@@ -357,7 +342,7 @@ func (s *Store) archiveItems(old Record, rec *Record) ([]types.TransactWriteItem
 	if rec == nil {
 		archived.KeyHash = "" // released: the job no longer owns the key
 	}
-	arch, err := s.putItem(archived, expression.AttributeNotExists(expression.Name(AttrPK)))
+	arch, err := s.putItem(archived, absent())
 	if err != nil {
 		return nil, err
 	}
@@ -392,20 +377,17 @@ func (s *Store) archiveItems(old Record, rec *Record) ([]types.TransactWriteItem
 }
 
 // putItem is a transaction's Put of rec under cond.
-func (s *Store) putItem(rec Record, cond expression.ConditionBuilder) (types.TransactWriteItem, error) {
+func (s *Store) putItem(rec Record, cond *writeExpr) (types.TransactWriteItem, error) {
 	item, err := attributevalue.MarshalMap(rec)
 	if err != nil {
 		return types.TransactWriteItem{}, fmt.Errorf("nexjob: encode job record: %w", err)
 	}
-	expr, err := expression.NewBuilder().WithCondition(cond).Build()
-	if err != nil {
-		return types.TransactWriteItem{}, fmt.Errorf("nexjob: build condition: %w", err)
-	}
+	x := cond.exprs()
 	return types.TransactWriteItem{Put: &types.Put{
 		TableName: aws.String(s.table), Item: item,
-		ConditionExpression:       expr.Condition(),
-		ExpressionAttributeNames:  expr.Names(),
-		ExpressionAttributeValues: expr.Values(),
+		ConditionExpression:       x.cond,
+		ExpressionAttributeNames:  x.names,
+		ExpressionAttributeValues: x.values,
 	}}, nil
 }
 

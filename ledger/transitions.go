@@ -39,7 +39,7 @@ var ErrFenced = errors.New("nexjob: lease lost; a newer run owns the job")
 // current record; a missing job or one past its retention, ErrNotFound.
 func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Record, error) {
 	now := s.now()
-	e := newUpdateExpr()
+	e := newWriteExpr()
 	st, at, nowMs := e.n(AttrState), e.n(AttrAttempt), e.i(":now", now.UnixMilli())
 	proc, one := e.s(":proc", string(Processing)), e.i(":one", 1)
 	e.cond = e.n(AttrID) + " = " + e.s(":id", id) + " AND " + at + " < " + e.n(AttrMaxAttempts) +
@@ -51,10 +51,10 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 	e.assign(AttrUpdatedAt, nowMs)
 	e.assign(AttrAttempt, at+" + "+one)
 	e.assign(AttrToken, e.n(AttrToken)+" + "+one)
-	e.index(s, Processing, nowMs)
+	e.index(s, Processing, proc, nowMs)
 	nonce := newNonce()
 	e.assign(AttrNonce, e.s(":nonce", nonce))
-	return s.updateJob(ctx, id, e, nonce)
+	return s.updateJob(ctx, id, e.exprs(), nonce)
 }
 
 // ErrTooManyChildren: the parent already has MaxChildren continuations.
@@ -66,9 +66,6 @@ var ErrTooManyChildren = fmt.Errorf("nexjob: a job takes at most %d continuation
 // the current record; a failed condition that meets this very update
 // (applied, its reply lost, resent by the SDK) is a success.
 func (s *Store) updateByID(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (Record, error) {
-	if _, err := locate(id); err != nil {
-		return Record{}, err
-	}
 	nonce := newNonce()
 	// Built once: an UpdateBuilder shares its operations between copies,
 	// so setting the nonce per try would set it twice on the second pk.
@@ -80,7 +77,7 @@ func (s *Store) updateByID(ctx context.Context, id string, cond expression.Condi
 }
 
 // updateJob is updateByID with the expressions built; they set the nonce.
-func (s *Store) updateJob(ctx context.Context, id string, in updateInput, nonce string) (Record, error) {
+func (s *Store) updateJob(ctx context.Context, id string, in exprs, nonce string) (Record, error) {
 	pks, err := locate(id)
 	if err != nil {
 		return Record{}, err
@@ -129,12 +126,13 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
 	}
 	now := s.now()
-	e := newUpdateExpr()
+	e := newWriteExpr()
 	nowMs := e.i(":now", now.UnixMilli())
-	e.assign(AttrState, e.s(":st", string(f.State)))
+	st := e.s(":st", string(f.State))
+	e.assign(AttrState, st)
 	e.assign(AttrUpdatedAt, nowMs)
 	e.drop(AttrLeaseUntil)
-	e.index(s, f.State, nowMs)
+	e.index(s, f.State, st, nowMs)
 	if f.LastError != "" {
 		e.assign(AttrLastError, e.s(":err", truncate(f.LastError, MaxLastError)))
 	}
@@ -155,7 +153,7 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 		" AND " + e.n(AttrState) + " = " + e.s(":proc", string(Processing))
 	nonce := rec.Nonce + ".end"
 	e.assign(AttrNonce, e.s(":nonce", nonce))
-	out, err := s.update(ctx, rec.PK, e, nonce)
+	out, err := s.update(ctx, rec.PK, e.exprs(), nonce)
 	var held *heldError
 	if errors.As(err, &held) {
 		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
@@ -173,14 +171,14 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 // is.
 // upd must set the nonce: a failed condition that finds it is this very
 // update, applied but its reply lost.
-func (s *Store) update(ctx context.Context, pk string, in updateInput, nonce string) (Record, error) {
+func (s *Store) update(ctx context.Context, pk string, in exprs, nonce string) (Record, error) {
 	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(s.table),
 		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
-		ConditionExpression:                 in.condition(),
-		UpdateExpression:                    in.updateExpression(),
-		ExpressionAttributeNames:            in.attrNames(),
-		ExpressionAttributeValues:           in.attrValues(),
+		ConditionExpression:                 in.cond,
+		UpdateExpression:                    in.update,
+		ExpressionAttributeNames:            in.names,
+		ExpressionAttributeValues:           in.values,
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})

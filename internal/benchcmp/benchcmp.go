@@ -23,6 +23,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // Canned is the in-process endpoint. Update answers UpdateItem: it gets
@@ -63,6 +64,10 @@ func (c *Canned) Config() aws.Config {
 		BaseEndpoint: aws.String(c.URL),
 	}
 }
+
+// S and N are DynamoDB string and number values, for the bare sides.
+func S(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
+func N(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
 
 var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
