@@ -166,6 +166,50 @@ func TestReuseRetriesTransactionConflict(t *testing.T) {
 	checkMessages(t, e, 1)
 }
 
+// TestReuseWhenTheTransactionFails: the re-use path's transaction (archive
+// the terminal holder, put the new job) is applied and its reply lost: the
+// enqueue finds its own job and sends it. Throttled past the SDK's
+// retries, it is an error, the old job still holds the key and nothing is
+// sent; the caller's retry creates the job.
+func TestReuseWhenTheTransactionFails(t *testing.T) {
+	t.Parallel()
+	for _, f := range []faults.Fault{faults.LostReply, faults.Throttle} {
+		t.Run(f.String(), func(t *testing.T) {
+			t.Parallel()
+			e := awstest.New(t, nil)
+			c, ft := faultyClient(t, e)
+			old := stage(t, newClient(t, e, &enqueue.ClientOptions{Logger: quietLog}), "invoice-6", ledger.Succeeded, time.Time{})
+			e.Purge(t, e.QueueURL)
+			rule := faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: f}
+			if f == faults.Throttle {
+				rule.Times = faults.Attempts
+			}
+			h := ft.Add(rule)
+			ctx := context.Background()
+			res, err := c.Enqueue(ctx, payment{OrderID: "6"}, &enqueue.Opts{IdempotencyKey: "invoice-6"})
+			if f == faults.LostReply {
+				if err != nil || res.Duplicate || res.ID == old.ID || h.Fired() != 1 {
+					t.Fatalf("re-use with its reply lost: %+v, %v (fault fired %d times)", res, err, h.Fired())
+				}
+				e.RequireState(t, res.ID, ledger.Enqueued)
+				checkMessages(t, e, 1)
+				return
+			}
+			if err == nil || h.Fired() != faults.Attempts {
+				t.Fatalf("re-use throttled: %+v, %v (fault fired %d times)", res, err, h.Fired())
+			}
+			if holder, err := c.Holder(ctx, "invoice-6"); err != nil || holder.ID != old.ID || holder.State != ledger.Succeeded {
+				t.Fatalf("the key after a throttled re-use: %+v %v", holder, err)
+			}
+			checkMessages(t, e, 0)
+			if res, err = c.Enqueue(ctx, payment{OrderID: "6"}, &enqueue.Opts{IdempotencyKey: "invoice-6"}); err != nil || res.Duplicate || res.ID == old.ID {
+				t.Fatalf("the caller's retry: %+v, %v", res, err)
+			}
+			checkMessages(t, e, 1)
+		})
+	}
+}
+
 // TestCancelWhenReplyIsLost: the operator's cancel is applied, its reply
 // is lost and the SDK resends it: the failed condition finds our own
 // write, so the cancel reads as done. Throttled past the SDK's retries,

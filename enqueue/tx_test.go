@@ -168,3 +168,43 @@ func TestEnqueueTxCommitReplyLost(t *testing.T) {
 		})
 	}
 }
+
+// TestEnqueueTxCommitThrottled: the caller's commit is throttled through
+// the SDK's retries (never applied). Settle finds no job and says the
+// transaction did not commit; nothing is sent, and preparing again
+// commits.
+func TestEnqueueTxCommitThrottled(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	c := newClient(t, e, &enqueue.ClientOptions{Logger: quietLog})
+	orders := ordersTable(t, e)
+	ft, cfg := e.Faulty()
+	db := dynamodb.NewFromConfig(cfg)
+	ctx := context.Background()
+	tx, err := c.EnqueueTx(ctx, payment{OrderID: "8"}, &enqueue.Opts{IdempotencyKey: "receipt-8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := ft.Add(faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Throttle, Times: faults.Attempts})
+	cerr := commit(ctx, db, orders, "8", tx)
+	if cerr == nil || h.Fired() != faults.Attempts {
+		t.Fatalf("commit: %v, fault fired %d times", cerr, h.Fired())
+	}
+	if _, err := c.Settle(ctx, tx, cerr); !errors.Is(err, enqueue.ErrTxNotCommitted) {
+		t.Fatalf("settle after a throttled commit: %v", err)
+	}
+	checkMessages(t, e, 0)
+	tx, err = c.EnqueueTx(ctx, payment{OrderID: "8"}, &enqueue.Opts{IdempotencyKey: "receipt-8"})
+	if err != nil || tx.Result.Duplicate {
+		t.Fatalf("prepared again: %+v %v", tx, err)
+	}
+	if err := commit(ctx, db, orders, "8", tx); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Settle(ctx, tx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.RequireState(t, res.ID, ledger.Enqueued)
+	checkMessages(t, e, 1)
+}
