@@ -57,7 +57,8 @@ bench: ## ours vs the bare SDK (the four ratios), then the emulator benchmarks
 	@echo; echo "ours / bare SDK, per operation:"; grep -E '^ratio|jobs/s' build/bench.txt
 	$(EMU) $(GO) test -run '^$$' -bench 'Enqueue$$' -benchtime 200x ./enqueue/
 
-vet: ## gofmt check and go vet
+vet: ## no tracked file over 1 MB, gofmt check and go vet
+	@./.ci/check-sizes
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out"; exit 1; fi
 	$(GO) vet ./...
 	cd infra && $(GO) vet ./...
