@@ -40,6 +40,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsscheduler"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awskms"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsssm"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
@@ -84,10 +85,16 @@ type JobQueueProps struct {
 	// function must agree, so it is set here). Defaults to false.
 	IndexAllStates *bool
 	// KeySecretParameter names an SSM SecureString parameter holding the
-	// key secret (HMAC for idempotency keys). Every function reads it at
-	// start and is granted that, as GrantEnqueue grantees are. Defaults to
-	// none: plain SHA-256.
+	// key secret (HMAC for idempotency keys). Every function that hashes
+	// keys (all but the dispatch guard, see settings.NeedsKeySecret) reads
+	// it at start and is granted ssm:GetParameter on it and nothing more,
+	// as GrantEnqueue, GrantRead and GrantOperate grantees are. Defaults
+	// to none: plain SHA-256.
 	KeySecretParameter *string
+	// KeySecretKey is the customer-managed KMS key the parameter is
+	// encrypted with, if it is not the account's aws/ssm key: the same
+	// readers are granted kms:Decrypt on it (through SSM only).
+	KeySecretKey awskms.IKey
 	// FunctionTimeout of the worker. The queue's visibility timeout is six
 	// times it (AWS's advice for SQS event sources), so a message comes
 	// back only after a crashed run's lease (the timeout plus 5 s) is over.
@@ -177,6 +184,7 @@ type JobQueue struct {
 	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
 	SchedulerRole      awsiam.Role                // assumed by Scheduler to invoke the target
 	keySecret          awsssm.IStringParameter
+	keySecretKey       awskms.IKey
 	env                map[string]*string // every function's settings
 	guardAfter         string
 }
@@ -190,10 +198,18 @@ func (q *JobQueue) Settings(role settings.Role) *map[string]*string {
 	for k, v := range q.env {
 		e[k] = v
 	}
+	if !settings.NeedsKeySecret(role) {
+		delete(e, settings.EnvKeySecretParameter)
+	}
 	switch role {
 	case settings.Producer:
 		delete(e, settings.EnvDLQURL)
 	case settings.Guard:
+		// Only what the guard reads (and the team's own variables).
+		for _, v := range []string{settings.EnvTable, settings.EnvDLQURL, settings.EnvRetention, settings.EnvIndexAllStates,
+			settings.EnvScheduleGroup, settings.EnvScheduleTarget, settings.EnvSchedulerRole} {
+			delete(e, v)
+		}
 		e[settings.EnvGuardAfter] = jsii.String(q.guardAfter)
 		fallthrough
 	default:
@@ -250,6 +266,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	if p.KeySecretParameter != nil {
 		env[settings.EnvKeySecretParameter] = p.KeySecretParameter
 		q.keySecret = awsssm.StringParameter_FromStringParameterName(c, jsii.String("KeySecret"), p.KeySecretParameter)
+		q.keySecretKey = p.KeySecretKey
 	}
 	if p.Environment != nil {
 		for k, v := range *p.Environment {
@@ -263,10 +280,8 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	if !*p.NoGuard {
 		q.Guard = newFunction(c, "DispatchGuard", p.code(settings.Guard), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), roleEnv(settings.Guard))
 	}
-	if q.keySecret != nil {
-		q.keySecret.GrantRead(q.Worker)
-		q.keySecret.GrantRead(q.DeadLetter)
-	}
+	q.grantKeySecret(q.Worker)
+	q.grantKeySecret(q.DeadLetter)
 
 	// The worker: claims, finishes, releases (UpdateItem), reads (GetItem),
 	// enqueues and continues from jobs (PutItem; DeleteItem undoes a
@@ -469,9 +484,23 @@ func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:DeleteMessage"), jsii.String("sqs:ChangeMessageVisibility"))
 }
 
+// grantKeySecret lets grantee read the key secret's parameter: exactly
+// ssm:GetParameter on it (the CDK's GrantRead adds DescribeParameters,
+// GetParameters and GetParameterHistory, none of which settings.Load
+// calls), and kms:Decrypt on a customer-managed key, through SSM only.
 func (q *JobQueue) grantKeySecret(grantee awsiam.IGrantable) {
-	if q.keySecret != nil {
-		q.keySecret.GrantRead(grantee)
+	if q.keySecret == nil {
+		return
+	}
+	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+		Grantee: grantee, Actions: jsii.Strings("ssm:GetParameter"), ResourceArns: jsii.Strings(*q.keySecret.ParameterArn()),
+	})
+	if q.keySecretKey != nil {
+		grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions:    jsii.Strings("kms:Decrypt"),
+			Resources:  jsii.Strings(*q.keySecretKey.KeyArn()),
+			Conditions: &map[string]any{"StringEquals": map[string]any{"kms:ViaService": awscdk.Fn_Join(jsii.String(""), jsii.Strings("ssm.", *awscdk.Aws_REGION(), ".amazonaws.com"))}},
+		}))
 	}
 }
 

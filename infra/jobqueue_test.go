@@ -317,7 +317,7 @@ func TestJobQueueOneBinaryNoGuard(t *testing.T) {
 		tpl.HasResourceProperties(jsii.String("AWS::IAM::Policy"), map[string]any{
 			"Roles": []any{map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^" + who))}},
 			"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{
-				assertions.Match_ObjectLike(&map[string]any{"Action": assertions.Match_ArrayWith(&[]any{"ssm:GetParameter"})}),
+				assertions.Match_ObjectLike(&map[string]any{"Action": "ssm:GetParameter"}),
 			})},
 		})
 	}

@@ -16,7 +16,7 @@
 //	NEXJOB_ROLE                  worker, deadletter or guard: for one binary serving all three
 //	NEXJOB_RETENTION             "succeeded=168h,failed=720h,expired=168h" (any subset; 0 keeps forever)
 //	NEXJOB_INDEX_ALL_STATES      "true" lists every state (ledger.Options.IndexAllStates)
-//	NEXJOB_KEY_SECRET_PARAMETER  an SSM SecureString parameter holding the key secret
+//	NEXJOB_KEY_SECRET_PARAMETER  an SSM SecureString parameter holding the key secret (every role but the guard)
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
 //	NEXJOB_DASHBOARD_WRITE       "true" turns the dashboard function's write actions on
@@ -26,6 +26,16 @@
 //
 // AWS settings (region, credentials, AWS_ENDPOINT_URL for an emulator)
 // are the SDK's standard ones.
+//
+// # The key secret
+//
+// Every role that hashes an idempotency key reads the secret: producers,
+// the worker (continuations and jobs enqueued from jobs), the DLQ
+// consumer, the recurring target and operators (key lookups and
+// releases). The dispatch guard does not: it re-sends what the stream
+// image holds and never hashes a key, so Load never reads the parameter
+// for it (NeedsKeySecret), and the construct neither passes it nor
+// grants it.
 //
 // # How it fails
 //
@@ -99,6 +109,11 @@ func Vars(r Role) []string {
 	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates}
 }
 
+// NeedsKeySecret says whether role r hashes idempotency keys, and so reads
+// the key secret (NEXJOB_KEY_SECRET_PARAMETER or NEXJOB_KEY_SECRET) at
+// start: every role but the guard.
+func NeedsKeySecret(r Role) bool { return r != Guard }
+
 // required is how many of Vars(r) are required.
 func required(r Role) int {
 	if r == Guard {
@@ -154,7 +169,7 @@ var ErrNoRegion = errors.New("nexjob: no AWS region: set AWS_REGION (and, for an
 
 // Load reads the role's settings from the environment and the SDK's
 // default configuration, and reads the key secret's SSM parameter if one
-// is named (one GetParameter, decrypted).
+// is named and the role needs it (one GetParameter, decrypted).
 func Load(ctx context.Context, role Role) (Settings, error) {
 	cfg, err := config.LoadDefaultConfig(ctx)
 	if err != nil {
@@ -202,6 +217,9 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 		if s.GuardAfter, err = time.ParseDuration(v); err != nil || s.GuardAfter < 0 {
 			return Settings{}, &InvalidError{Var: EnvGuardAfter, Reason: "want a Go duration such as 2m"}
 		}
+	}
+	if !NeedsKeySecret(role) {
+		return s, nil
 	}
 	switch p, raw := getenv(EnvKeySecretParameter), getenv(EnvKeySecret); {
 	case p != "" && raw != "":
