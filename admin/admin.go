@@ -12,8 +12,11 @@
 // Find of an indexed state is a Query of the byState index; of any other
 // state, and Stats, a Scan of the whole table (billed for every record):
 // an operator's tool, not a hot path. DeadLetters receives up to ten DLQ
-// messages and makes them visible again at once (each peek counts as a
-// receive). IAM: the construct's GrantOperate covers every call.
+// messages with a visibility timeout of 0 (package internal/sqszero: the
+// SDK would otherwise send none, and SQS would hide them for the queue's
+// own timeout), so a peek changes nothing a consumer sees; each peek
+// counts as a receive. IAM: the construct's GrantOperate covers every
+// call.
 //
 // # How it fails
 //
@@ -40,6 +43,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/sqszero"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/settings"
 )
@@ -167,19 +171,38 @@ func (a *Admin) depth(ctx context.Context, url string) (visible, inFlight int, e
 // Outcome is what a bulk action did to one job.
 type Outcome struct {
 	ID  string
-	Err error // nil: done
+	Err error // nil: done, or skipped
+	// Skipped says why a job was left as it is though nothing failed
+	// (Redrive: a stray copy of a job that Succeeded or was cancelled).
+	Skipped string
 }
 
 // Report is a bulk action's result, one Outcome per job it tried.
 type Report struct {
 	Outcomes []Outcome
+	// Hidden (Redrive) counts the DLQ messages this run could not see:
+	// the queue's depth after it, less what it left there itself. They
+	// are in flight, received by someone else (a consumer, a peek from an
+	// older version) and visible again when their visibility timeout ends.
+	Hidden int
 }
 
-// Done counts the jobs the action succeeded on.
+// Done counts the jobs the action succeeded on (not the skipped ones).
 func (r Report) Done() int {
 	n := 0
 	for _, o := range r.Outcomes {
-		if o.Err == nil {
+		if o.Err == nil && o.Skipped == "" {
+			n++
+		}
+	}
+	return n
+}
+
+// Skipped counts the jobs the action left alone, each with its reason.
+func (r Report) Skipped() int {
+	n := 0
+	for _, o := range r.Outcomes {
+		if o.Skipped != "" {
 			n++
 		}
 	}
@@ -264,9 +287,8 @@ func (a *Admin) DeadLetters(ctx context.Context, max int) ([]DeadLetter, error) 
 	out, err := a.sqs.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
 		QueueUrl:                    aws.String(a.dlqURL),
 		MaxNumberOfMessages:         int32(max),
-		VisibilityTimeout:           0,
 		MessageSystemAttributeNames: []sqstypes.MessageSystemAttributeName{sqstypes.MessageSystemAttributeNameApproximateReceiveCount, sqstypes.MessageSystemAttributeNameSentTimestamp},
-	})
+	}, sqszero.Peek)
 	if err != nil {
 		return nil, fmt.Errorf("nexjob: read the DLQ %s: %w", a.dlqURL, err)
 	}
@@ -292,11 +314,16 @@ func (a *Admin) DeadLetters(ctx context.Context, max int) ([]DeadLetter, error) 
 var ErrNoDLQ = errors.New("nexjob: no dead-letter queue configured (set NEXJOB_DLQ_URL)")
 
 // Redrive moves the DLQ's messages back into work, telling progress after
-// each, until the DLQ reads empty: a job that ended (the DLQ consumer
-// recorded it Failed) is requeued with a fresh attempt budget; a job still
-// active has its message sent to the job queue again; a message that is
-// not a job, or whose job is gone, stays in the DLQ and is reported.
-// Each message is deleted from the DLQ only once its job is back.
+// each, until the DLQ reads empty: a job that ended Failed or Expired (the
+// DLQ consumer recorded it) is requeued with a fresh attempt budget; a job
+// still active has its message sent to the job queue again; a stray copy
+// of a job that Succeeded, or that an operator cancelled, is deleted and
+// reported as skipped (the DLQ consumer drops those copies too: they are
+// never run again); a message that is not a job, or whose job is gone,
+// stays in the DLQ and is reported. Each message is deleted from the DLQ
+// only once its job is back. Report.Hidden then counts the messages the
+// DLQ still holds that this run never saw (in flight elsewhere): a
+// redrive that found the queue empty while it is not says so.
 func (a *Admin) Redrive(ctx context.Context, progress Progress) (Report, error) {
 	if a.dlqURL == "" {
 		return Report{}, ErrNoDLQ
@@ -326,9 +353,21 @@ func (a *Admin) Redrive(ctx context.Context, progress Progress) (Report, error) 
 			}
 		}
 		if fresh == 0 {
-			return rep, nil
+			break
 		}
 	}
+	visible, inFlight, err := a.depth(ctx, a.dlqURL)
+	if err != nil {
+		return rep, err
+	}
+	left := 0 // what this run saw and did not delete (hidden by it for a minute)
+	for _, o := range rep.Outcomes {
+		if o.Err != nil {
+			left++
+		}
+	}
+	rep.Hidden = max(0, visible+inFlight-left)
+	return rep, nil
 }
 
 func (a *Admin) redriveOne(ctx context.Context, m sqstypes.Message) Outcome {
@@ -342,6 +381,12 @@ func (a *Admin) redriveOne(ctx context.Context, m sqstypes.Message) Outcome {
 	case err != nil:
 		o.Err = fmt.Errorf("left in the DLQ: %w", err)
 		return o
+	case rec.State == ledger.Succeeded || rec.Cancelled:
+		o.Skipped = "already " + string(rec.State)
+		if rec.Cancelled {
+			o.Skipped = "cancelled by an operator"
+		}
+		o.Skipped += ": a stray copy, deleted from the DLQ and not run again"
 	case rec.State.Terminal():
 		if _, err := a.client.Requeue(ctx, job.ID); err != nil {
 			o.Err = fmt.Errorf("left in the DLQ: %w", err)
@@ -356,6 +401,9 @@ func (a *Admin) redriveOne(ctx context.Context, m sqstypes.Message) Outcome {
 	if _, err := a.sqs.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(a.dlqURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
 		// The job is back; the DLQ copy is redriven again later, harmlessly.
 		o.Err = fmt.Errorf("back in work, but its DLQ copy was not deleted: %w", err)
+		if o.Skipped != "" {
+			o.Err, o.Skipped = fmt.Errorf("%s, but not deleted: %w", o.Skipped, err), ""
+		}
 	}
 	return o
 }

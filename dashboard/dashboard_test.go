@@ -14,6 +14,9 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
 	"github.com/nexjob/nexjob-aws/admin"
 	"github.com/nexjob/nexjob-aws/dashboard"
 	"github.com/nexjob/nexjob-aws/enqueue"
@@ -181,5 +184,31 @@ func TestKeyLookup(t *testing.T) {
 	}
 	if code, _ := get(t, c, r.srv.URL+"/jobs?state=Done"); code != http.StatusBadRequest {
 		t.Fatalf("unknown state: %d", code)
+	}
+}
+
+// TestDLQPageLeavesMessagesVisible: viewing the DLQ page (a GET) must not
+// hide its messages from the DLQ consumer or a redrive. It received with
+// the queue's own visibility timeout (the SDK drops a 0), so after one
+// view a consumer received nothing.
+func TestDLQPageLeavesMessagesVisible(t *testing.T) {
+	r := newRig(t, false)
+	ctx := context.Background()
+	for _, body := range []string{"not a job", "neither is this"} {
+		if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.DLQURL), MessageBody: aws.String(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		if code, page := get(t, client(t), r.srv.URL+"/dlq"); code != http.StatusOK || !strings.Contains(page, "not a job") {
+			t.Fatalf("GET /dlq: %d\n%s", code, page)
+		}
+	}
+	out, err := r.e.SQS.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(r.e.DLQURL), MaxNumberOfMessages: 10, WaitTimeSeconds: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Messages) != 2 {
+		t.Fatalf("a consumer received %d of the DLQ's 2 messages after three views of the page", len(out.Messages))
 	}
 }

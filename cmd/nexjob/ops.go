@@ -293,7 +293,17 @@ func (o *ops) redrive(ctx context.Context) error {
 		return err
 	}
 	fmt.Fprintf(o.stdout, "redrove %d of %d dead-letter messages\n", rep.Done(), len(rep.Outcomes))
-	return rep.Err()
+	for _, oc := range rep.Outcomes {
+		if oc.Skipped != "" {
+			fmt.Fprintf(o.stdout, "skipped job %s: %s\n", oc.ID, oc.Skipped)
+		}
+	}
+	err = rep.Err()
+	if rep.Hidden > 0 {
+		// Never "0 of 0" with exit 0 while the DLQ is not empty.
+		err = errors.Join(err, fmt.Errorf("the DLQ still holds %d messages this redrive could not see: they are in flight (received by a consumer or a peek) and visible again when their visibility timeout ends; run redrive again then", rep.Hidden))
+	}
+	return err
 }
 
 // serve runs the dashboard until ctx ends. A non-loopback address is

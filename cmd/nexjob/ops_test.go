@@ -239,3 +239,46 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 func regexpLine(out, re string) bool {
 	return regexp.MustCompile(`(?m)^` + re + `\s*$`).MatchString(out)
 }
+
+// TestRedriveSaysWhatItCouldNotSee: with the DLQ's messages in flight
+// (received by a consumer or an old peek), redrive printed "redrove 0 of
+// 0" and exited 0 while stats counted them. It must say they are there.
+func TestRedriveSaysWhatItCouldNotSee(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	ctx := context.Background()
+	if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.DLQURL), MessageBody: aws.String("held elsewhere")}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.e.SQS.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(r.e.DLQURL), VisibilityTimeout: 600, WaitTimeSeconds: 1})
+	if err != nil || len(got.Messages) != 1 {
+		t.Fatalf("hide the DLQ message: %v %d", err, len(got.Messages))
+	}
+	out, errOut, err := r.cli(t, "redrive")
+	if err == nil || !strings.Contains(err.Error(), "the DLQ still holds 1 messages this redrive could not see") {
+		t.Fatalf("redrive of a DLQ whose message is in flight: err %v\n%s%s", err, out, errOut)
+	}
+}
+
+// TestRedriveSkipsSucceeded: a stray DLQ copy of a job that already
+// Succeeded is deleted, reported as skipped, and not run again (redrive
+// requeued every ended job, so it ran again).
+func TestRedriveSkipsSucceeded(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	ids := r.enqueue(t, 1, "done")
+	r.e.Drain(t, r.h)
+	before := r.e.RequireState(t, ids[0], ledger.Succeeded)
+	ctx := context.Background()
+	if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.DLQURL), MessageBody: aws.String(enqueue.Message{V: 1, ID: ids[0], Kind: "report"}.Encode())}); err != nil {
+		t.Fatal(err)
+	}
+	out := r.must(t, "redrive")
+	if !strings.Contains(out, "redrove 0 of 1 dead-letter messages") || !strings.Contains(out, "skipped job "+ids[0]+": already Succeeded") {
+		t.Fatalf("redrive of a Succeeded job's copy:\n%s", out)
+	}
+	after := r.e.RequireState(t, ids[0], ledger.Succeeded)
+	if after.Attempt != before.Attempt || r.e.QueueDepth(t, r.e.QueueURL) != 0 || r.e.QueueDepth(t, r.e.DLQURL) != 0 {
+		t.Fatalf("the Succeeded job was sent again: attempt %d -> %d, queue %d, DLQ %d", before.Attempt, after.Attempt, r.e.QueueDepth(t, r.e.QueueURL), r.e.QueueDepth(t, r.e.DLQURL))
+	}
+}
