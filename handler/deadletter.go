@@ -102,7 +102,7 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 // failDeadLetter ends the job as Failed with cause, if it is still as
 // read, and does what follows (hook, continuations).
 func (h *Handler) failDeadLetter(ctx context.Context, rec ledger.Record, cause error) error {
-	out, dead, err := h.store.DeadLetter(ctx, rec, cause.Error(), h.expiry(h.o.Retention.Failed))
+	out, dead, err := h.store.DeadLetter(ctx, rec, cause.Error(), h.expiry(h.retention(rec.Kind).Failed))
 	if err != nil || !dead {
 		return err
 	}

@@ -240,3 +240,44 @@ func TestDeadLetterWritesUnderFaults(t *testing.T) {
 		t.Fatalf("job queue holds %d messages, want 2", n)
 	}
 }
+
+type archive struct{ Doc string }
+
+func (archive) Kind() string { return "archive" }
+
+// TestDeadLetterKeepsTheKindsRetention: a job the DLQ consumer fails is
+// kept for its kind's Failed retention (a year here), not the handler's
+// (30 days), so a key protected by RejectIfFailed is not freed early.
+func TestDeadLetterKeepsTheKindsRetention(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	reg := handler.NewRegistry()
+	year := 8760 * time.Hour
+	handler.AddWorker(reg, handler.WorkFunc[archive](func(context.Context, *handler.Job[archive]) error { return nil }),
+		&handler.KindOptions{Retention: &handler.Retention{Failed: year}})
+	h, err := handler.New(e.Cfg, e.Table, e.QueueURL, reg, &handler.Options{MaxReturns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.Client.Enqueue(context.Background(), archive{Doc: "contract"}, &enqueue.Opts{IdempotencyKey: "archive-1", DuplicatePolicy: enqueue.RejectIfFailed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := poller.Event(e.DLQURL, e.Messages(t, e.QueueURL)).Records[0]
+	m.Attributes["ApproximateReceiveCount"] = "5"
+	for range 2 { // sent back once (MaxReturns 1), then failed as never started
+		if resp, err := h.HandleDeadLetters(context.Background(), events.SQSEvent{Records: []events.SQSMessage{m}}); err != nil || len(resp.BatchItemFailures) != 0 {
+			t.Fatalf("dead letter: %+v %v", resp, err)
+		}
+	}
+	rec, err := e.Client.Store().Get(context.Background(), res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.State != ledger.Failed {
+		t.Fatalf("state %s, want Failed", rec.State)
+	}
+	if keep := time.Until(time.Unix(rec.ExpiresAt, 0)); keep < year-time.Hour || keep > year+time.Hour {
+		t.Fatalf("kept for %s, want the kind's %s", keep.Round(time.Hour), year)
+	}
+}
