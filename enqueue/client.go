@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/nexjob/nexjob-aws/internal/redact"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
 	"go.opentelemetry.io/otel/attribute"
@@ -318,7 +319,7 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	}
 	raw, err := json.Marshal(args)
 	if err != nil {
-		return ledger.Record{}, &InputError{Field: "args", Reason: "cannot be encoded as JSON", Err: err}
+		return ledger.Record{}, &InputError{Field: "args", Reason: "cannot be encoded as JSON: " + redact.JSON(err), Err: err}
 	}
 	if string(raw) == "null" {
 		return ledger.Record{}, invalid("args", "nil")

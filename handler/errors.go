@@ -77,3 +77,19 @@ func transient(err error) bool {
 		retry.IsErrorThrottles(retry.DefaultThrottles).IsErrorThrottle(err) == aws.TrueTernary ||
 		retry.IsErrorRetryables(retry.DefaultRetryables).IsErrorRetryable(err) == aws.TrueTernary
 }
+
+// ArgsError: a job's stored args do not decode into its worker's args
+// type (the producer and the worker disagree on the type). The attempt
+// fails permanently. Reason locates the fault (field, Go type, JSON kind,
+// byte offset) and never quotes a value: the text is stored as the job's
+// last error and shown by the CLI and the dashboard (package
+// internal/redact).
+type ArgsError struct {
+	JobID  string
+	Type   string // the worker's args type, e.g. "orders.Charge"
+	Reason string
+}
+
+func (e *ArgsError) Error() string {
+	return fmt.Sprintf("nexjob: args of job %s do not decode as %s: %s", e.JobID, e.Type, e.Reason)
+}

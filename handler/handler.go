@@ -14,6 +14,7 @@ import (
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/redact"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
 	"go.opentelemetry.io/otel/attribute"
@@ -383,7 +384,10 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	ctx = context.WithValue(ctx, runStartKey{}, start)
 	runCtx, cancel := context.WithDeadlineCause(withJobLogger(ctx, h.log, rec), deadline, cause)
 	defer cancel()
-	err := safeRun(runCtx, e, rec)
+	// A worker's error text is stored, logged and put on the span: capped
+	// here as the ledger caps it, so no one error fills a log line (or
+	// carries 8 KB of someone's data) where the record would not.
+	err := redact.Capped(safeRun(runCtx, e, rec), ledger.MaxLastError)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "run failed")
@@ -399,7 +403,7 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	case errors.Is(context.Cause(runCtx), errCutOff):
 		err = fmt.Errorf("%w %d times in a row; the attempt is spent (raise the function timeout or set KindOptions.Timeout)", errCutOff, rec.CutOffs+1)
 	case context.Cause(runCtx) != nil && runCtx.Err() != nil && ctx.Err() == nil:
-		err = fmt.Errorf("%w: %w", context.Cause(runCtx), err)
+		err = redact.Capped(fmt.Errorf("%w: %w", context.Cause(runCtx), err), ledger.MaxLastError)
 	case errors.As(err, &perm):
 		h.runLog(ctx, slog.LevelWarn, "nexjob: job failed permanently", rec, start, "err", err)
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)

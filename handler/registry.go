@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/redact"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -90,7 +91,7 @@ func AddWorker[T enqueue.JobArgs](r *Registry, w Worker[T], opts *KindOptions) {
 	e := &entry{run: func(ctx context.Context, rec ledger.Record) error {
 		job := &Job[T]{ID: rec.ID, Attempt: rec.Attempt, MaxAttempts: rec.MaxAttempts, KeyHash: rec.KeyHash}
 		if err := json.Unmarshal([]byte(rec.Args), &job.Args); err != nil {
-			return Permanent(fmt.Errorf("nexjob: args of job %s do not decode as %T: %w", rec.ID, zero, err))
+			return Permanent(&ArgsError{JobID: rec.ID, Type: fmt.Sprintf("%T", zero), Reason: redact.JSON(err)})
 		}
 		return w.Work(ctx, job)
 	}}

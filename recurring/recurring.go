@@ -41,6 +41,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/scheduler/types"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/redact"
 )
 
 // Concurrency is what a firing does while an earlier run is active.
@@ -165,7 +166,7 @@ func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.Jo
 	}
 	raw, err := json.Marshal(args)
 	if err != nil {
-		return &enqueue.InputError{Field: "args", Reason: "cannot be encoded as JSON", Err: err}
+		return &enqueue.InputError{Field: "args", Reason: "cannot be encoded as JSON: " + redact.JSON(err), Err: err}
 	}
 	if d, ok := args.(enqueue.KindDefaults); ok && o.MaxAttempts == 0 {
 		// The target enqueues raw JSON, with no type to ask: the kind's
