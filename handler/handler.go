@@ -316,7 +316,9 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		h.log.ErrorContext(ctx, "nexjob: claim failed", "job_id", msg.ID, "err", err)
 		return false
 	}
-	if rec.Attempt == 1 && rec.Deadline != 0 && now.UnixMilli() > rec.Deadline {
+	// Never started: the first attempt, and no run of it was cut off (a
+	// cut-off run started, in time, and got its attempt back).
+	if rec.Attempt == 1 && rec.CutOffs == 0 && rec.Deadline != 0 && now.UnixMilli() > rec.Deadline {
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Expired, LastError: "deadline passed before the job started"}, nil)
 	}
 	if rec.Kind != msg.Kind {
@@ -463,6 +465,10 @@ func (e *entry) backoff(attempt int) time.Duration {
 // hook of a Failed job with its cause, end the children of a Failed or
 // Expired one as it ended. It reports whether the message may be deleted.
 func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish, cause error) bool {
+	// One nonce for this logical write and its retries in record: this
+	// writer's own, so another worker's finish of the same record (two
+	// messages of an orphan) never reads as ours.
+	f.Nonce = ledger.NewNonce()
 	ret := h.retention(rec.Kind)
 	switch f.State {
 	case ledger.Succeeded:

@@ -44,7 +44,17 @@
 // apply a write and still answer 500; the SDK then resends it and the
 // resend fails its condition against the write itself. Every update here
 // writes a nonce, and every insert a fresh random id, so a failed
-// condition that finds its own nonce or id reads as the success it is. An
-// insert whose outcome its error does not tell (a timeout, a cancelled
-// context) is an *UnknownOutcomeError naming the id to look for.
+// condition that finds its own nonce or id reads as the success it is.
+// The nonce is random per logical write (Finish.Nonce keeps one across a
+// caller's retries), never derived from what the writer read: two writers
+// acting on the same record (two workers ending one orphan, a zombie and
+// the run that replaced it) never take each other's write for their own.
+// The record keeps its last three nonces (nonce, nonce1, nonce2, shifted
+// by each update), so a write is recognised even after two other writes
+// landed between it and its resend. An update whose error does not tell
+// (applied, its reply lost, the resends throttled past the SDK's retries;
+// a timeout) is followed by one consistent read that looks for its nonce;
+// when that read fails too, the error is an *UnknownOutcomeError. An
+// insert whose outcome its error does not tell is an *UnknownOutcomeError
+// naming the id to look for.
 package ledger

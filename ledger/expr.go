@@ -37,7 +37,7 @@ func newWriteExpr() *writeExpr {
 var placeholders = func() map[string]string {
 	m := map[string]string{}
 	for _, a := range []string{AttrPK, AttrID, AttrState, AttrAttempt, AttrMaxAttempts, AttrUpdatedAt, AttrRunAt,
-		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrNonce, AttrCutOffs} {
+		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrNonce, AttrNonce1, AttrNonce2, AttrCutOffs} {
 		m[a] = "#" + a
 	}
 	return m
@@ -67,6 +67,23 @@ func (e *writeExpr) i(label string, v int64) string {
 
 // assign adds "SET #attr = expr".
 func (e *writeExpr) assign(attr, expr string) { e.set = append(e.set, e.n(attr)+" = "+expr) }
+
+// stamp sets the write's nonce and shifts the two before it down (the
+// operands read the item as it was before this update).
+func (e *writeExpr) stamp(nonce string) {
+	none := e.s(":noNonce", noNonce)
+	e.assign(AttrNonce2, "if_not_exists("+e.n(AttrNonce1)+", "+none+")")
+	e.assign(AttrNonce1, "if_not_exists("+e.n(AttrNonce)+", "+none+")")
+	e.assign(AttrNonce, e.s(":nonce", nonce))
+}
+
+// stampBuilder is stamp for an update made with the expression builder.
+func stampBuilder(upd expression.UpdateBuilder, nonce string) expression.UpdateBuilder {
+	none := expression.Value(noNonce)
+	return upd.Set(expression.Name(AttrNonce2), expression.IfNotExists(expression.Name(AttrNonce1), none)).
+		Set(expression.Name(AttrNonce1), expression.IfNotExists(expression.Name(AttrNonce), none)).
+		Set(expression.Name(AttrNonce), expression.Value(nonce))
+}
 
 // drop adds "REMOVE #attr".
 func (e *writeExpr) drop(attr string) { e.remove = append(e.remove, e.n(attr)) }

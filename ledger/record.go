@@ -41,10 +41,16 @@ type Record struct {
 	// Undispatched marks a job whose SQS send failed after it was written;
 	// a caller retrying its key sends it again at once.
 	Undispatched bool `dynamodbav:"undispatched,omitempty"`
-	// Nonce is set by every conditional update: when DynamoDB applied an
-	// update but its reply was lost, the SDK's resend fails its condition
-	// and finds this nonce, so the write knows it was its own.
-	Nonce string `dynamodbav:"nonce,omitempty"`
+	// Nonce is set by every conditional update, a fresh random one per
+	// logical write: when DynamoDB applied an update but its reply was
+	// lost, the SDK's resend (or a read after an error) finds it, so the
+	// write knows it was its own. Nonce1 and Nonce2 are the two before it,
+	// shifted down by each update, so a write is still recognised after
+	// two others (a continuation's link, a guard's mark) landed between
+	// it and its resend.
+	Nonce  string `dynamodbav:"nonce,omitempty"`
+	Nonce1 string `dynamodbav:"nonce1,omitempty"`
+	Nonce2 string `dynamodbav:"nonce2,omitempty"`
 	// CutOffs counts the runs of the current attempt that the invocation
 	// deadline cut off (refunded); the handler spends the attempt at a bound.
 	CutOffs int `dynamodbav:"cutOffs,omitempty"`
@@ -176,6 +182,19 @@ func truncate(s string, n int) string {
 
 // MaxLastError bounds the kept last error, in bytes.
 const MaxLastError = 4000
+
+// Wrote reports whether the record carries the write with this nonce
+// among its last three updates.
+func (r Record) Wrote(nonce string) bool {
+	return nonce != "" && (r.Nonce == nonce || r.Nonce1 == nonce || r.Nonce2 == nonce)
+}
+
+// NewNonce returns a fresh write nonce: one per logical write, kept for
+// that write's own retries (Finish.Nonce).
+func NewNonce() string { return newNonce() }
+
+// noNonce fills an empty slot of the shift register.
+const noNonce = "-"
 
 // newNonce returns a fresh write nonce.
 func newNonce() string {

@@ -32,6 +32,8 @@ const (
 	AttrListAt       = "listAt"       // byState index sort key, Unix milliseconds
 	AttrUndispatched = "undispatched" // true while a written job's SQS send is known to have failed
 	AttrNonce        = "nonce"        // the last update's nonce: a resend that meets it knows its write was applied
+	AttrNonce1       = "nonce1"       // the update's before it (shifted down by each update)
+	AttrNonce2       = "nonce2"       // and the one before that
 	AttrCutOffs      = "cutOffs"      // runs of the current attempt cut off by the invocation deadline
 	AttrReturns      = "dlqReturns"   // times the DLQ consumer sent back a job that never started
 	AttrArgsHash     = "argsHash"     // fingerprint of kind and args (ArgsHash)

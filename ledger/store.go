@@ -243,12 +243,19 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 // DynamoDB answered on a single attempt (a client fault that the SDK did
 // not retry: validation, a missing table).
 func uncertain(id string, err error) error {
-	var api smithy.APIError
-	var mae *retry.MaxAttemptsError
-	if errors.As(err, &api) && api.ErrorFault() == smithy.FaultClient && !errors.As(err, &mae) {
+	if !unknownOutcome(err) {
 		return err
 	}
 	return &UnknownOutcomeError{ID: id, Err: err}
+}
+
+// unknownOutcome reports whether a write's error leaves open that
+// DynamoDB applied it: anything but a client fault answered on a single
+// attempt (a failed condition is handled before this is asked).
+func unknownOutcome(err error) bool {
+	var api smithy.APIError
+	var mae *retry.MaxAttemptsError
+	return !(errors.As(err, &api) && api.ErrorFault() == smithy.FaultClient && !errors.As(err, &mae))
 }
 
 // heldError carries the record that made a conditional write fail.

@@ -53,7 +53,7 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 	e.assign(AttrToken, e.n(AttrToken)+" + "+one)
 	e.index(s, Processing, proc, nowMs)
 	nonce := newNonce()
-	e.assign(AttrNonce, e.s(":nonce", nonce))
+	e.stamp(nonce)
 	return s.updateJob(ctx, id, e.exprs(), nonce)
 }
 
@@ -69,7 +69,7 @@ func (s *Store) updateByID(ctx context.Context, id string, cond expression.Condi
 	nonce := newNonce()
 	// Built once: an UpdateBuilder shares its operations between copies,
 	// so setting the nonce per try would set it twice on the second pk.
-	in, err := buildUpdate(cond, upd.Set(expression.Name(AttrNonce), expression.Value(nonce)))
+	in, err := buildUpdate(cond, stampBuilder(upd, nonce))
 	if err != nil {
 		return Record{}, err
 	}
@@ -84,7 +84,7 @@ func (s *Store) updateJob(ctx context.Context, id string, in exprs, nonce string
 	}
 	now := s.now()
 	for _, pk := range pks {
-		rec, err := s.update(ctx, pk, in, nonce)
+		rec, err := s.update(ctx, pk, id, in, nonce)
 		var held *heldError
 		if !errors.As(err, &held) {
 			return rec, err
@@ -111,6 +111,10 @@ type Finish struct {
 	// given back and the cut-off counted in Record.CutOffs; any other end
 	// of a run clears that count.
 	CutOff bool
+	// Nonce identifies this logical write across the caller's own
+	// retries of it (NewNonce). Empty: Finish picks a fresh one, and a
+	// later call cannot recognise an earlier call's applied write.
+	Nonce string
 }
 
 // Finish ends the run that claimed rec: one update, conditional on the
@@ -118,9 +122,11 @@ type Finish struct {
 // does not, the error is ErrFenced and nothing is written.
 //
 // Finish may be called again with the same rec and f after an error (a
-// throttle that outlasted the SDK's retries, a timeout): its nonce derives
-// from the run's claim, so a call whose earlier try was applied after all
-// reads that write as its own and succeeds.
+// throttle that outlasted the SDK's retries, a timeout): with f.Nonce set
+// once for the logical write, a call whose earlier try was applied after
+// all reads that write as its own and succeeds. The nonce is the writer's
+// own: another worker finishing the same record (two messages of an
+// orphan) has its own, so its write never reads as ours.
 func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error) {
 	if !f.State.Valid() || f.State == Processing {
 		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
@@ -151,9 +157,12 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	}
 	e.cond = e.n(AttrID) + " = " + e.s(":id", rec.ID) + " AND " + e.n(AttrToken) + " = " + e.i(":token", rec.Token) +
 		" AND " + e.n(AttrState) + " = " + e.s(":proc", string(Processing))
-	nonce := rec.Nonce + ".end"
-	e.assign(AttrNonce, e.s(":nonce", nonce))
-	out, err := s.update(ctx, rec.PK, e.exprs(), nonce)
+	nonce := f.Nonce
+	if nonce == "" {
+		nonce = newNonce()
+	}
+	e.stamp(nonce)
+	out, err := s.update(ctx, rec.PK, rec.ID, e.exprs(), nonce)
 	var held *heldError
 	if errors.As(err, &held) {
 		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
@@ -171,7 +180,13 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 // is.
 // upd must set the nonce: a failed condition that finds it is this very
 // update, applied but its reply lost.
-func (s *Store) update(ctx context.Context, pk string, in exprs, nonce string) (Record, error) {
+//
+// An error that does not tell whether the update was applied (a 500 whose
+// resends were throttled past the SDK's retries, a timeout) is followed
+// by one consistent read: finding the nonce, the update was ours and
+// applied; not finding it, the error stands; a read that fails too gives
+// an *UnknownOutcomeError.
+func (s *Store) update(ctx context.Context, pk, id string, in exprs, nonce string) (Record, error) {
 	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(s.table),
 		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
@@ -184,8 +199,24 @@ func (s *Store) update(ctx context.Context, pk string, in exprs, nonce string) (
 	})
 	if err := s.conditionError("update job", err); err != nil {
 		var held *heldError
-		if errors.As(err, &held) && held.rec.Nonce == nonce {
-			return held.rec, nil // our own update, applied but its reply lost
+		if errors.As(err, &held) {
+			if held.rec.Wrote(nonce) {
+				return held.rec, nil // our own update, applied but its reply lost
+			}
+			return Record{}, err
+		}
+		if !unknownOutcome(err) {
+			return Record{}, err
+		}
+		// Applied, its reply lost, then the resends throttled or timed
+		// out: the error does not tell. Read back and recognise our own
+		// write before anyone decides on a write that happened.
+		cur, found, rerr := s.getPK(ctx, pk, true)
+		switch {
+		case rerr != nil:
+			return Record{}, &UnknownOutcomeError{ID: id, Err: errors.Join(err, rerr)}
+		case found && cur.Wrote(nonce):
+			return cur, nil
 		}
 		return Record{}, err
 	}
