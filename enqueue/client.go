@@ -198,13 +198,7 @@ type Result struct {
 // an *InputError and writes nothing. If the ledger write succeeds and the
 // send fails, the error is a *DispatchError naming the recorded job.
 func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result, error) {
-	var o Opts
-	if opts != nil {
-		o = *opts
-	}
-	if args != nil && !isNilPointer(args) && !o.NoKindDefaults {
-		applyDefaults(args, &o)
-	}
+	o := effective(args, opts)
 	rec, err := c.newRecord(args, &o)
 	if err != nil {
 		return Result{}, err

@@ -34,6 +34,20 @@ type Defaults struct {
 	Retention *ledger.Retention
 }
 
+// effective is the Opts an enqueue of args runs with, for Enqueue,
+// EnqueueMany and EnqueueTx alike: opts (nil: zero) with the args type's
+// defaults filling its zero fields, unless opts.NoKindDefaults.
+func effective(args JobArgs, opts *Opts) Opts {
+	var o Opts
+	if opts != nil {
+		o = *opts
+	}
+	if args != nil && !isNilPointer(args) && !o.NoKindDefaults {
+		applyDefaults(args, &o)
+	}
+	return o
+}
+
 // applyDefaults fills o's zero fields from the args type's defaults.
 func applyDefaults(args JobArgs, o *Opts) {
 	d, ok := args.(KindDefaults)

@@ -105,6 +105,19 @@ func (c *Client) EnqueueMany(ctx context.Context, items []Item) ([]ItemResult, e
 	if len(batch) > 0 {
 		flush()
 	}
+	// A duplicate of a job this batch sent (two items of one key) is sent
+	// only if that job's message was: the same DispatchError otherwise.
+	sender := map[string]int{}
+	for i := range items {
+		if toSend[i] {
+			sender[out[i].ID] = i
+		}
+	}
+	for i := range items {
+		if j, ok := sender[out[i].ID]; ok && !toSend[i] && out[i].Err == nil && !out[j].Sent {
+			out[i].Sent, out[i].Err = false, out[j].Err
+		}
+	}
 	var be BatchError
 	for i, r := range out {
 		if r.Err != nil {
@@ -121,13 +134,7 @@ func (c *Client) EnqueueMany(ctx context.Context, items []Item) ([]ItemResult, e
 // record validates and writes one item; send says whether its message is
 // to be sent.
 func (c *Client) record(ctx context.Context, it Item) (ledger.Record, bool, ItemResult) {
-	var o Opts
-	if it.Opts != nil {
-		o = *it.Opts
-	}
-	if it.Args != nil && !isNilPointer(it.Args) {
-		applyDefaults(it.Args, &o)
-	}
+	o := effective(it.Args, it.Opts)
 	rec, err := c.newRecord(it.Args, &o)
 	if err != nil {
 		return rec, false, ItemResult{Err: err}

@@ -30,6 +30,22 @@ type TxJob struct {
 // because the key changed hands, EnqueueTx again and retry.
 var ErrTxNotCommitted = errors.New("nexjob: the transaction did not commit; the job was not created")
 
+// TxUnknownError: after a commit of unknown outcome, Settle could not read
+// the job to tell (the read failed too). The job may exist. Call Settle
+// again with the same tx and commit error; do not prepare it again.
+type TxUnknownError struct {
+	JobID  string
+	Commit error // the caller's commit error
+	Read   error // Settle's read of the job
+}
+
+func (e *TxUnknownError) Error() string {
+	return fmt.Sprintf("nexjob: cannot tell whether the transaction committed job %s (commit: %v; reading the job: %v): call Settle again", e.JobID, e.Commit, e.Read)
+}
+
+// Unwrap gives both errors to errors.Is and errors.As.
+func (e *TxUnknownError) Unwrap() []error { return []error{e.Commit, e.Read} }
+
 // EnqueueTx prepares a job to commit in the caller's own DynamoDB
 // transaction, so the job exists if and only if the caller's writes do
 // (River's InsertTx). The key's holder is read once and the policy matrix
@@ -48,13 +64,7 @@ var ErrTxNotCommitted = errors.New("nexjob: the transaction did not commit; the 
 // unsent: the dispatch guard sends it after GuardAfter (and a caller
 // retrying its key re-sends it), as for Enqueue.
 func (c *Client) EnqueueTx(ctx context.Context, args JobArgs, opts *Opts) (*TxJob, error) {
-	var o Opts
-	if opts != nil {
-		o = *opts
-	}
-	if args != nil && !isNilPointer(args) {
-		applyDefaults(args, &o)
-	}
+	o := effective(args, opts)
 	rec, err := c.newRecord(args, &o)
 	if err != nil {
 		return nil, err
@@ -85,16 +95,21 @@ func (c *Client) EnqueueTx(ctx context.Context, args JobArgs, opts *Opts) (*TxJo
 // A commit error that does not say whether the transaction was applied
 // (a lost reply, a timeout) is settled by reading the job: found, it
 // committed and is sent. Not found, the error wraps ErrTxNotCommitted
-// and the commit's error. A send that fails is a *DispatchError, the job
-// recorded and marked, as for Enqueue.
+// and the commit's error. When that read fails too, the outcome is still
+// unknown: a *TxUnknownError, never ErrTxNotCommitted (re-preparing then
+// could make two jobs of one intent); call Settle again with the same
+// arguments. A send that fails is a *DispatchError, the job recorded and
+// marked, as for Enqueue.
+//
+// A duplicate's transaction holds no item of nexjob (the key's active
+// job exists already), so the commit's error says nothing about the job:
+// Settle returns the duplicate whatever commitErr is, and whether the
+// caller's own writes committed is for commitErr alone to tell.
 func (c *Client) Settle(ctx context.Context, tx *TxJob, commitErr error) (Result, error) {
 	if tx == nil {
 		return Result{}, invalid("tx", "nil")
 	}
 	if tx.Result.Duplicate {
-		if commitErr != nil {
-			return Result{}, fmt.Errorf("%w: %w", ErrTxNotCommitted, commitErr)
-		}
 		r := ItemResult{Result: tx.Result, Recorded: true, Sent: true}
 		c.metrics.Count(metrics.Deduplicated, tx.rec.Kind, tx.rec.ID)
 		if c.unsent(tx.rec) {
@@ -108,8 +123,11 @@ func (c *Client) Settle(ctx context.Context, tx *TxJob, commitErr error) (Result
 		bctx, cancel := bookkeeping(ctx)
 		defer cancel()
 		rec, err := c.store.Get(bctx, tx.rec.ID)
-		if err != nil {
+		switch {
+		case errors.Is(err, ledger.ErrNotFound):
 			return Result{}, fmt.Errorf("%w: %w", ErrTxNotCommitted, commitErr)
+		case err != nil:
+			return Result{}, &TxUnknownError{JobID: tx.rec.ID, Commit: commitErr, Read: err}
 		}
 		got = rec
 	}
