@@ -254,7 +254,9 @@ func (a *Admin) RequeueAll(ctx context.Context, f ledger.Filter, progress Progre
 	}
 	var rep Report
 	for i, id := range ids {
-		_, err := a.client.Requeue(ctx, id)
+		// Only if still as listed: another operator may have requeued it,
+		// and it may have Succeeded since.
+		_, err := a.client.RequeueFrom(ctx, id, f.State)
 		rep.Outcomes = append(rep.Outcomes, Outcome{ID: id, Err: err})
 		if progress != nil {
 			progress(i+1, len(ids))

@@ -171,12 +171,23 @@ func (c *Client) CancelContinuations(ctx context.Context, parent ledger.Record, 
 // a record of a message that was not a job, ledger.ErrDeadLetterRecord; an
 // unknown one, ledger.ErrNotFound.
 func (c *Client) Requeue(ctx context.Context, jobID string) (Result, error) {
-	rec, err := c.store.Requeue(ctx, jobID)
+	return c.RequeueFrom(ctx, jobID, ledger.Succeeded, ledger.Failed, ledger.Expired)
+}
+
+// RequeueFrom is Requeue of a job still in one of the states from (all
+// terminal), as a bulk requeue of listed jobs needs: a job found in
+// another terminal state gives a *StateChangedError, an active one a
+// *NotTerminalError, and nothing is written.
+func (c *Client) RequeueFrom(ctx context.Context, jobID string, from ...ledger.State) (Result, error) {
+	rec, err := c.store.RequeueFrom(ctx, jobID, from...)
 	if errors.Is(err, ledger.ErrDeadLetterRecord) {
 		return Result{}, err
 	}
 	var nc *ledger.NotClaimableError
-	if errors.As(err, &nc) {
+	switch {
+	case errors.As(err, &nc) && nc.Current.State.Terminal():
+		return Result{}, &StateChangedError{JobID: jobID, Want: from, State: nc.Current.State}
+	case errors.As(err, &nc):
 		return Result{}, &NotTerminalError{JobID: jobID, State: nc.Current.State}
 	}
 	if err != nil {
@@ -188,6 +199,18 @@ func (c *Client) Requeue(ctx context.Context, jobID string) (Result, error) {
 	}
 	c.log.InfoContext(ctx, "nexjob: requeued", "job_id", rec.ID, "kind", rec.Kind)
 	return res, nil
+}
+
+// StateChangedError: RequeueFrom of a job that is no longer in the state
+// it was listed in (another operator requeued it, and it ended again).
+type StateChangedError struct {
+	JobID string
+	Want  []ledger.State
+	State ledger.State
+}
+
+func (e *StateChangedError) Error() string {
+	return fmt.Sprintf("nexjob: job %s is %s now, not %v as listed; left alone", e.JobID, e.State, e.Want)
 }
 
 // NotTerminalError: Requeue of a job that is still active.

@@ -281,3 +281,21 @@ func TestDeadLetterKeepsTheKindsRetention(t *testing.T) {
 		t.Fatalf("kept for %s, want the kind's %s", keep.Round(time.Hour), year)
 	}
 }
+
+// TestLeaseTooShortRefused: a Lease no longer than the margin kept to
+// record a run's result would start every run with its context done; New
+// refuses it with a typed error (it was accepted).
+func TestLeaseTooShortRefused(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	for _, lease := range []time.Duration{time.Millisecond, time.Second, handler.MinLease} {
+		_, err := handler.New(e.Cfg, e.Table, e.QueueURL, handler.NewRegistry(), &handler.Options{Lease: lease})
+		var in *enqueue.InputError
+		if !errors.As(err, &in) || in.Field != "Options.Lease" {
+			t.Errorf("Lease %s: %v; want an *enqueue.InputError on Options.Lease", lease, err)
+		}
+	}
+	if _, err := handler.New(e.Cfg, e.Table, e.QueueURL, handler.NewRegistry(), &handler.Options{Lease: handler.MinLease + time.Second}); err != nil {
+		t.Fatalf("a lease just over the minimum: %v", err)
+	}
+}

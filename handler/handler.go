@@ -48,6 +48,10 @@ const (
 	DefaultMaxReturns = 3
 	// finishMargin is kept back from a run's deadline to record its result.
 	finishMargin = 2 * time.Second
+	// MinLease: Options.Lease must be longer (New refuses it otherwise
+	// with an *enqueue.InputError): a run gets the lease less the 2 s
+	// kept back to record its result.
+	MinLease = finishMargin
 	// replyMargin is kept back from the invocation's deadline to return
 	// the batch response, whatever the workers do.
 	replyMargin = 500 * time.Millisecond
@@ -150,6 +154,11 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 	}
 	if o.Lease <= 0 {
 		o.Lease = DefaultLease
+	}
+	if o.Lease <= MinLease {
+		// Every run would start with its context done: the lease less the
+		// margin kept to record the result leaves no time to run.
+		return nil, &enqueue.InputError{Field: "Options.Lease", Reason: fmt.Sprintf("%s is too short: a run gets the lease less %s kept to record its result, so it must be over %s", o.Lease, finishMargin, MinLease)}
 	}
 	if o.StopBefore <= 0 {
 		o.StopBefore = DefaultStopBefore

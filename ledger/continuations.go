@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
@@ -111,9 +112,30 @@ var ErrKeyReused = errors.New("nexjob: the job's idempotency key belongs to a ne
 // The deadline is cleared: it bounded the job's first start, and a job
 // requeued by hand is started again on purpose.
 func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
+	return s.RequeueFrom(ctx, id, Succeeded, Failed, Expired)
+}
+
+// RequeueFrom is Requeue of a job still in one of the states from (all
+// terminal): a bulk requeue of the jobs listed as Failed must not requeue
+// one that another operator requeued meanwhile and that has since
+// Succeeded. A job in another state gives a *NotClaimableError with its
+// record, and nothing is written.
+func (s *Store) RequeueFrom(ctx context.Context, id string, from ...State) (Record, error) {
+	if len(from) == 0 {
+		return Record{}, fmt.Errorf("nexjob: RequeueFrom needs a state")
+	}
 	st := expression.Name(AttrState)
+	for _, f := range from {
+		if !f.Terminal() {
+			return Record{}, fmt.Errorf("nexjob: only terminal jobs can be requeued, not %s ones", f)
+		}
+	}
+	inFrom := st.Equal(expression.Value(from[0]))
+	for _, f := range from[1:] {
+		inFrom = inFrom.Or(st.Equal(expression.Value(f)))
+	}
 	cond := isJob(id).
-		And(expression.Or(st.Equal(expression.Value(Succeeded)), st.Equal(expression.Value(Failed)), st.Equal(expression.Value(Expired)))).
+		And(inFrom).
 		And(expression.Name(AttrKind).NotEqual(expression.Value(DeadLetterKind))).
 		And(expression.AttributeNotExists(expression.Name(AttrKeyHash)).Or(expression.Name(AttrPK).BeginsWith(keyPrefix)))
 	nowMs := s.now().UnixMilli()
@@ -129,7 +151,7 @@ func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 	switch {
 	case errors.As(err, &nc) && nc.Current.Kind == DeadLetterKind:
 		return Record{}, ErrDeadLetterRecord
-	case errors.As(err, &nc) && nc.Current.State.Terminal() && nc.Current.KeyHash != "":
+	case errors.As(err, &nc) && nc.Current.State.Terminal() && nc.Current.KeyHash != "" && slices.Contains(from, nc.Current.State):
 		return Record{}, ErrKeyReused
 	}
 	return rec, err

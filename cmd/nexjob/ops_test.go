@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,9 +18,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/nexjob/nexjob-aws/admin"
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/settings"
 )
@@ -281,4 +284,46 @@ func TestRedriveSkipsSucceeded(t *testing.T) {
 	if after.Attempt != before.Attempt || r.e.QueueDepth(t, r.e.QueueURL) != 0 || r.e.QueueDepth(t, r.e.DLQURL) != 0 {
 		t.Fatalf("the Succeeded job was sent again: attempt %d -> %d, queue %d, DLQ %d", before.Attempt, after.Attempt, r.e.QueueDepth(t, r.e.QueueURL), r.e.QueueDepth(t, r.e.DLQURL))
 	}
+}
+
+// TestRequeueAllOnlyAsListed: between RequeueAll's listing of the Failed
+// jobs and its requeue, another operator requeued one and it Succeeded.
+// It is left alone, reported, and not run again (it was requeued and ran
+// a second time).
+func TestRequeueAllOnlyAsListed(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.broken.Store(true)
+	ids := r.enqueue(t, 2, "listed")
+	r.e.Drain(t, r.h)
+	r.broken.Store(false)
+	ft, cfg := r.e.Faulty()
+	a, err := admin.New(settings.Settings{AWS: cfg, Table: r.e.Table, QueueURL: r.e.QueueURL, DLQURL: r.e.DLQURL, Retention: handler.DefaultRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	meanwhile := func() { // the other operator, once the listing is read
+		if _, err := r.e.Client.Requeue(ctx, ids[0]); err != nil {
+			t.Error(err)
+		}
+		r.e.Drain(t, r.h)
+	}
+	var once sync.Once
+	for _, op := range []string{"DynamoDB.Scan", "DynamoDB.Query"} {
+		ft.Add(faults.Rule{Op: op, Fault: faults.Pass, After: func() { once.Do(meanwhile) }})
+	}
+	rep, err := a.RequeueAll(ctx, ledger.Filter{State: ledger.Failed}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var changed *enqueue.StateChangedError
+	if rep.Done() != 1 || !errors.As(rep.Err(), &changed) || changed.JobID != ids[0] || changed.State != ledger.Succeeded {
+		t.Fatalf("requeued %d, errors %v; want 1 and the Succeeded job left alone", rep.Done(), rep.Err())
+	}
+	r.e.Drain(t, r.h)
+	if rec := r.e.RequireState(t, ids[0], ledger.Succeeded); rec.Attempt != 1 {
+		t.Fatalf("the job that had Succeeded ran again: attempt %d", rec.Attempt)
+	}
+	r.e.RequireState(t, ids[1], ledger.Succeeded)
 }
