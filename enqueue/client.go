@@ -155,6 +155,14 @@ type Opts struct {
 	// Empty means no key: every call creates a job. A key of only white
 	// space, longer than ledger.MaxKeyLen bytes or not UTF-8 is refused.
 	IdempotencyKey string
+	// RequestID names this enqueue request, for a caller that may retry it
+	// after the job ran (a scheduler delivering at least once, a webhook
+	// redelivered): with an IdempotencyKey, a retry that finds the key held
+	// by the job this same request created gets that job back as a
+	// duplicate, whatever its state and the DuplicatePolicy, instead of a
+	// new run. Stored hashed, as keys are; 1 to 512 bytes. Defaults to
+	// none. recurring.Fire sets it to the firing.
+	RequestID string
 	// DuplicatePolicy decides what a key held by a terminal job does.
 	// Defaults to AllowAfterFailed.
 	DuplicatePolicy DuplicatePolicy
@@ -324,6 +332,12 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	if err := checkKey(o.IdempotencyKey); err != nil {
 		return ledger.Record{}, err
 	}
+	if len(o.RequestID) > 512 {
+		return ledger.Record{}, invalid("RequestID", "longer than 512 bytes")
+	}
+	if o.RequestID != "" && o.IdempotencyKey == "" {
+		return ledger.Record{}, invalid("RequestID", "needs an IdempotencyKey (the request is recognised on the key's record)")
+	}
 	if !o.DuplicatePolicy.Valid() {
 		return ledger.Record{}, invalid("DuplicatePolicy", fmt.Sprintf("unknown value %d", int(o.DuplicatePolicy)))
 	}
@@ -342,6 +356,9 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 		return ledger.Record{}, err
 	}
 	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts, ArgsHash: ledger.ArgsHash(kind, string(raw))}
+	if o.RequestID != "" {
+		rec.Request = c.store.HashKey("request\x00" + o.RequestID)
+	}
 	if runAt.After(now) {
 		rec.State, rec.RunAt = ledger.Scheduled, runAt.UnixMilli()
 	}

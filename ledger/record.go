@@ -51,6 +51,10 @@ type Record struct {
 	Nonce  string `dynamodbav:"nonce,omitempty"`
 	Nonce1 string `dynamodbav:"nonce1,omitempty"`
 	Nonce2 string `dynamodbav:"nonce2,omitempty"`
+	// Request is the hash of the enqueue request that created the job
+	// (enqueue.Opts.RequestID), if it named one: a retry of that request
+	// that meets this job on the key gets it back, in any state.
+	Request string `dynamodbav:"request,omitempty"`
 	// CutOffs counts the runs of the current attempt that the invocation
 	// deadline cut off (refunded); the handler spends the attempt at a bound.
 	CutOffs int `dynamodbav:"cutOffs,omitempty"`

@@ -148,7 +148,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 			// resent it and met it. Ids are random per call, so this is
 			// the job this call created.
 			return old, true, nil
-		case old.State.Active():
+		case old.State.Active() || sameRequest(old, rec):
 			return old, false, nil
 		case !policy.Allows(old.State):
 			return Record{}, false, &DuplicateJobError{
@@ -229,7 +229,7 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 	case !held || old.ExpiredAt(now):
 		it, err := s.putItem(rec, keyFree(now))
 		return Prepared{Record: rec, Items: []types.TransactWriteItem{it}}, err
-	case old.State.Active():
+	case old.State.Active() || sameRequest(old, rec):
 		return Prepared{Record: old, Duplicate: true}, nil
 	case !policy.Allows(old.State):
 		return Prepared{}, &DuplicateJobError{ExistingJobID: old.ID, ExistingKind: old.Kind, Policy: policy, ExistingState: old.State, Key: key, KeyHash: rec.KeyHash}
@@ -237,6 +237,10 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 	items, err := s.archiveItems(old, &rec)
 	return Prepared{Record: rec, Items: items}, err
 }
+
+// sameRequest: the key's holder was created by the request rec retries
+// (Record.Request): it is rec's job, whatever its state, never replaced.
+func sameRequest(old, rec Record) bool { return rec.Request != "" && old.Request == rec.Request }
 
 // uncertain wraps the error of a write whose outcome it does not tell.
 // A failed condition tells (it is handled before), as does a refusal

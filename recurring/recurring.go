@@ -13,8 +13,14 @@
 // previous run is active the firing is a duplicate and nothing new runs;
 // once it ended (any terminal state) the next firing starts a new job.
 // AllowConcurrent: each firing is its own job, keyed by the recurring id
-// and the firing's scheduled time, so a firing Scheduler delivers twice
-// (it delivers at least once) still runs once.
+// and the firing's scheduled time.
+//
+// Either way one firing makes one run, whatever the retries: the firing
+// (id and scheduled time) is the enqueue's Opts.RequestID, so a firing
+// Scheduler delivers twice (it delivers at least once), or retries after
+// an error although its job was recorded and later ran (its send failed
+// and the dispatch guard sent it), gets its own job back as a duplicate,
+// in whatever state, instead of a second run.
 //
 // # How it fails
 //
@@ -282,5 +288,12 @@ func Fire(ctx context.Context, c *enqueue.Client, f Firing) (enqueue.Result, err
 	default:
 		return enqueue.Result{}, invalid("firing", fmt.Sprintf("concurrency %q", f.Concurrency))
 	}
-	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, MaxAttempts: f.MaxAttempts, DuplicatePolicy: enqueue.AllowAfterFailed})
+	// The firing is the request: Scheduler delivers it at least once and
+	// retries a failed one, and a delivery that finds the job it created
+	// (ended, even) gets it back instead of a second run.
+	var request string
+	if f.ScheduledTime != "" && f.ScheduledTime != scheduledTimeAttr {
+		request = "nexjob-recurring-firing:" + f.ID + "@" + f.ScheduledTime
+	}
+	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, RequestID: request, MaxAttempts: f.MaxAttempts, DuplicatePolicy: enqueue.AllowAfterFailed})
 }
