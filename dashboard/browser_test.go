@@ -18,7 +18,7 @@ import (
 // browser starts headless Chromium (Debian's chromium package; `make
 // browser` installs it) and returns a context that drives one tab. With
 // no Chromium the test is skipped, except under CI=true, where it fails.
-func browser(t *testing.T) context.Context {
+func browser(t *testing.T, extra ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	path := os.Getenv("NEXJOB_CHROMIUM")
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
@@ -39,6 +39,7 @@ func browser(t *testing.T) context.Context {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(t.TempDir()),
 	)
+	opts = append(opts, extra...)
 	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelTab := chromedp.NewContext(actx)
 	// One minute for the whole walk: a bound for a hung browser, not a
@@ -141,4 +142,26 @@ func TestBrowserReadOnly(t *testing.T) {
 	}
 	shot(t, ctx, "6-read-only-refusal")
 	r.e.RequireState(t, r.failed, ledger.Failed)
+}
+
+// TestBrowserDNSRebinding: a page on a name its attacker points at
+// 127.0.0.1 (DNS rebinding; Chromium's host resolver rules stand in for
+// the attacker's DNS) shares the dashboard's origin, so CSRF and origin
+// checks pass; it must still see nothing: every request names the
+// attacker's Host and is answered 421, no args, no action.
+func TestBrowserDNSRebinding(t *testing.T) {
+	r := newRig(t, true)
+	port := r.srv.URL[strings.LastIndex(r.srv.URL, ":")+1:]
+	ctx := browser(t, chromedp.Flag("host-resolver-rules", "MAP rebind.test 127.0.0.1"))
+	do(t, ctx, chromedp.Navigate("http://rebind.test:"+port+"/jobs/"+r.failed+"?args=1"))
+	body := text(t, ctx, "body")
+	shot(t, ctx, "6-dns-rebinding-refused")
+	if !strings.Contains(body, "not the dashboard's address") || strings.Contains(body, "ada@example.com") || strings.Contains(body, r.failed) {
+		t.Fatalf("the rebound name was served:\n%s", body)
+	}
+	// The same dashboard by its own address still works.
+	do(t, ctx, chromedp.Navigate(r.srv.URL+"/jobs/"+r.failed))
+	if state := text(t, ctx, "#state"); state != "Failed" {
+		t.Fatalf("by its own address the page shows %q", state)
+	}
 }

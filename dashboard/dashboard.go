@@ -13,6 +13,19 @@
 //
 // # Safety
 //
+// Every request's Host must be the address it is served on (Options.Addr,
+// and localhost on its port), a loopback literal when no address is
+// given, or one of Options.AllowedHosts; any other answers 421. A page
+// whose name an attacker rebinds to 127.0.0.1 (DNS rebinding) shares the
+// dashboard's origin in the browser, so origin and CSRF checks do not
+// stop it: its requests still say their own Host.
+//
+// Every response says no-referrer, refuses framing (frame-ancestors
+// 'none', X-Frame-Options), nosniff; pages (which may show args) are
+// no-store; forms post only to the dashboard (form-action 'self',
+// base-uri 'none'). The banner after an action is chosen from fixed texts
+// by a code, never taken from the URL.
+//
 // Read-only unless Options.Write: without it no action is offered and
 // every write answers 403. Each write is a POST that must carry the
 // page's CSRF token (a double-submit cookie, SameSite=Strict) and pass
@@ -37,9 +50,11 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/nexjob/nexjob-aws/admin"
@@ -66,6 +81,16 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock for "3m ago". Defaults to time.Now.
 	Now func() time.Time
+	// Addr is the address the dashboard is served on ("127.0.0.1:8080"):
+	// requests must name it, or localhost on its port, as their Host.
+	// Empty: any loopback literal (127.0.0.1, [::1]) or localhost, any
+	// port.
+	Addr string
+	// AllowedHosts are further Host values to accept: a proxy's name, the
+	// Lambda function URL's domain. An entry starting with "." matches
+	// every name ending with it (".lambda-url.eu-west-1.on.aws"). Names
+	// are matched without their port unless the entry has one.
+	AllowedHosts []string
 }
 
 type server struct {
@@ -104,7 +129,83 @@ func New(a *admin.Admin, opts *Options) http.Handler {
 	if s.o.Prefix != "" {
 		h = http.StripPrefix(s.o.Prefix, h)
 	}
-	return http.NewCrossOriginProtection().Handler(s.withToken(h))
+	return s.withHost(withHeaders(http.NewCrossOriginProtection().Handler(s.withToken(h))))
+}
+
+// withHost answers 421 to a request whose Host is not the dashboard's.
+func (s *server) withHost(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.hostAllowed(r.Host) {
+			http.Error(w, "nexjob dashboard: this Host is not the dashboard's address; open it by its own address (or allow the name with AllowedHosts / --allow-host)", http.StatusMisdirectedRequest)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *server) hostAllowed(host string) bool {
+	name, port, err := net.SplitHostPort(host)
+	if err != nil {
+		name, port = host, ""
+	}
+	name = strings.ToLower(strings.TrimSuffix(strings.Trim(name, "[]"), "."))
+	for _, a := range s.o.AllowedHosts {
+		a = strings.ToLower(a)
+		switch {
+		case strings.HasPrefix(a, "."):
+			if strings.HasSuffix(name, a) {
+				return true
+			}
+		case strings.EqualFold(a, host) || a == name:
+			return true
+		}
+	}
+	if s.o.Addr != "" {
+		_, lport, err := net.SplitHostPort(s.o.Addr)
+		if err != nil {
+			return false
+		}
+		return strings.EqualFold(host, s.o.Addr) || port == lport && (name == "localhost" || isLoopbackIP(name) && lhost(s.o.Addr) == name)
+	}
+	return name == "localhost" || isLoopbackIP(name)
+}
+
+func lhost(addr string) string {
+	h, _, _ := net.SplitHostPort(addr)
+	return strings.Trim(h, "[]")
+}
+
+func isLoopbackIP(name string) bool {
+	ip := net.ParseIP(name)
+	return ip != nil && ip.IsLoopback()
+}
+
+// withHeaders sets the headers every response carries, and no-store on
+// everything but the stylesheet.
+func withHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("X-Frame-Options", "DENY")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Content-Security-Policy", csp)
+		if !strings.HasPrefix(r.URL.Path, "/assets/") {
+			h.Set("Cache-Control", "no-store")
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+const csp = "default-src 'self'; script-src 'none'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+
+// banners are the texts shown after an action, chosen by the code in the
+// redirect's ?done= (never the URL's own text).
+var banners = map[string]string{
+	"requeued":  "requeued: the job is Enqueued and on its way to a worker",
+	"cancelled": "cancelled: the job will not run",
+	"deleted":   "deleted the job",
+	"redrove":   "redrive done: the dead-letter queue's jobs are back in work (see each job)",
+	"holder":    "this job holds the key",
 }
 
 // withToken gives every visitor a CSRF token cookie and checks it on
@@ -220,7 +321,7 @@ func Ago(t, now time.Time) string {
 func (s *server) view(r *http.Request, title string) view {
 	c, _ := r.Cookie(csrfCookie)
 	v := view{Title: title, Base: s.o.Prefix, Table: s.a.Table(), Write: s.o.Write, now: s.o.Now(), States: allStates,
-		Flash: r.URL.Query().Get("done")}
+		Flash: banners[r.URL.Query().Get("done")]}
 	if c != nil {
 		v.CSRF = c.Value
 	}
@@ -229,8 +330,6 @@ func (s *server) view(r *http.Request, title string) view {
 
 func (s *server) render(w http.ResponseWriter, status int, name string, v view) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'none'; frame-ancestors 'none'")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
 	if err := s.tmpl.ExecuteTemplate(w, name, v); err != nil {
 		s.o.Logger.Error("nexjob dashboard: render", "page", name, "err", err)
@@ -416,16 +515,19 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 		if err == nil {
 			err = rep.Err()
 		}
-		done = fmt.Sprintf("redrove %d of %d messages", rep.Done(), len(rep.Outcomes))
+		if err == nil && rep.Hidden > 0 {
+			err = fmt.Errorf("nexjob: the DLQ still holds %d messages this redrive could not see (in flight: visible again when their visibility timeout ends); redrive again then", rep.Hidden)
+		}
+		done = "redrove"
 	case action == "requeue":
 		_, err = s.a.Requeue(ctx, id)
-		done = "requeued: the job is Enqueued and on its way to a worker"
+		done = "requeued"
 	case action == "cancel":
 		_, err = s.a.Cancel(ctx, id, r.PostFormValue("reason"))
-		done = "cancelled: the job will not run"
+		done = "cancelled"
 	case action == "delete":
 		err = s.a.Delete(ctx, id)
-		done, back = "deleted job "+id, s.o.Prefix+"/"
+		done, back = "deleted", s.o.Prefix+"/"
 	default:
 		s.fail(w, r, badRequest(fmt.Sprintf("unknown action %q", action)))
 		return
@@ -435,7 +537,7 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	http.Redirect(w, r, back+"?done="+url.QueryEscape(done), http.StatusSeeOther)
+	http.Redirect(w, r, back+"?done="+done, http.StatusSeeOther)
 }
 
 func (s *server) key(w http.ResponseWriter, r *http.Request) {
@@ -455,7 +557,7 @@ func (s *server) key(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	http.Redirect(w, r, s.o.Prefix+"/jobs/"+url.PathEscape(rec.ID)+"?done="+url.QueryEscape("this job holds the key"), http.StatusSeeOther)
+	http.Redirect(w, r, s.o.Prefix+"/jobs/"+url.PathEscape(rec.ID)+"?done=holder", http.StatusSeeOther)
 }
 
 func (s *server) dlq(w http.ResponseWriter, r *http.Request) {

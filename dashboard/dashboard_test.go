@@ -212,3 +212,107 @@ func TestDLQPageLeavesMessagesVisible(t *testing.T) {
 		t.Fatalf("a consumer received %d of the DLQ's 2 messages after three views of the page", len(out.Messages))
 	}
 }
+
+// TestHostChecked: a request naming another Host (a rebound name, the
+// attacker's) is refused 421 before anything runs; loopback literals and
+// localhost pass, as do the allowed names.
+func TestHostChecked(t *testing.T) {
+	r := newRig(t, true)
+	port := r.srv.URL[strings.LastIndex(r.srv.URL, ":")+1:]
+	req := func(host, path string) int {
+		rq, _ := http.NewRequest(http.MethodGet, r.srv.URL+path, nil)
+		rq.Host = host
+		resp, err := http.DefaultClient.Do(rq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && strings.Contains(string(b), "not the dashboard's address") {
+			t.Fatalf("%s: refusal text with 200", host)
+		}
+		return resp.StatusCode
+	}
+	for host, want := range map[string]int{
+		"rebind.example:" + port:   http.StatusMisdirectedRequest,
+		"127.0.0.1.nip.io:" + port: http.StatusMisdirectedRequest,
+		"127.0.0.1:" + port:        http.StatusOK,
+		"localhost:" + port:        http.StatusOK,
+		"[::1]:" + port:            http.StatusOK,
+	} {
+		if got := req(host, "/jobs/"+r.failed+"?args=1"); got != want {
+			t.Errorf("Host %s: %d, want %d", host, got, want)
+		}
+	}
+	// A POST from the rebound name is refused as well, before the CSRF check.
+	rq, _ := http.NewRequest(http.MethodPost, r.srv.URL+"/jobs/"+r.failed+"/delete", strings.NewReader("csrf=x"))
+	rq.Host = "rebind.example:" + port
+	rq.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if resp, err := http.DefaultClient.Do(rq); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("POST from a rebound Host: %v %v", resp.StatusCode, err)
+	}
+	r.e.RequireState(t, r.failed, ledger.Failed)
+
+	// With Addr, only that address and localhost on its port; plus the allowlist.
+	a, err := admin.New(settings.Settings{AWS: r.e.Cfg, Table: r.e.Table, QueueURL: r.e.QueueURL, DLQURL: r.e.DLQURL, Retention: handler.DefaultRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := r.srv.Listener.Addr().String()
+	strict := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet, Addr: addr, AllowedHosts: []string{"jobs.internal.example", ".lambda-url.eu-west-1.on.aws"}}))
+	t.Cleanup(strict.Close)
+	for host, want := range map[string]int{
+		addr:                                 http.StatusOK,
+		"localhost:" + port:                  http.StatusOK,
+		"localhost:1":                        http.StatusMisdirectedRequest,
+		"127.0.0.2:" + port:                  http.StatusMisdirectedRequest,
+		"jobs.internal.example":              http.StatusOK,
+		"abc123.lambda-url.eu-west-1.on.aws": http.StatusOK,
+		"abc123.lambda-url.eu-west-1.on.aws.evil": http.StatusMisdirectedRequest,
+	} {
+		rq, _ := http.NewRequest(http.MethodGet, strict.URL+"/", nil)
+		rq.Host = host
+		resp, err := http.DefaultClient.Do(rq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("strict, Host %s: %d, want %d", host, resp.StatusCode, want)
+		}
+	}
+}
+
+// TestSecurityHeaders: every page is no-store (it may show args), says
+// no-referrer, refuses framing and foreign form targets; the stylesheet
+// is nosniff; the banner text is never the URL's.
+func TestSecurityHeaders(t *testing.T) {
+	r := newRig(t, true)
+	for _, path := range []string{"/", "/jobs/" + r.failed + "?args=1", "/dlq", "/assets/style.css"} {
+		resp, err := http.Get(r.srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		h := resp.Header
+		csp := h.Get("Content-Security-Policy")
+		if h.Get("Referrer-Policy") != "no-referrer" || h.Get("X-Frame-Options") != "DENY" || h.Get("X-Content-Type-Options") != "nosniff" ||
+			!strings.Contains(csp, "frame-ancestors 'none'") || !strings.Contains(csp, "form-action 'self'") || !strings.Contains(csp, "base-uri 'none'") {
+			t.Errorf("%s: headers %v", path, h)
+		}
+		if page := !strings.HasPrefix(path, "/assets/"); page != (h.Get("Cache-Control") == "no-store") {
+			t.Errorf("%s: Cache-Control %q", path, h.Get("Cache-Control"))
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %d", path, resp.StatusCode)
+		}
+	}
+	_, page := get(t, client(t), r.srv.URL+"/jobs/"+r.failed+"?done="+url.QueryEscape("Your account is locked: call +1 555 0100"))
+	if strings.Contains(page, "account is locked") {
+		t.Fatal("the banner showed text from the URL")
+	}
+	_, page = get(t, client(t), r.srv.URL+"/jobs/"+r.failed+"?done=requeued")
+	if !strings.Contains(page, "requeued: the job is Enqueued") {
+		t.Fatal("a known banner code shows no text")
+	}
+}

@@ -114,7 +114,10 @@ func Dashboard(opts *Options) {
 	if err != nil {
 		fail(log, err)
 	}
-	start(opts, log, lambdaurl.Wrap(dashboard.New(a, &dashboard.Options{Write: s.DashboardWrite, Logger: log})))
+	// The function URL's own domain is the only Host it answers: IAM auth
+	// already fronts it; the check is the same as on a laptop.
+	hosts := []string{".lambda-url." + s.AWS.Region + ".on.aws"}
+	start(opts, log, lambdaurl.Wrap(dashboard.New(a, &dashboard.Options{Write: s.DashboardWrite, Logger: log, AllowedHosts: hosts})))
 }
 
 // Recurring starts the EventBridge Scheduler target of recurring jobs

@@ -286,5 +286,5 @@ func (c *cli) demo(ctx context.Context, cfg aws.Config, f *flags) error {
 		return err
 	}
 	fmt.Fprintln(c.stdout)
-	return op.serve(ctx, f.dashboard, f.write)
+	return op.serve(ctx, f.dashboard, f)
 }

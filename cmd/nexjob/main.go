@@ -46,8 +46,9 @@ usage: nexjob COMMAND [flags] [args]
                                       requeue every match, with a progress bar
   delete ID...                        remove jobs' records (frees their keys)
   redrive                             move the DLQ's messages back into work
-  dashboard [--addr 127.0.0.1:8080] [--write]
-                                      serve the web dashboard (read-only without --write)
+  dashboard [--addr 127.0.0.1:8080] [--write] [--allow-host NAME] [--allow-remote]
+                                      serve the web dashboard (read-only without --write;
+                                      loopback only unless --allow-remote)
   help                                this text
 
 deployment flags (default: the NEXJOB_* variables): --table T --queue URL --dlq URL
@@ -93,7 +94,15 @@ type flags struct {
 	limit               int
 	showArgs, write     bool
 	dashboard           string
+	allowRemote         bool
+	allowHosts          hostList
 }
+
+// hostList is a repeatable flag.
+type hostList []string
+
+func (h *hostList) String() string     { return strings.Join(*h, ",") }
+func (h *hostList) Set(v string) error { *h = append(*h, v); return nil }
 
 func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	f := &flags{}
@@ -112,6 +121,8 @@ func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	fs.BoolVar(&f.write, "write", false, "allow the dashboard's write actions")
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "the dashboard's address")
 	fs.StringVar(&f.dashboard, "dashboard", "", "after the demo, serve the dashboard on this address")
+	fs.BoolVar(&f.allowRemote, "allow-remote", false, "let the dashboard listen on a non-loopback address")
+	fs.Var(&f.allowHosts, "allow-host", "a further Host the dashboard answers (a proxy's name); repeatable")
 	// Flags anywhere: parse, take one argument, parse the rest again.
 	var rest []string
 	for {
@@ -209,7 +220,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 	case "redrive":
 		return op.redrive(ctx)
 	}
-	return op.serve(ctx, f.addr, f.write)
+	return op.serve(ctx, f.addr, f)
 }
 
 // settings reads the deployment like every function does, with the

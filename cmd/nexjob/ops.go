@@ -306,15 +306,28 @@ func (o *ops) redrive(ctx context.Context) error {
 	return err
 }
 
-// serve runs the dashboard until ctx ends. A non-loopback address is
-// refused unless given with an explicit host (the default is 127.0.0.1).
-func (o *ops) serve(ctx context.Context, addr string, write bool) error {
+// ErrNotLoopback: the dashboard's address is not a loopback one, and
+// --allow-remote was not given.
+var ErrNotLoopback = errors.New("dashboard: refusing to listen beyond this machine: the dashboard shows every job's args (and, with --write, acts on them) with no login of its own; give a loopback address (127.0.0.1:8080), or --allow-remote behind a proxy that authenticates")
+
+// serve runs the dashboard until ctx ends. An address that is not
+// loopback (":8080" is every interface) is refused unless
+// --allow-remote; requests must name the address as their Host (or
+// localhost on its port, or an --allow-host name).
+func (o *ops) serve(ctx context.Context, addr string, f *flags) error {
+	write := f.write
+	if !loopback(addr) && !f.allowRemote {
+		return fmt.Errorf("%w (asked for %q)", ErrNotLoopback, addr)
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("dashboard: %w", err)
 	}
 	log := slog.New(slog.NewTextHandler(o.stderr, nil))
-	srv := &http.Server{Handler: dashboard.New(o.a, &dashboard.Options{Write: write, Logger: log}), ReadHeaderTimeout: 10 * time.Second}
+	if !loopback(addr) {
+		log.Warn("nexjob dashboard: listening beyond loopback (--allow-remote): anyone who reaches it reads every job's args", "addr", ln.Addr().String())
+	}
+	srv := &http.Server{Handler: dashboard.New(o.a, &dashboard.Options{Write: write, Logger: log, Addr: ln.Addr().String(), AllowedHosts: f.allowHosts}), ReadHeaderTimeout: 10 * time.Second}
 	mode := "read-only (--write enables requeue, cancel, delete, redrive)"
 	if write {
 		mode = "write actions on"
@@ -330,6 +343,20 @@ func (o *ops) serve(ctx context.Context, addr string, write bool) error {
 		return err
 	}
 	return nil
+}
+
+// loopback reports whether addr's host is a loopback IP or localhost
+// (an empty host, ":8080", is every interface).
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (c *cli) schema() error {

@@ -327,3 +327,22 @@ func TestRequeueAllOnlyAsListed(t *testing.T) {
 	}
 	r.e.RequireState(t, ids[1], ledger.Succeeded)
 }
+
+// TestDashboardRefusesEveryInterface: ":8080" listens on every interface
+// (it was accepted though the docs said non-loopback is refused); only
+// --allow-remote lets a non-loopback address through.
+func TestDashboardRefusesEveryInterface(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	for _, addr := range []string{":0", "0.0.0.0:0", "[::]:0"} {
+		_, _, err := r.cli(t, "dashboard", "--addr", addr)
+		if !errors.Is(err, ErrNotLoopback) {
+			t.Errorf("dashboard --addr %s: %v; want ErrNotLoopback", addr, err)
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:0", "localhost:0", "[::1]:0"} {
+		if !loopback(addr) {
+			t.Errorf("%s is loopback", addr)
+		}
+	}
+}
