@@ -124,16 +124,24 @@ func TestServeDashboard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &events.LambdaFunctionURLRequest{RawPath: "/jobs/" + res.ID}
-	req.RequestContext.DomainName = "abc.lambda-url.eu-west-1.on.aws"
-	req.RequestContext.HTTP.Method = "GET"
-	resp, err := fn(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
+	get := func(domain string) (int, string) {
+		req := &events.LambdaFunctionURLRequest{RawPath: "/jobs/" + res.ID}
+		req.RequestContext.DomainName = domain
+		req.RequestContext.HTTP.Method = "GET"
+		resp, err := fn(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || !strings.Contains(string(body), "Job "+res.ID) || !strings.Contains(string(body), "read-only") {
-		t.Fatalf("%d\n%s", resp.StatusCode, body)
+	// The function URL's own domain, in the function's region.
+	code, body := get("abc.lambda-url." + e.Cfg.Region + ".on.aws")
+	if code != 200 || !strings.Contains(body, "Job "+res.ID) || !strings.Contains(body, "read-only") {
+		t.Fatalf("%d\n%s", code, body)
+	}
+	if code, _ := get("jobs.attacker.example"); code != 421 {
+		t.Fatalf("another Host: %d, want 421", code)
 	}
 }
 
