@@ -180,6 +180,8 @@ type JobQueue struct {
 	Dashboard          awscloudwatch.Dashboard
 	WebDashboard       awslambda.Function         // nil without the WebDashboard prop
 	WebDashboardURL    awslambda.FunctionUrl      // its IAM-authenticated URL
+	GuardFailures      awssqs.Queue               // stream batches the guard gave up on (nil with NoGuard)
+	GuardFailureAlarm  awscloudwatch.Alarm        // on GuardFailures' depth
 	ScheduleGroup      awsscheduler.ScheduleGroup // nil without the Recurring prop
 	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
 	SchedulerRole      awsiam.Role                // assumed by Scheduler to invoke the target
@@ -313,7 +315,24 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.Table.GrantStream(q.Guard, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
 			jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
 		q.Queue.Grant(q.Guard, jsii.String("sqs:SendMessage"))
+		// A batch that fails all its retries is not dropped silently: its
+		// stream position goes to a queue of its own, and an alarm says so
+		// (those jobs lost their recovery check; look them up and Dispatch).
+		q.GuardFailures = awssqs.NewQueue(c, jsii.String("GuardFailures"), &awssqs.QueueProps{
+			Encryption: awssqs.QueueEncryption_SQS_MANAGED, EnforceSSL: jsii.Bool(true),
+			RetentionPeriod: awscdk.Duration_Days(jsii.Number(14)),
+		})
+		q.GuardFailureAlarm = q.GuardFailures.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
+			Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum"),
+		}).CreateAlarm(c, jsii.String("GuardFailed"), &awscloudwatch.CreateAlarmOptions{
+			AlarmDescription:   jsii.String("nexjob: the dispatch guard gave up on stream records (their jobs' recovery checks were not sent)"),
+			Threshold:          jsii.Number(0),
+			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+			EvaluationPeriods:  jsii.Number(1),
+			TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+		})
 		awslambda.NewEventSourceMapping(c, jsii.String("GuardStream"), &awslambda.EventSourceMappingProps{
+			OnFailure:        awslambdaeventsources.NewSqsDlq(q.GuardFailures),
 			Target:           q.Guard,
 			EventSourceArn:   q.Table.TableStreamArn(),
 			StartingPosition: awslambda.StartingPosition_TRIM_HORIZON,
@@ -437,8 +456,12 @@ func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[st
 	q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
 	q.RecurringTarget = newFunction(c, "RecurringTarget", p.code(settings.Recurring), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
 	q.GrantEnqueue(q.RecurringTarget)
+	// Only Scheduler acting for this account may assume it (the confused
+	// deputy: another account's schedule naming this role).
 	q.SchedulerRole = awsiam.NewRole(c, jsii.String("SchedulerRole"), &awsiam.RoleProps{
-		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), nil),
+		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
+			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
+		}),
 	})
 	q.RecurringTarget.GrantInvoke(q.SchedulerRole)
 	q.env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
@@ -459,7 +482,12 @@ func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
 	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
 		Grantee: grantee, Actions: jsii.Strings("scheduler:ListSchedules"), ResourceArns: jsii.Strings("*"),
 	})
-	q.SchedulerRole.GrantPassRole(grantee.GrantPrincipal())
+	// Pass the role to Scheduler only.
+	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:    jsii.Strings("iam:PassRole"),
+		Resources:  jsii.Strings(*q.SchedulerRole.RoleArn()),
+		Conditions: &map[string]any{"StringEquals": map[string]any{"iam:PassedToService": "scheduler.amazonaws.com"}},
+	}))
 }
 
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:
@@ -476,12 +504,17 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 }
 
 // GrantOperate lets grantee operate the jobs (the nexjob CLI, a
-// dashboard with write actions): everything GrantEnqueue and GrantRead
-// allow, and redrive (DLQ receive, delete, send back to the job queue).
+// dashboard with write actions): everything GrantRead allows, and exactly
+// what the actions call: requeue and cancel (UpdateItem, and SendMessage
+// of a requeued job), delete (DeleteItem) and redrive (the DLQ's
+// DeleteMessage, once its job is back). Not PutItem: with SendMessage it
+// would let an operator forge jobs. TestDashboardGrantsExactlyItsCalls
+// runs every action through a recording proxy against this policy.
 func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
-	q.GrantEnqueue(grantee)
 	q.GrantRead(grantee)
-	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:DeleteMessage"), jsii.String("sqs:ChangeMessageVisibility"))
+	q.Table.Grant(grantee, jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
+	q.Queue.Grant(grantee, jsii.String("sqs:SendMessage"))
+	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:DeleteMessage"))
 }
 
 // grantKeySecret lets grantee read the key secret's parameter: exactly

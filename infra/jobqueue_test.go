@@ -48,8 +48,8 @@ func synth(t *testing.T) (assertions.Template, map[string]any) {
 func TestJobQueueTemplate(t *testing.T) {
 	tpl, raw := synth(t)
 	for typ, n := range map[string]float64{
-		"AWS::DynamoDB::Table": 1, "AWS::SQS::Queue": 2, "AWS::Lambda::Function": 3,
-		"AWS::Lambda::EventSourceMapping": 3, "AWS::CloudWatch::Alarm": 3, "AWS::Logs::LogGroup": 3,
+		"AWS::DynamoDB::Table": 1, "AWS::SQS::Queue": 3, "AWS::Lambda::Function": 3,
+		"AWS::Lambda::EventSourceMapping": 3, "AWS::CloudWatch::Alarm": 4, "AWS::Logs::LogGroup": 3,
 		"AWS::CloudWatch::Dashboard": 1,
 	} {
 		tpl.ResourceCountIs(jsii.String(typ), jsii.Number(n))
@@ -121,6 +121,14 @@ func TestJobQueueTemplate(t *testing.T) {
 		}, map[string]any{
 			"Pattern": `{"dynamodb":{"NewImage":{"attempt":{"N":["1"]},"state":{"S":["Processing"]}}},"eventName":["MODIFY"]}`,
 		}}},
+		// A batch given up on goes to the guard's failure queue, alarmed.
+		"DestinationConfig": map[string]any{"OnFailure": map[string]any{
+			"Destination": map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("^JobsGuardFailures")), "Arn"}},
+		}},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), map[string]any{
+		"MetricName": "ApproximateNumberOfMessagesVisible", "Threshold": 0,
+		"Dimensions": []any{map[string]any{"Name": "QueueName", "Value": map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("^JobsGuardFailures")), "QueueName"}}}},
 	})
 
 	// Alarms on DLQ depth and the oldest message's age.
@@ -167,6 +175,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"logs:CreateLogStream", "logs:PutLogEvents"},
 			{"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator", "dynamodb:ListStreams"},
 			{"sqs:SendMessage"},
+			{"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}, // its failure queue (the CDK's SqsDlq grant)
 		},
 		"Producer": {
 			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:DescribeTable"},
@@ -413,10 +422,17 @@ func TestRecurring(t *testing.T) {
 	tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
 		"Environment": map[string]any{"Variables": map[string]any{"NEXJOB_ROLE": "recurring"}},
 	})
+	// The trust policy names this account; PassRole is for Scheduler only.
 	tpl.HasResourceProperties(jsii.String("AWS::IAM::Role"), map[string]any{
 		"AssumeRolePolicyDocument": map[string]any{"Statement": []any{map[string]any{
 			"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": map[string]any{"Service": "scheduler.amazonaws.com"},
+			"Condition": map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": map[string]any{"Ref": "AWS::AccountId"}}},
 		}}},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::IAM::Policy"), map[string]any{
+		"PolicyDocument": map[string]any{"Statement": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{
+			"Action": "iam:PassRole", "Condition": map[string]any{"StringEquals": map[string]any{"iam:PassedToService": "scheduler.amazonaws.com"}},
+		})})},
 	})
 	tpl.HasResourceProperties(jsii.String("AWS::IAM::Policy"), map[string]any{
 		"Roles": []any{map[string]any{"Ref": assertions.Match_StringLikeRegexp(jsii.String("^JobsSchedulerRole"))}},

@@ -1,0 +1,125 @@
+package infra_test
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/admin"
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+type chore struct{ N int }
+
+func (chore) Kind() string { return "chore" }
+
+// TestDashboardGrantsExactlyItsCalls runs every action of a write
+// dashboard (look, requeue, cancel, delete, redrive) against the emulator
+// through the recording proxy, and compares the AWS actions it called with
+// the write dashboard role's policy in the template: each call granted,
+// and nothing granted that no action calls (the role had PutItem, which
+// with SendMessage would let it forge jobs, DescribeTable and the DLQ's
+// ChangeMessageVisibility).
+func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	ctx := context.Background()
+	rec := newRecorder(t, os.Getenv("AWS_ENDPOINT_URL"))
+	cfg := e.Cfg.Copy()
+	cfg.BaseEndpoint = aws.String(rec.url("dashboard"))
+	a, err := admin.New(settings.Settings{AWS: cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The jobs the actions act on, written by a producer (not recorded).
+	store := e.Client.Store()
+	job := func(n int) string {
+		res, err := e.Client.Enqueue(ctx, chore{N: n}, &enqueue.Opts{MaxAttempts: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.ID
+	}
+	failed := func(n int) string {
+		id := job(n)
+		r, err := store.Claim(ctx, id, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.Finish(ctx, r, ledger.Finish{State: ledger.Failed, LastError: "boom"}); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	toRequeue, toCancel, toDelete, dead := failed(1), job(2), job(3), failed(4)
+	if _, err := e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(e.DLQURL), MessageBody: aws.String(enqueue.Message{V: 1, ID: dead, Kind: "chore"}.Encode())}); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := a.Stats(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Find(ctx, ledger.Filter{State: ledger.Failed}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Find(ctx, ledger.Filter{State: ledger.Enqueued}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Get(ctx, toRequeue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.DeadLetters(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Requeue(ctx, toRequeue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Cancel(ctx, toCancel, "not needed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Delete(ctx, toDelete); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := a.Redrive(ctx, nil)
+	if err != nil || rep.Done() != 1 {
+		t.Fatalf("redrive: %+v %v", rep, err)
+	}
+	called := rec.calls("dashboard")
+
+	doc := allOptions(t, "/nexjob/grants-test/key-secret")
+	resources := doc["Resources"].(map[string]any)
+	var role any
+	for _, res := range resources {
+		r := res.(map[string]any)
+		if r["Type"] != "AWS::Lambda::Function" {
+			continue
+		}
+		props := r["Properties"].(map[string]any)
+		if props["Environment"].(map[string]any)["Variables"].(map[string]any)[settings.EnvRole] == "dashboard" {
+			role = props["Role"]
+		}
+	}
+	granted := policyOf(resources, role)
+	for _, c := range called {
+		if !granted.allows(c) {
+			t.Errorf("the dashboard calls %s, not granted", c)
+		}
+	}
+	for a := range granted {
+		if strings.HasPrefix(a, "logs:") || a == "ssm:GetParameter" || a == "kms:Decrypt" { // its logs; the key secret at start
+			continue
+		}
+		if !slices.Contains(called, a) {
+			t.Errorf("the write dashboard is granted %s, which none of its actions calls (it called %v)", a, called)
+		}
+	}
+}
