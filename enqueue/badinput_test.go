@@ -25,6 +25,11 @@ type noKind struct{}
 
 func (noKind) Kind() string { return "" }
 
+// rawKind is a kind a producer mints: control, non-ASCII, bidi.
+type rawKind string
+
+func (k rawKind) Kind() string { return string(k) }
+
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	e := awstest.New(t, nil)
@@ -40,6 +45,11 @@ func TestBadInput(t *testing.T) {
 		{"nil args", nil, enqueue.Opts{}, "args"},
 		{"nil pointer args", nilPayment, enqueue.Opts{}, "args"},
 		{"empty kind", noKind{}, enqueue.Opts{}, "args"},
+		{"kind with an escape", rawKind("evil\x1b[2J"), enqueue.Opts{}, "args"},
+		{"kind with a newline", rawKind("a\nb"), enqueue.Opts{}, "args"},
+		{"non-ASCII kind", rawKind("caf\u00e9"), enqueue.Opts{}, "args"},
+		{"kind with a bidi override", rawKind("pay\u202egpj"), enqueue.Opts{}, "args"},
+		{"kind over 128 bytes", rawKind(strings.Repeat("k", 129)), enqueue.Opts{}, "args"},
 		{"unencodable args", unencodable{F: math.NaN()}, enqueue.Opts{}, "args"},
 		{"oversized args", blob{Data: strings.Repeat("x", ledger.MaxArgsBytes)}, enqueue.Opts{}, "args"},
 		{"blank key", payment{}, enqueue.Opts{IdempotencyKey: "  \t"}, "IdempotencyKey"},

@@ -15,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/internal/redact"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
@@ -316,8 +317,8 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 		return ledger.Record{}, invalid("args", "nil")
 	}
 	kind := args.Kind()
-	if kind == "" || len(kind) > 128 {
-		return ledger.Record{}, invalid("args", "Kind() must be 1 to 128 bytes")
+	if !kinds.Valid(kind) {
+		return ledger.Record{}, invalid("args", "Kind() must be "+kinds.Rule)
 	}
 	raw, err := json.Marshal(args)
 	if err != nil {

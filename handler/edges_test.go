@@ -3,6 +3,7 @@ package handler_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -298,4 +299,19 @@ func TestLeaseTooShortRefused(t *testing.T) {
 	if _, err := handler.New(e.Cfg, e.Table, e.QueueURL, handler.NewRegistry(), &handler.Options{Lease: handler.MinLease + time.Second}); err != nil {
 		t.Fatalf("a lease just over the minimum: %v", err)
 	}
+}
+
+type badKind struct{}
+
+func (badKind) Kind() string { return "orders\ncharge" }
+
+// TestAddWorkerRefusesABadKind: a kind outside the documented rule (here
+// a newline) is a programming error that fails at registration.
+func TestAddWorkerRefusesABadKind(t *testing.T) {
+	defer func() {
+		if v := recover(); v == nil || !strings.Contains(fmt.Sprint(v), "not a valid kind") {
+			t.Fatalf("AddWorker of a bad kind: %v; want a panic naming the rule", v)
+		}
+	}()
+	handler.AddWorker(handler.NewRegistry(), handler.WorkFunc[badKind](func(context.Context, *handler.Job[badKind]) error { return nil }), nil)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/internal/redact"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
@@ -85,8 +86,8 @@ func AddWorker[T enqueue.JobArgs](r *Registry, w Worker[T], opts *KindOptions) {
 	}
 	var zero T
 	kind := zero.Kind()
-	if kind == "" {
-		panic(fmt.Sprintf("nexjob: %T has an empty Kind()", zero))
+	if !kinds.Valid(kind) {
+		panic(fmt.Sprintf("nexjob: %T's Kind() %q is not a valid kind: %s", zero, kind, kinds.Rule))
 	}
 	e := &entry{run: func(ctx context.Context, rec ledger.Record) error {
 		job := &Job[T]{ID: rec.ID, Attempt: rec.Attempt, MaxAttempts: rec.MaxAttempts, KeyHash: rec.KeyHash}

@@ -44,6 +44,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 )
 
 // The metric names.
@@ -152,6 +154,9 @@ type meta struct {
 func (r *Recorder) write(kind, jobID string, values map[string]float64, units map[string]string) {
 	if r == nil {
 		return
+	}
+	if !kinds.Valid(kind) {
+		kind = kinds.Invalid // never a dimension CloudWatch refuses, nor a new one per forged kind
 	}
 	if r.counters != nil {
 		attrs := metric.WithAttributes(attribute.String("kind", kind))

@@ -47,6 +47,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/scheduler/types"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/internal/redact"
 )
 
@@ -167,8 +168,11 @@ func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.Jo
 	if err != nil {
 		return err
 	}
-	if args == nil || args.Kind() == "" {
-		return invalid("args", "nil, or an empty Kind()")
+	if args == nil {
+		return invalid("args", "nil")
+	}
+	if !kinds.Valid(args.Kind()) {
+		return invalid("args", "Kind() must be "+kinds.Rule)
 	}
 	raw, err := json.Marshal(args)
 	if err != nil {
