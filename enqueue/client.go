@@ -20,6 +20,7 @@ import (
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -92,10 +93,19 @@ type ClientOptions struct {
 	// producer Lambda, where stdout reaches CloudWatch; elsewhere give it a
 	// metrics.Options.MeterProvider or Logger. Defaults to none.
 	Metrics *metrics.Recorder
-	// TracerProvider turns tracing on: a span per Enqueue (and
-	// ContinueWith, Requeue), its context carried to the worker in the
-	// message's TraceAttribute. Defaults to none (off).
+	// TracerProvider turns tracing on: a producer span per Enqueue,
+	// EnqueueMany, ContinueWith and Requeue ("send <queue>", with
+	// OpenTelemetry's messaging attributes and the kind as nexjob.kind),
+	// its context carried to the worker in the message's TraceAttribute.
+	// Defaults to none (off).
 	TracerProvider trace.TracerProvider
+	// XRay, when set, also carries the span context in the message's
+	// AWSTraceHeader system attribute, in X-Ray's format, through this
+	// propagator (for example xray.Propagator{} of
+	// go.opentelemetry.io/contrib/propagators/aws): X-Ray and Lambda's
+	// active tracing follow a job from producer to worker then. Defaults
+	// to none.
+	XRay propagation.TextMapPropagator
 }
 
 // Client enqueues jobs: one conditional DynamoDB write, then one SQS send.
@@ -110,6 +120,7 @@ type Client struct {
 	redisp    time.Duration
 	metrics   *metrics.Recorder
 	tracer    trace.Tracer
+	xray      propagation.TextMapPropagator
 }
 
 // New returns a Client for the ledger table and the job queue. It does no
@@ -144,7 +155,7 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider)}, nil
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), xray: o.XRay}, nil
 }
 
 // Store returns the ledger the client writes to.
@@ -212,8 +223,7 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	if err != nil {
 		return Result{}, err
 	}
-	ctx, span := c.tracer.Start(ctx, "nexjob.enqueue "+rec.Kind, trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("nexjob.kind", rec.Kind)))
+	ctx, span := c.startSpan(ctx, "enqueue", attribute.String("nexjob.kind", rec.Kind))
 	res, err := c.submit(ctx, rec, &o)
 	endSpan(span, res, err)
 	return res, err
@@ -442,14 +452,18 @@ func (c *Client) delaySeconds(delay time.Duration) int32 {
 // Send sends one job message with a delay, capped at MaxDelay. The
 // worker uses it to carry a long schedule forward.
 func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
-	_, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
-		QueueUrl:          aws.String(c.queueURL),
-		MessageBody:       aws.String(msg.Encode()),
-		DelaySeconds:      c.delaySeconds(delay),
-		MessageAttributes: traceAttributes(ctx),
+	out, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
+		QueueUrl:                aws.String(c.queueURL),
+		MessageBody:             aws.String(msg.Encode()),
+		DelaySeconds:            c.delaySeconds(delay),
+		MessageAttributes:       traceAttributes(ctx),
+		MessageSystemAttributes: xrayAttribute(ctx, c.xray),
 	})
 	if err != nil {
 		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
+	}
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.SetAttributes(attribute.String("messaging.message.id", aws.ToString(out.MessageId)))
 	}
 	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -28,6 +30,13 @@ import (
 //
 // Cost: one read of the parent, one write for the child, one for the link.
 func (c *Client) ContinueWith(ctx context.Context, parentID string, args JobArgs, opts *Opts) (Result, error) {
+	ctx, span := c.startSpan(ctx, "continue_with", attribute.String("nexjob.parent_id", parentID))
+	res, err := c.continueWith(ctx, parentID, args, opts)
+	endSpan(span, res, err)
+	return res, err
+}
+
+func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs, opts *Opts) (Result, error) {
 	var o Opts
 	if opts != nil {
 		o = *opts
@@ -179,6 +188,16 @@ func (c *Client) Requeue(ctx context.Context, jobID string) (Result, error) {
 // another terminal state gives a *StateChangedError, an active one a
 // *NotTerminalError, and nothing is written.
 func (c *Client) RequeueFrom(ctx context.Context, jobID string, from ...ledger.State) (Result, error) {
+	ctx, span := c.startSpan(ctx, "requeue")
+	res, err := c.requeueFrom(ctx, jobID, from)
+	if res.ID == "" {
+		res.ID = jobID
+	}
+	endSpan(span, res, err)
+	return res, err
+}
+
+func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.State) (Result, error) {
 	rec, err := c.store.RequeueFrom(ctx, jobID, from...)
 	if errors.Is(err, ledger.ErrDeadLetterRecord) {
 		return Result{}, err

@@ -10,7 +10,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
@@ -71,8 +70,7 @@ type batchSender interface {
 // Cost: one write per item (as Enqueue), a tenth of an SQS request per
 // sent job instead of one.
 func (c *Client) EnqueueMany(ctx context.Context, items []Item) ([]ItemResult, error) {
-	ctx, span := c.tracer.Start(ctx, "nexjob.enqueue_many", trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.Int("nexjob.items", len(items))))
+	ctx, span := c.startSpan(ctx, "enqueue_many", attribute.Int("nexjob.items", len(items)), attribute.Int("messaging.batch.message_count", len(items)))
 	defer span.End()
 	out := make([]ItemResult, len(items))
 	recs := make([]ledger.Record, len(items))
@@ -157,10 +155,11 @@ func (c *Client) sendBatch(ctx context.Context, idx []int, recs []ledger.Record,
 	for _, i := range idx {
 		msg, delay := c.message(recs[i])
 		in.Entries = append(in.Entries, sqstypes.SendMessageBatchRequestEntry{
-			Id:                aws.String(strconv.Itoa(i)),
-			MessageBody:       aws.String(msg.Encode()),
-			DelaySeconds:      c.delaySeconds(delay),
-			MessageAttributes: attrs,
+			Id:                      aws.String(strconv.Itoa(i)),
+			MessageBody:             aws.String(msg.Encode()),
+			DelaySeconds:            c.delaySeconds(delay),
+			MessageAttributes:       attrs,
+			MessageSystemAttributes: xrayAttribute(ctx, c.xray),
 		})
 	}
 	resp, err := b.SendMessageBatch(ctx, in)

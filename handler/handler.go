@@ -19,6 +19,7 @@ import (
 	"github.com/nexjob/nexjob-aws/metrics"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
@@ -114,10 +115,19 @@ type Options struct {
 	// CloudWatch's Embedded Metric Format (see package metrics).
 	// lambdamain turns it on; defaults to none.
 	Metrics *metrics.Recorder
-	// TracerProvider turns tracing on: a span per run, the child of the
-	// producer's span carried in the message (enqueue.TraceAttribute).
+	// TracerProvider turns tracing on: a consumer span per claimed job
+	// ("process <queue>", with OpenTelemetry's messaging attributes and
+	// the kind as nexjob.kind; a job with no worker gets one too), the
+	// child of the producer's span carried in the message
+	// (enqueue.TraceAttribute, or AWSTraceHeader with XRay).
 	// Defaults to none (off).
 	TracerProvider trace.TracerProvider
+	// XRay, when set, reads the producer's span context from the
+	// message's AWSTraceHeader system attribute (X-Ray's format, which
+	// Lambda's active tracing sets) when it has no traceparent, and sends
+	// it on with retries and carried schedules: see
+	// enqueue.ClientOptions.XRay. Defaults to none.
+	XRay propagation.TextMapPropagator
 }
 
 // Handler runs the jobs of SQS batches. Its Handle method is the Lambda
@@ -176,7 +186,7 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 		o.UnknownKindBackoff = DefaultBackoff
 	}
 	p, err := enqueue.New(cfg, table, queueURL, &enqueue.ClientOptions{
-		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay,
+		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay, XRay: o.XRay,
 	})
 	if err != nil {
 		return nil, err
@@ -285,7 +295,7 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	}
 	// The producer's trace context: a run is its child, a message sent on
 	// (carried forward, a retry) carries it on.
-	ctx = enqueue.TraceContext(ctx, m.MessageAttributes)
+	ctx = enqueue.TraceContextOf(ctx, m, h.o.XRay)
 	now := h.store.Now()
 	if ledger.Millis(msg.RunAt).After(now.Add(enqueue.MaxScheduleAhead + time.Hour)) {
 		return h.notAJob(ctx, m, fmt.Errorf("%w: runAt beyond the longest schedule", enqueue.ErrMalformedMessage))
@@ -325,6 +335,14 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		h.log.ErrorContext(ctx, "nexjob: claim failed", "job_id", msg.ID, "err", err)
 		return false
 	}
+	// Every claimed job gets its consumer span, with a worker or not.
+	if h.o.TracerProvider != nil {
+		var span trace.Span
+		ctx, span = h.tracer.Start(ctx, enqueue.SpanName("process", h.queueURL), trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(append(enqueue.ConsumerSpanAttributes(h.queueURL, m.MessageId),
+				attribute.String("nexjob.job_id", rec.ID), attribute.String("nexjob.kind", rec.Kind), attribute.Int("nexjob.attempt", rec.Attempt))...))
+		defer span.End()
+	}
 	// Never started: the first attempt, and no run of it was cut off (a
 	// cut-off run started, in time, and got its attempt back).
 	if rec.Attempt == 1 && rec.CutOffs == 0 && rec.Deadline != 0 && now.UnixMilli() > rec.Deadline {
@@ -338,6 +356,10 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		// the job runs once the worker is deployed.
 		err := fmt.Errorf("%w: %q", ErrUnknownKind, rec.Kind)
 		h.log.ErrorContext(ctx, "nexjob: no worker for the job's kind", "job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt)
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "no worker for the kind")
+		}
 		return h.failed(ctx, rec, err, h.o.UnknownKindBackoff)
 	}
 	return h.run(ctx, e, rec, deadline, cause)
@@ -385,12 +407,7 @@ func (h *Handler) lease(ctx context.Context, now time.Time, timeout time.Duratio
 var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
 
 func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
-	span := trace.SpanFromContext(ctx) // tracing off: the producer's, not recording here
-	if h.o.TracerProvider != nil {
-		ctx, span = h.tracer.Start(ctx, "nexjob.run "+rec.Kind, trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithAttributes(attribute.String("nexjob.job_id", rec.ID), attribute.String("nexjob.kind", rec.Kind), attribute.Int("nexjob.attempt", rec.Attempt)))
-		defer span.End()
-	}
+	span := trace.SpanFromContext(ctx) // process's consumer span; tracing off: the producer's, not recording here
 	start := time.Now()
 	ctx = context.WithValue(ctx, runStartKey{}, start)
 	runCtx, cancel := context.WithDeadlineCause(withJobLogger(ctx, h.log, rec), deadline, cause)

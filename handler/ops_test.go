@@ -9,11 +9,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
+	"go.opentelemetry.io/contrib/propagators/aws/xray"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -156,11 +158,12 @@ func TestTraceFromProducerToWorker(t *testing.T) {
 	r.drain(t)
 	var enq sdktrace.ReadOnlySpan
 	var runs []sdktrace.ReadOnlySpan
+	queue := r.e.QueueURL[strings.LastIndex(r.e.QueueURL, "/")+1:]
 	for _, s := range sr.Ended() {
 		switch s.Name() {
-		case "nexjob.enqueue email":
+		case "send " + queue:
 			enq = s
-		case "nexjob.run email":
+		case "process " + queue:
 			runs = append(runs, s)
 		}
 	}
@@ -178,5 +181,103 @@ func TestTraceFromProducerToWorker(t *testing.T) {
 	}
 	if runs[0].Status().Code != codes.Error {
 		t.Fatalf("failed run's status %v", runs[0].Status())
+	}
+}
+
+// spanAttr returns the span's attribute key as a string ("" if absent).
+func spanAttr(s sdktrace.ReadOnlySpan, key string) string {
+	for _, kv := range s.Attributes() {
+		if string(kv.Key) == key {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
+
+// TestSpansCarryMessaging: spans are named "{operation} {queue}", never
+// after a raw kind; they carry OpenTelemetry's messaging attributes and
+// the message id; a job with no worker still gets its consumer span;
+// ContinueWith and Requeue start spans as documented; with XRay the
+// context rides in AWSTraceHeader, and a message with only that header
+// (no traceparent: what Lambda's active tracing gives) still links the
+// run to the producer.
+func TestSpansCarryMessaging(t *testing.T) {
+	t.Parallel()
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	r := newRig(t, ok, &handler.Options{TracerProvider: tp, XRay: xray.Propagator{}, UnknownKindBackoff: func(int) time.Duration { return 0 }})
+	prod, err := enqueue.New(r.e.Cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{TracerProvider: tp, XRay: xray.Propagator{}, Ledger: ledger.Options{Now: r.clock.Now}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := prod.Enqueue(ctx, email{To: "spans@example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := prod.ContinueWith(ctx, res.ID, email{To: "child@example.com"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	orphan, err := prod.Enqueue(ctx, orphanKind{}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The messages as Lambda with active tracing would deliver them: the
+	// traceparent attribute dropped, AWSTraceHeader kept.
+	msgs := r.receive(t, 2)
+	for i := range msgs {
+		if msgs[i].Attributes[enqueue.XRayAttribute] == "" {
+			t.Fatalf("message %d has no %s: %v", i, enqueue.XRayAttribute, msgs[i].Attributes)
+		}
+		delete(msgs[i].MessageAttributes, enqueue.TraceAttribute)
+	}
+	r.deliver(t, msgs, 1)
+	r.drain(t)
+	if _, err := prod.Requeue(ctx, orphan.ID); err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+
+	queue := r.e.QueueURL[strings.LastIndex(r.e.QueueURL, "/")+1:]
+	ops := map[string]int{}
+	var sends = map[string]sdktrace.ReadOnlySpan{}
+	var processes []sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		if strings.Contains(s.Name(), "email") || strings.Contains(s.Name(), orphanKind{}.Kind()) {
+			t.Errorf("span name %q embeds a kind", s.Name())
+		}
+		if spanAttr(s, "messaging.system") != "aws_sqs" || spanAttr(s, "messaging.destination.name") != queue {
+			t.Errorf("span %s lacks the messaging attributes: %v", s.Name(), s.Attributes())
+		}
+		switch s.Name() {
+		case "send " + queue:
+			ops[spanAttr(s, "nexjob.operation")]++
+			sends[spanAttr(s, "nexjob.job_id")] = s
+		case "process " + queue:
+			processes = append(processes, s)
+			if spanAttr(s, "messaging.message.id") == "" || spanAttr(s, "messaging.operation.type") != "process" {
+				t.Errorf("consumer span without its message id / operation: %v", s.Attributes())
+			}
+		default:
+			t.Errorf("unexpected span %q", s.Name())
+		}
+	}
+	if ops["enqueue"] != 2 || ops["continue_with"] != 1 || ops["requeue"] != 1 {
+		t.Fatalf("producer spans by operation: %v", ops)
+	}
+	var orphanRuns, linked int
+	for _, p := range processes {
+		if spanAttr(p, "nexjob.job_id") == orphan.ID {
+			orphanRuns++
+		}
+		if s, ok := sends[spanAttr(p, "nexjob.job_id")]; ok && p.Parent().SpanID() == s.SpanContext().SpanID() {
+			linked++
+		}
+	}
+	if orphanRuns != 2 { // before and after the requeue, no worker either time
+		t.Fatalf("the job with no worker got %d consumer spans, want 2", orphanRuns)
+	}
+	if linked < 2 { // both first deliveries, through AWSTraceHeader alone
+		t.Fatalf("%d consumer spans are children of their send, want the two delivered with only AWSTraceHeader", linked)
 	}
 }

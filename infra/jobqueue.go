@@ -78,6 +78,11 @@ type JobQueueProps struct {
 	// job whose producer died between its write and its send then runs
 	// only when a caller retries its key. Defaults to false.
 	NoGuard *bool
+	// ActiveTracing turns on Lambda's X-Ray active tracing on every
+	// function (and grants it xray:PutTraceSegments): SQS then carries the
+	// trace in each message's AWSTraceHeader, which the worker reads with
+	// handler.Options.XRay. Defaults to false.
+	ActiveTracing *bool
 	// Retention of terminal records, passed to every function. Zero fields
 	// keep handler.DefaultRetention's (7, 30, 7 days).
 	Retention *Retention
@@ -277,10 +282,10 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	}
 	q.env, q.guardAfter = env, formatSeconds(p.GuardAfter)
 	roleEnv := func(role settings.Role) map[string]*string { return *q.Settings(role) }
-	q.Worker = newFunction(c, "Worker", p.code(settings.Worker), p.FunctionTimeout, p.MemorySize, roleEnv(settings.Worker))
-	q.DeadLetter = newFunction(c, "DeadLetterConsumer", p.code(settings.DeadLetter), awscdk.Duration_Seconds(jsii.Number(deadLetterTimeoutSeconds)), jsii.Number(256), roleEnv(settings.DeadLetter))
+	q.Worker = newFunction(c, p, "Worker", p.code(settings.Worker), p.FunctionTimeout, p.MemorySize, roleEnv(settings.Worker))
+	q.DeadLetter = newFunction(c, p, "DeadLetterConsumer", p.code(settings.DeadLetter), awscdk.Duration_Seconds(jsii.Number(deadLetterTimeoutSeconds)), jsii.Number(256), roleEnv(settings.DeadLetter))
 	if !*p.NoGuard {
-		q.Guard = newFunction(c, "DispatchGuard", p.code(settings.Guard), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), roleEnv(settings.Guard))
+		q.Guard = newFunction(c, p, "DispatchGuard", p.code(settings.Guard), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), roleEnv(settings.Guard))
 	}
 	q.grantKeySecret(q.Worker)
 	q.grantKeySecret(q.DeadLetter)
@@ -438,7 +443,7 @@ func (q *JobQueue) webDashboard(c constructs.Construct, p JobQueueProps, env map
 	}
 	write := wp.Write != nil && *wp.Write
 	env[settings.EnvDashboardWrite] = jsii.String(strconv.FormatBool(write))
-	q.WebDashboard = newFunction(c, "WebDashboard", code, awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(256), env)
+	q.WebDashboard = newFunction(c, p, "WebDashboard", code, awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(256), env)
 	if write {
 		q.GrantOperate(q.WebDashboard)
 	} else {
@@ -454,7 +459,7 @@ func (q *JobQueue) webDashboard(c constructs.Construct, p JobQueueProps, env map
 // recurring adds the schedule group, the target and Scheduler's role.
 func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[string]*string) {
 	q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
-	q.RecurringTarget = newFunction(c, "RecurringTarget", p.code(settings.Recurring), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
+	q.RecurringTarget = newFunction(c, p, "RecurringTarget", p.code(settings.Recurring), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
 	q.GrantEnqueue(q.RecurringTarget)
 	// Only Scheduler acting for this account may assume it (the confused
 	// deputy: another account's schedule naming this role).
@@ -551,7 +556,11 @@ func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 // newFunction builds one arm64 provided.al2023 function with its own role
 // and log group: the role may write only to that log group (no
 // AWSLambdaBasicExecutionRole, whose logs statement covers "*").
-func newFunction(scope constructs.Construct, id string, code awslambda.Code, timeout awscdk.Duration, memory *float64, env map[string]*string) awslambda.Function {
+func newFunction(scope constructs.Construct, p JobQueueProps, id string, code awslambda.Code, timeout awscdk.Duration, memory *float64, env map[string]*string) awslambda.Function {
+	tracing := awslambda.Tracing_DISABLED
+	if p.ActiveTracing != nil && *p.ActiveTracing {
+		tracing = awslambda.Tracing_ACTIVE
+	}
 	logs := awslogs.NewLogGroup(scope, jsii.String(id+"Logs"), &awslogs.LogGroupProps{
 		Retention:     awslogs.RetentionDays_ONE_MONTH,
 		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
@@ -570,6 +579,7 @@ func newFunction(scope constructs.Construct, id string, code awslambda.Code, tim
 		Role:         role,
 		LogGroup:     logs,
 		Environment:  &env,
+		Tracing:      tracing,
 	})
 }
 

@@ -448,3 +448,26 @@ func TestRecurring(t *testing.T) {
 		}
 	}
 }
+
+// TestActiveTracing: the prop turns on X-Ray active tracing on every
+// function; off by default.
+func TestActiveTracing(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		code := t.TempDir()
+		if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+		stack := awscdk.NewStack(app, jsii.String(fmt.Sprintf("Trace%v", on)), nil)
+		infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{Code: infra.BootstrapCode(code), ActiveTracing: jsii.Bool(on)})
+		tpl := assertions.Template_FromStack(stack, nil)
+		fns := tpl.FindResources(jsii.String("AWS::Lambda::Function"), nil)
+		for id, r := range *fns {
+			cfg, _ := (*r)["Properties"].(map[string]any)["TracingConfig"].(map[string]any)
+			mode, _ := cfg["Mode"].(string)
+			if want := map[bool]string{true: "Active", false: ""}[on]; mode != want {
+				t.Errorf("ActiveTracing=%v: function %s tracing %q, want %q", on, id, mode, want)
+			}
+		}
+	}
+}
