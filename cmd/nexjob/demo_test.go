@@ -6,6 +6,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -13,12 +14,21 @@ import (
 	"github.com/nexjob/nexjob-aws/internal/awstest"
 )
 
+// endpointOnly is an environment with only the emulator's endpoint: what
+// `make run` gives the demo.
+func endpointOnly(k string) string {
+	if k == "AWS_ENDPOINT_URL" {
+		return os.Getenv(k)
+	}
+	return ""
+}
+
 // TestDemo runs what `make run` runs and checks both tables and the last
 // lines, which say how to open the dashboard.
 func TestDemo(t *testing.T) {
 	awstest.Config(t)
 	var out bytes.Buffer
-	c := &cli{stdout: &out, stderr: io.Discard, getenv: func(string) string { return "" }}
+	c := &cli{stdout: &out, stderr: io.Discard, getenv: endpointOnly}
 	if err := c.run(context.Background(), []string{"demo"}); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
@@ -48,7 +58,7 @@ func TestDemoDashboard(t *testing.T) {
 	awstest.Config(t)
 	ctx, stop := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
-	c := &cli{stdout: pw, stderr: io.Discard, getenv: func(string) string { return "" }}
+	c := &cli{stdout: pw, stderr: io.Discard, getenv: endpointOnly}
 	done := make(chan error, 1)
 	go func() { done <- c.run(ctx, []string{"demo", "--dashboard", "127.0.0.1:0"}); _ = pw.Close() }()
 	addr := regexp.MustCompile(`dashboard for table (\S+) on (http://\S+) \(read-only`)

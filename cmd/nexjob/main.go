@@ -46,24 +46,30 @@ usage: nexjob COMMAND [flags] [args]
                                       requeue every match, with a progress bar
   delete ID...                        remove jobs' records (frees their keys)
   redrive                             move the DLQ's messages back into work
+                                      (requeue, delete and redrive ask first on a terminal:
+                                      --yes skips the question, --dry-run changes nothing)
   dashboard [--addr 127.0.0.1:8080] [--write] [--allow-host NAME] [--allow-remote]
                                       serve the web dashboard (read-only without --write;
                                       loopback only unless --allow-remote)
   help                                this text
 
 deployment flags (default: the NEXJOB_* variables): --table T --queue URL --dlq URL
+demo and provision with no AWS_ENDPOINT_URL name the real AWS account and region and ask (--yes in scripts)
 `
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	c := &cli{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	c := &cli{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv, stdin: os.Stdin}
 	if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		c.tty = true
+	}
+	if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+		c.interactive = c.tty
 	}
 	err := c.run(ctx, os.Args[1:])
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "nexjob:", message(err))
+		fmt.Fprintln(os.Stderr, "nexjob:", clean(message(err)))
 		os.Exit(1)
 	}
 }
@@ -79,6 +85,8 @@ type cli struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	tty            bool // stderr is a terminal: draw the progress bar in place
+	stdin          io.Reader
+	interactive    bool // stdin and stderr are terminals: ask before bulk actions and real accounts
 }
 
 // usageError is a mistake in the command line; the usage hint follows it.
@@ -96,6 +104,7 @@ type flags struct {
 	dashboard           string
 	allowRemote         bool
 	allowHosts          hostList
+	yes, dryRun         bool
 }
 
 // hostList is a repeatable flag.
@@ -123,6 +132,8 @@ func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	fs.StringVar(&f.dashboard, "dashboard", "", "after the demo, serve the dashboard on this address")
 	fs.BoolVar(&f.allowRemote, "allow-remote", false, "let the dashboard listen on a non-loopback address")
 	fs.Var(&f.allowHosts, "allow-host", "a further Host the dashboard answers (a proxy's name); repeatable")
+	fs.BoolVar(&f.yes, "yes", false, "do not ask before a bulk action or a real AWS account")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "say what a bulk action would do, and do nothing")
 	// Flags anywhere: parse, take one argument, parse the rest again.
 	var rest []string
 	for {
@@ -166,11 +177,17 @@ func (c *cli) run(ctx context.Context, args []string) error {
 	}
 	switch cmd {
 	case "demo":
+		if err := c.realAccount(ctx, cfg, f, "demo creates a table and two queues"); err != nil {
+			return err
+		}
 		return c.demo(ctx, cfg, f)
 	case "schema":
 		return c.schema()
 	case "provision":
 		if err := want(1); err != nil {
+			return err
+		}
+		if err := c.realAccount(ctx, cfg, f, "provision "+clean(rest[0])+" creates a table and two queues"); err != nil {
 			return err
 		}
 		return c.provision(ctx, cfg, rest[0])
@@ -211,14 +228,14 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		if err := want(1); err != nil {
 			return err
 		}
-		return op.each(rest, func(id string) (string, error) { return op.requeue(ctx, id) })
+		return op.bulk(ctx, f, "requeue", rest, func(id string) (string, error) { return op.requeue(ctx, id) })
 	case "delete":
 		if err := want(1); err != nil {
 			return err
 		}
-		return op.each(rest, func(id string) (string, error) { return "deleted " + id, op.a.Delete(ctx, id) })
+		return op.bulk(ctx, f, "delete", rest, func(id string) (string, error) { return "deleted " + id, op.a.Delete(ctx, id) })
 	case "redrive":
-		return op.redrive(ctx)
+		return op.redrive(ctx, f)
 	}
 	return op.serve(ctx, f.addr, f)
 }

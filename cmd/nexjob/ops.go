@@ -100,7 +100,7 @@ func (o *ops) list(ctx context.Context, f *flags) error {
 			if r.Cancelled {
 				st += " (cancelled)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", r.ID, r.Kind, st, r.Attempt, r.MaxAttempts,
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", clean(r.ID), clean(r.Kind), clean(st), r.Attempt, r.MaxAttempts,
 				dashboard.Ago(ledger.Millis(r.UpdatedAt), o.now()), oneLine(r.LastError, 70))
 		}
 		n += len(recs)
@@ -118,12 +118,13 @@ func (o *ops) list(ctx context.Context, f *flags) error {
 	return nil
 }
 
+// oneLine is s on one line, cut to max runes, made safe to print (clean).
 func oneLine(s string, max int) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > max {
-		return string(r[:max-1]) + "…"
+		s = string(r[:max-1]) + "…"
 	}
-	return s
+	return clean(s)
 }
 
 func (o *ops) get(ctx context.Context, id string, showArgs bool) error {
@@ -134,7 +135,7 @@ func (o *ops) get(ctx context.Context, id string, showArgs bool) error {
 	tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+			fmt.Fprintf(tw, "%s\t%s\n", k, clean(v))
 		}
 	}
 	at := func(ms int64) string {
@@ -198,7 +199,7 @@ func (o *ops) stats(ctx context.Context) error {
 	}
 	fmt.Fprintln(tw, head)
 	for _, k := range append(ks, "(all)") {
-		line := k + "\t"
+		line := clean(k) + "\t"
 		for _, s := range states {
 			n := st.Jobs[s][k]
 			if k == "(all)" {
@@ -224,7 +225,7 @@ func (o *ops) cancel(ctx context.Context, id, reason string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("cancelled %s: %s (%s)", rec.ID, rec.State, rec.LastError), nil
+	return fmt.Sprintf("cancelled %s: %s (%s)", clean(rec.ID), rec.State, oneLine(rec.LastError, 200)), nil
 }
 
 func (o *ops) requeue(ctx context.Context, id string) (string, error) {
@@ -232,22 +233,47 @@ func (o *ops) requeue(ctx context.Context, id string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("requeued %s: %s", res.ID, res.State), nil
+	return fmt.Sprintf("requeued %s: %s", clean(res.ID), res.State), nil
 }
 
 // each runs do for every id, printing one line per success, and returns
-// the failures joined (each names its job once).
+// the failures joined, each naming its job once.
 func (o *ops) each(ids []string, do func(id string) (string, error)) error {
 	var errs []error
 	for _, id := range ids {
 		line, err := do(id)
 		if err != nil {
+			if !strings.Contains(err.Error(), id) {
+				err = fmt.Errorf("job %s: %w", clean(id), err)
+			}
 			errs = append(errs, err)
 			continue
 		}
 		fmt.Fprintln(o.stdout, line)
 	}
 	return errors.Join(errs...)
+}
+
+// bulk is each for requeue and delete of listed ids: asked first on a
+// terminal (delete always, requeue of more than one), and with --dry-run
+// each job is read and named with what would happen to it, nothing
+// changed.
+func (o *ops) bulk(ctx context.Context, f *flags, verb string, ids []string, do func(id string) (string, error)) error {
+	if f.dryRun {
+		return o.each(ids, func(id string) (string, error) {
+			rec, err := o.a.Get(ctx, id)
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("would %s %s (%s, %s)", verb, clean(rec.ID), rec.State, clean(rec.Kind)), nil
+		})
+	}
+	if verb == "delete" || len(ids) > 1 {
+		if err := o.askBulk(f, fmt.Sprintf("%s %d job(s)", verb, len(ids))); err != nil {
+			return err
+		}
+	}
+	return o.each(ids, do)
 }
 
 // bar draws a progress bar on stderr: in place on a terminal, else one
@@ -279,6 +305,24 @@ func (o *ops) requeueAll(ctx context.Context, f *flags) error {
 	if err != nil {
 		return err
 	}
+	if f.dryRun {
+		recs, _, err := o.a.Find(ctx, flt)
+		if err != nil {
+			return err
+		}
+		for _, r := range recs {
+			fmt.Fprintf(o.stdout, "would requeue %s (%s, %s)\n", clean(r.ID), r.State, clean(r.Kind))
+		}
+		fmt.Fprintf(o.stdout, "dry run: %d %s jobs listed (the first page), nothing changed\n", len(recs), flt.State)
+		return nil
+	}
+	what := fmt.Sprintf("requeue every %s job", flt.State)
+	if flt.Kind != "" {
+		what += " of kind " + clean(flt.Kind)
+	}
+	if err := o.askBulk(f, what); err != nil {
+		return err
+	}
 	rep, err := o.a.RequeueAll(ctx, flt, o.bar("requeue"))
 	if err != nil {
 		return err
@@ -287,7 +331,25 @@ func (o *ops) requeueAll(ctx context.Context, f *flags) error {
 	return rep.Err()
 }
 
-func (o *ops) redrive(ctx context.Context) error {
+func (o *ops) redrive(ctx context.Context, f *flags) error {
+	if f.dryRun {
+		letters, err := o.a.DeadLetters(ctx, 10) // a peek: visibility 0, nothing hidden
+		if err != nil {
+			return err
+		}
+		for _, d := range letters {
+			what := "not a job: left in the DLQ"
+			if d.Record != nil {
+				what = fmt.Sprintf("job %s (%s)", clean(d.Record.ID), d.Record.State)
+			}
+			fmt.Fprintf(o.stdout, "would redrive message %s: %s\n", clean(d.MessageID), what)
+		}
+		fmt.Fprintf(o.stdout, "dry run: %d messages shown (at most 10), nothing changed\n", len(letters))
+		return nil
+	}
+	if err := o.askBulk(f, "redrive the dead-letter queue's messages"); err != nil {
+		return err
+	}
 	rep, err := o.a.Redrive(ctx, o.bar("redrive"))
 	if err != nil {
 		return err
@@ -295,7 +357,7 @@ func (o *ops) redrive(ctx context.Context) error {
 	fmt.Fprintf(o.stdout, "redrove %d of %d dead-letter messages\n", rep.Done(), len(rep.Outcomes))
 	for _, oc := range rep.Outcomes {
 		if oc.Skipped != "" {
-			fmt.Fprintf(o.stdout, "skipped job %s: %s\n", oc.ID, oc.Skipped)
+			fmt.Fprintf(o.stdout, "skipped job %s: %s\n", clean(oc.ID), oc.Skipped)
 		}
 	}
 	err = rep.Err()

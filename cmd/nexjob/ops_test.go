@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	ddbtypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/admin"
@@ -344,5 +347,119 @@ func TestDashboardRefusesEveryInterface(t *testing.T) {
 		if !loopback(addr) {
 			t.Errorf("%s is loopback", addr)
 		}
+	}
+}
+
+// cliAt runs the command line in process as on a terminal answering
+// answer (interactive), with the environment env.
+func (r *rig) cliAt(t *testing.T, env map[string]string, interactive bool, answer string, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	full := map[string]string{settings.EnvTable: r.e.Table, settings.EnvQueueURL: r.e.QueueURL, settings.EnvDLQURL: r.e.DLQURL, "AWS_ENDPOINT_URL": os.Getenv("AWS_ENDPOINT_URL")}
+	for k, v := range env {
+		full[k] = v
+	}
+	c := &cli{stdout: &out, stderr: &errOut, getenv: func(k string) string { return full[k] }, stdin: strings.NewReader(answer), interactive: interactive}
+	err := c.run(context.Background(), args)
+	return out.String(), errOut.String(), err
+}
+
+// TestCLIPrintsNoControlCharacters: a record written by an older producer
+// (no kind rule then) with an escape sequence, CR/LF, NUL and a bidi
+// override in its kind and last error prints them as visible escapes in
+// list and get; they reached the terminal raw.
+func TestCLIPrintsNoControlCharacters(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.broken.Store(true)
+	ids := r.enqueue(t, 1, "hostile")
+	r.e.Drain(t, r.h)
+	ctx := context.Background()
+	_, err := r.e.DB.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:        aws.String(r.e.Table),
+		Key:              map[string]ddbtypes.AttributeValue{ledger.AttrPK: &ddbtypes.AttributeValueMemberS{Value: "j#" + ids[0]}},
+		UpdateExpression: aws.String("SET kind = :k, lastError = :e"),
+		ExpressionAttributeValues: map[string]ddbtypes.AttributeValue{
+			":k": &ddbtypes.AttributeValueMemberS{Value: "evil\x1b[2J\x00kind"},
+			":e": &ddbtypes.AttributeValueMemberS{Value: "ok\r\nFAKE LINE \u202egnp.exe\x1b]0;title\x07"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"list", "Failed"}, {"get", ids[0], "--show-args"}} {
+		out := r.must(t, args...)
+		for _, raw := range []string{"\x1b", "\r", "\x00", "\u202e", "\x07"} {
+			if strings.Contains(out, raw) {
+				t.Errorf("nexjob %s printed %q raw:\n%q", args[0], raw, out)
+			}
+		}
+		if !strings.Contains(out, `evil\x1b[2J\x00kind`) || !strings.Contains(out, `\u202e`) {
+			t.Errorf("nexjob %s does not show the escapes:\n%s", args[0], out)
+		}
+	}
+}
+
+// TestBulkActionsAsk: on a terminal, delete and bulk requeue ask and a no
+// changes nothing; --dry-run names each job and changes nothing; --yes
+// skips the question.
+func TestBulkActionsAsk(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	r.broken.Store(true)
+	ids := r.enqueue(t, 2, "bulk")
+	r.e.Drain(t, r.h)
+	r.broken.Store(false)
+	if _, _, err := r.cliAt(t, nil, true, "n\n", "delete", ids[0], ids[1]); !errors.Is(err, ErrNotConfirmed) {
+		t.Fatalf("delete answered no: %v", err)
+	}
+	if _, errOut, err := r.cliAt(t, nil, true, "\n", "requeue", "--state", "Failed"); !errors.Is(err, ErrNotConfirmed) || !strings.Contains(errOut, "requeue every Failed job? [y/N]") {
+		t.Fatalf("bulk requeue with no answer: %v %q", err, errOut)
+	}
+	out, _, err := r.cliAt(t, nil, true, "", "delete", ids[0], ids[1], "--dry-run")
+	if err != nil || !strings.Contains(out, "would delete "+ids[0]+" (Failed, report)") || !strings.Contains(out, "would delete "+ids[1]) {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	out, _, err = r.cliAt(t, nil, true, "", "redrive", "--dry-run")
+	if err != nil || !strings.Contains(out, "dry run: 0 messages shown") {
+		t.Fatalf("redrive dry run: %v\n%s", err, out)
+	}
+	for _, id := range ids {
+		r.e.RequireState(t, id, ledger.Failed) // nothing changed
+	}
+	if _, _, err := r.cliAt(t, nil, true, "y\n", "delete", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := r.cliAt(t, nil, true, "", "requeue", ids[1], "--yes"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.e.Client.Store().Get(context.Background(), ids[0]); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("after yes, the job is still there: %v", err)
+	}
+	r.e.RequireState(t, ids[1], ledger.Enqueued)
+	// An error names its job.
+	_, _, err = r.cliAt(t, nil, false, "", "requeue", ids[1])
+	if err == nil || !strings.Contains(err.Error(), ids[1]) {
+		t.Fatalf("requeue of an active job: %v; want the job named", err)
+	}
+}
+
+// TestRealAccountAsked: with no AWS_ENDPOINT_URL, provision and demo
+// would create resources in a real account; they print the account and
+// region and, with no terminal to ask, refuse without --yes.
+func TestRealAccountAsked(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	noEndpoint := map[string]string{"AWS_ENDPOINT_URL": ""} // the SDK still reaches the emulator: its STS says who
+	name := r.e.Table + "-real"
+	_, errOut, err := r.cliAt(t, noEndpoint, false, "", "provision", name)
+	if err == nil || !strings.Contains(err.Error(), "refusing without --yes") || !strings.Contains(errOut, "REAL AWS account 123456789012") || !strings.Contains(errOut, "region us-east-1") {
+		t.Fatalf("provision with no endpoint: %v\n%s", err, errOut)
+	}
+	if _, _, err := r.cliAt(t, noEndpoint, true, "n\n", "demo"); !errors.Is(err, ErrNotConfirmed) {
+		t.Fatalf("demo answered no: %v", err)
+	}
+	if _, err := r.e.DB.DescribeTable(context.Background(), &dynamodb.DescribeTableInput{TableName: aws.String(name)}); err == nil {
+		t.Fatal("the refused provision created its table")
 	}
 }
