@@ -28,6 +28,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"sync"
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-lambda-go/lambdaurl"
@@ -38,6 +39,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/guard"
+	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/metrics"
 	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
@@ -151,6 +153,10 @@ func NewHandler(ctx context.Context, reg *handler.Registry, role settings.Role, 
 	if err != nil {
 		return nil, err
 	}
+	return handlerOf(s, reg, role, opts)
+}
+
+func handlerOf(s settings.Settings, reg *handler.Registry, role settings.Role, opts *Options) (*handler.Handler, error) {
 	var base *handler.Options
 	if opts != nil {
 		base = opts.Handler
@@ -193,4 +199,53 @@ func start(opts *Options, log *slog.Logger, h any) {
 func fail(log *slog.Logger, err error) {
 	log.Error("nexjob: bad configuration", "err", err)
 	os.Exit(1)
+}
+
+// Local runs reg on this machine until ctx is done: the worker on the job
+// queue and the DLQ consumer on the dead-letter queue (when
+// NEXJOB_DLQ_URL names one), each fed by the local poller (package
+// handler/poller) as Lambda's event source mappings feed them on AWS,
+// with the same handler and the same settings (package settings:
+// NEXJOB_TABLE, NEXJOB_QUEUE_URL, …; AWS_ENDPOINT_URL for the emulator or
+// LocalStack). It is Asynq's srv.Run, River's client.Start:
+//
+//	func main() {
+//		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+//		defer stop()
+//		if err := lambdamain.Local(ctx, orders.Registry(), nil); err != nil {
+//			log.Fatal(err)
+//		}
+//	}
+//
+// The dispatch guard, fed by the table's stream on AWS, does not run
+// here: a job whose producer died between its write and its send is sent
+// when a caller retries its key. Never point Local at queues a deployed
+// function consumes. It returns a bad configuration's error at once, and
+// nil when ctx ends (after the batches in hand are handled).
+func Local(ctx context.Context, reg *handler.Registry, opts *Options) error {
+	s, err := settings.Load(ctx, settings.Worker)
+	if err != nil {
+		return err
+	}
+	h, err := handlerOf(s, reg, settings.Worker, opts)
+	if err != nil {
+		return err
+	}
+	log := logger(opts, "local")
+	q := sqs.NewFromConfig(s.AWS)
+	var wg sync.WaitGroup
+	run := func(url string, fn poller.HandlerFunc) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = poller.New(q, url, fn, &poller.Options{Logger: log}).Run(ctx)
+		}()
+	}
+	run(s.QueueURL, h.Handle)
+	if s.DLQURL != "" {
+		run(s.DLQURL, h.HandleDeadLetters)
+	}
+	log.InfoContext(ctx, "nexjob: running locally", "table", s.Table, "queue", s.QueueURL, "dlq", s.DLQURL)
+	wg.Wait()
+	return nil
 }

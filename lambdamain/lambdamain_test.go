@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
@@ -168,4 +171,43 @@ func TestServeRecurring(t *testing.T) {
 		t.Fatalf("second firing while the first is active: %+v %v", second, err)
 	}
 	e.RequireEnqueued(t, "note", recurring.KeyPrefix+"digest")
+}
+
+// TestLocal: one call runs a team's registry against the queues in the
+// environment: a job enqueued while it runs Succeeds, a dead letter is
+// recorded by the DLQ consumer beside it, and it returns when its context
+// ends.
+func TestLocal(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	e.Setenv(t)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- lambdamain.Local(ctx, registry(), &lambdamain.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}) }()
+	res, err := e.Client.Enqueue(context.Background(), note{Text: "local"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.WaitFor(t, res.ID, ledger.Succeeded, time.Minute)
+	if _, err := e.SQS.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(e.DLQURL), MessageBody: aws.String("not a job")}); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(time.Minute); e.QueueDepth(t, e.DLQURL) != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the DLQ consumer did not take the dead letter")
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLocalBadConfiguration: a missing variable is an error at once.
+func TestLocalBadConfiguration(t *testing.T) {
+	t.Setenv(settings.EnvTable, "")
+	t.Setenv(settings.EnvQueueURL, "")
+	var missing *settings.MissingError
+	if err := lambdamain.Local(context.Background(), registry(), nil); !errors.As(err, &missing) {
+		t.Fatalf("Local with no settings: %v", err)
+	}
 }

@@ -9,12 +9,23 @@
 //
 //	func TestReceipt(t *testing.T) {
 //		e := nexjobtest.New(t, nil)
-//		reg := handler.NewRegistry()
-//		orders.Register(reg)
-//		res, _ := e.Client.Enqueue(ctx, orders.Charge{OrderID: "1"}, &enqueue.Opts{IdempotencyKey: "charge-1"})
-//		e.Drain(t, e.Handler(t, reg, nil))
+//		h := e.Handler(t, orders.Registry(), nil)
+//		res, _ := e.Client.Enqueue(ctx, orders.Receipt{OrderID: "1"}, &enqueue.Opts{Delay: time.Hour})
+//		e.Drain(t, h)                   // nothing due: the receipt waits, Scheduled
+//		e.Advance(t, time.Hour)         // the kit's clock, not a sleep
+//		e.Drain(t, h)                   // due now: it runs
 //		e.RequireState(t, res.ID, ledger.Succeeded)
 //	}
+//
+// # Time
+//
+// Each Env has its own clock (real time plus what Advance added), read by
+// its Client and its Handlers, and caps SQS delays at a second
+// (Options.MaxDelay): a job an hour ahead, or a retry ten minutes ahead,
+// waits Scheduled with its message hopping each second, and Drain leaves
+// it so. Advance (or RunNow for one job) moves the clock past it, and the
+// next Drain runs it within seconds. FireRecurring fires a recurring
+// job's schedule in a test, with no Scheduler, target or ARNs.
 //
 // # The emulator
 //
@@ -46,11 +57,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
@@ -60,6 +73,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/provision"
+	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -87,9 +101,29 @@ type Options struct {
 	// DLQ); zero fields take provision's defaults.
 	Queue provision.QueueSpec
 	// Ledger passes options to the ledger (a clock, the key secret, the
-	// index): the Client and Handler both use them.
+	// index): the Client and Handler both use them. With no Ledger.Now the
+	// Env's own clock is used, which Advance moves.
 	Ledger ledger.Options
+	// MaxDelay caps one SQS delay of the Env's Client and Handler: a
+	// later job's message hops every MaxDelay, each hop checking the
+	// clock, so Advance makes it due within a hop. Defaults to
+	// DefaultMaxDelay.
+	MaxDelay time.Duration
 }
+
+// DefaultMaxDelay is the test kit's longest SQS delay: a job an hour
+// ahead waits in hops of a second, not in one 15-minute delay.
+const DefaultMaxDelay = time.Second
+
+// DrainHorizon is how far ahead Drain waits, in real time, for jobs that
+// come due: a job due later is left Scheduled (Advance the clock, then
+// Drain again).
+const DrainHorizon = 30 * time.Second
+
+// clock is the Env's clock: real time plus what Advance added.
+type clock struct{ off atomic.Int64 }
+
+func (c *clock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
 
 // Env is one test's own table and queues, and a client for them.
 type Env struct {
@@ -100,8 +134,10 @@ type Env struct {
 	QueueURL string
 	DLQURL   string
 	// Client enqueues into this Env.
-	Client *enqueue.Client
-	ledger ledger.Options
+	Client   *enqueue.Client
+	ledger   ledger.Options
+	clock    *clock // nil when Options.Ledger.Now was given
+	maxDelay time.Duration
 }
 
 var nameRE = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
@@ -120,7 +156,14 @@ func New(t testing.TB, opts *Options) *Env {
 		name = name[:50]
 	}
 	name = fmt.Sprintf("nj-%s-%d", strings.Trim(name, "-"), time.Now().UnixNano()%1e9)
-	e := &Env{Cfg: cfg, DB: dynamodb.NewFromConfig(cfg), SQS: sqs.NewFromConfig(cfg), Table: name, ledger: o.Ledger}
+	e := &Env{Cfg: cfg, DB: dynamodb.NewFromConfig(cfg), SQS: sqs.NewFromConfig(cfg), Table: name, ledger: o.Ledger, maxDelay: o.MaxDelay}
+	if e.maxDelay <= 0 {
+		e.maxDelay = DefaultMaxDelay
+	}
+	if e.ledger.Now == nil {
+		e.clock = &clock{}
+		e.ledger.Now = e.clock.Now
+	}
 	ctx := context.Background()
 	if err := provision.Table(ctx, e.DB, name); err != nil {
 		t.Fatal(err)
@@ -137,7 +180,7 @@ func New(t testing.TB, opts *Options) *Env {
 		_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(e.QueueURL)})
 		_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(e.DLQURL)})
 	})
-	if e.Client, err = enqueue.New(cfg, name, e.QueueURL, &enqueue.ClientOptions{Ledger: o.Ledger}); err != nil {
+	if e.Client, err = enqueue.New(cfg, name, e.QueueURL, &enqueue.ClientOptions{Ledger: e.ledger, MaxDelay: e.maxDelay}); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -165,6 +208,9 @@ func (e *Env) Handler(t testing.TB, reg *handler.Registry, opts *handler.Options
 	if o.DLQURL == "" {
 		o.DLQURL = e.DLQURL
 	}
+	if o.MaxDelay == 0 {
+		o.MaxDelay = e.maxDelay
+	}
 	h, err := handler.New(e.Cfg, e.Table, e.QueueURL, reg, &o)
 	if err != nil {
 		t.Fatal(err)
@@ -173,31 +219,138 @@ func (e *Env) Handler(t testing.TB, reg *handler.Registry, opts *handler.Options
 }
 
 // Drain feeds the job queue to h.Handle, as Lambda's event source mapping
-// does, until it is empty (nothing visible, delayed or in flight), and
-// fails the test if it is not within a minute. Jobs scheduled later than
-// that keep it from draining: test them with RunAt close by.
+// does, until nothing is left to run: no message visible or in flight and
+// no job Scheduled within DrainHorizon of h's clock. A job due later (a 1-hour delay, a 10-minute backoff) is left
+// Scheduled, its message hopping every MaxDelay: Advance the clock past
+// it and Drain again, and it runs in seconds. Drain fails the test if the
+// queue has not drained within a minute.
 func (e *Env) Drain(t testing.TB, h *handler.Handler) {
 	t.Helper()
 	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
-	// Empty twice in a row: SQS's counts are read one after another, so a
+	now := h.Producer().Store().Now
+	// Quiet twice in a row: SQS's counts are read one after another, so a
 	// message that turns visible between them is in neither once.
-	for end, empty := time.Now().Add(time.Minute), 0; time.Now().Before(end); {
+	for end, quiet := time.Now().Add(time.Minute), 0; time.Now().Before(end); {
 		n, err := p.Poll(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 && e.QueueDepth(t, e.QueueURL) == 0 {
-			if empty++; empty == 2 {
+		if n == 0 && e.visible(t) == 0 && !e.runnable(t, now()) {
+			if quiet++; quiet == 2 {
 				return
 			}
 		} else {
-			empty = 0
+			quiet = 0
 		}
 		if n == 0 {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
 	t.Fatalf("queue %s did not drain in a minute (%d messages left)", e.QueueURL, e.QueueDepth(t, e.QueueURL))
+}
+
+// visible counts the job queue's messages visible or in flight (not the
+// delayed ones: hops of jobs not yet due).
+func (e *Env) visible(t testing.TB) int {
+	t.Helper()
+	a, err := e.SQS.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(e.QueueURL),
+		AttributeNames: []sqstypes.QueueAttributeName{
+			sqstypes.QueueAttributeNameApproximateNumberOfMessages,
+			sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+		},
+	})
+	if err != nil {
+		t.Fatalf("queue attributes: %v", err)
+	}
+	n := 0
+	for _, v := range a.Attributes {
+		i, _ := strconv.Atoi(v)
+		n += i
+	}
+	return n
+}
+
+// runnable reports whether some job is Scheduled within DrainHorizon of
+// now: its message may be delayed (the queue's visible count misses it).
+// Enqueued and running jobs have their message visible or in flight.
+// One consistent Scan: a test's table is small.
+func (e *Env) runnable(t testing.TB, now time.Time) bool {
+	t.Helper()
+	for _, r := range e.Scan(t) {
+		if r.State == ledger.Scheduled && !r.ExpiredAt(now) && ledger.Millis(r.RunAt).Before(now.Add(DrainHorizon)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Scan reads every item of the table, decoded, archived and expired ones
+// included (one consistent Scan: a test's table is small).
+func (e *Env) Scan(t testing.TB) []ledger.Record {
+	t.Helper()
+	var out []ledger.Record
+	p := dynamodb.NewScanPaginator(e.DB, &dynamodb.ScanInput{TableName: aws.String(e.Table), ConsistentRead: aws.Bool(true)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(context.Background())
+		if err != nil {
+			t.Fatalf("scan %s: %v", e.Table, err)
+		}
+		var recs []ledger.Record
+		if err := attributevalue.UnmarshalListOfMaps(page.Items, &recs); err != nil {
+			t.Fatalf("decode: %v", err)
+		}
+		out = append(out, recs...)
+	}
+	return out
+}
+
+// Now is the Env's clock: what its Client and Handler read.
+func (e *Env) Now() time.Time { return e.ledger.Now() }
+
+// Advance moves the Env's clock forward by d, for its Client and its
+// Handlers: a Scheduled job (a delay, a retry's backoff) whose time it
+// passes runs at the next Drain, within a hop (MaxDelay). Advance between
+// Drains, not while a job runs: a running job's lease is on this clock
+// too. It fails the test when Options.Ledger.Now gave another clock.
+func (e *Env) Advance(t testing.TB, d time.Duration) {
+	t.Helper()
+	if e.clock == nil {
+		t.Fatal("nexjobtest: Advance needs the Env's own clock (Options.Ledger.Now was set)")
+	}
+	e.clock.off.Add(int64(d))
+}
+
+// RunNow advances the Env's clock to the job's run time, if it is
+// Scheduled later: the next Drain runs it (and whatever else that time
+// passes).
+func (e *Env) RunNow(t testing.TB, id string) {
+	t.Helper()
+	rec := e.Get(t, id)
+	if rec.State != ledger.Scheduled {
+		return
+	}
+	if d := ledger.Millis(rec.RunAt).Sub(e.Now()); d > 0 {
+		e.Advance(t, d)
+	}
+}
+
+// FireRecurring does in a test what a recurring schedule's firing at at
+// does on AWS: it enqueues the job (recurring.Fire, through the Env's
+// Client) as the schedule id with args and opts would, with no
+// Scheduler, no target function and no ARNs.
+func (e *Env) FireRecurring(t testing.TB, id string, args enqueue.JobArgs, opts *recurring.Opts, at time.Time) enqueue.Result {
+	t.Helper()
+	f, err := recurring.NewFiring(id, args, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ScheduledTime = at.UTC().Format(time.RFC3339)
+	res, err := recurring.Fire(context.Background(), e.Client, f)
+	if err != nil {
+		t.Fatalf("fire %s: %v", id, err)
+	}
+	return res
 }
 
 // Get returns the job's record, failing the test if it cannot be read.

@@ -137,9 +137,11 @@ func expression(e string) (string, error) {
 	return "", invalid("cron", fmt.Sprintf("%q is not cron(…), rate(…), at(…) or six cron fields", e))
 }
 
-// Recurring creates or updates the schedule id, firing at expr, that
-// enqueues args each time (see "Concurrency").
-func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.JobArgs, opts *Opts) error {
+// NewFiring is the input the schedule id gives its target each time, with
+// no ScheduledTime (Scheduler fills it in): what Recurring stores, and
+// what a test fires itself (nexjobtest's Env.FireRecurring) with no
+// schedule, target or role. Bad input is an *enqueue.InputError.
+func NewFiring(id string, args enqueue.JobArgs, opts *Opts) (Firing, error) {
 	var o Opts
 	if opts != nil {
 		o = *opts
@@ -148,19 +150,35 @@ func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.Jo
 		o.Concurrency = SkipIfRunning
 	}
 	if !idRE.MatchString(id) {
-		return invalid("id", "1 to 64 letters, digits, '-', '_' or '.'")
+		return Firing{}, invalid("id", "1 to 64 letters, digits, '-', '_' or '.'")
 	}
 	if o.Concurrency != SkipIfRunning && o.Concurrency != AllowConcurrent {
-		return invalid("Concurrency", fmt.Sprintf("%q is not SkipIfRunning or AllowConcurrent", o.Concurrency))
+		return Firing{}, invalid("Concurrency", fmt.Sprintf("%q is not SkipIfRunning or AllowConcurrent", o.Concurrency))
 	}
 	if o.MaxAttempts < 0 {
-		return invalid("MaxAttempts", "negative")
+		return Firing{}, invalid("MaxAttempts", "negative")
 	}
-	if o.Timezone != "" {
-		if _, err := time.LoadLocation(o.Timezone); err != nil {
-			return invalid("Timezone", err.Error())
-		}
+	if args == nil {
+		return Firing{}, invalid("args", "nil")
 	}
+	if !kinds.Valid(args.Kind()) {
+		return Firing{}, invalid("args", "Kind() must be "+kinds.Rule)
+	}
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return Firing{}, &enqueue.InputError{Field: "args", Reason: "cannot be encoded as JSON: " + redact.JSON(err), Err: err}
+	}
+	if d, ok := args.(enqueue.KindDefaults); ok && o.MaxAttempts == 0 {
+		// The target enqueues raw JSON, with no type to ask: the kind's
+		// attempt budget goes into the firing here.
+		o.MaxAttempts = d.JobDefaults().MaxAttempts
+	}
+	return Firing{V: 1, ID: id, Kind: args.Kind(), Args: raw, Concurrency: o.Concurrency, MaxAttempts: o.MaxAttempts}, nil
+}
+
+// Recurring creates or updates the schedule id, firing at expr, that
+// enqueues args each time (see "Concurrency").
+func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.JobArgs, opts *Opts) error {
 	if c.o.TargetARN == "" || c.o.RoleARN == "" {
 		return invalid("Options", "TargetARN and RoleARN are required to create schedules")
 	}
@@ -168,22 +186,21 @@ func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.Jo
 	if err != nil {
 		return err
 	}
-	if args == nil {
-		return invalid("args", "nil")
+	var o Opts
+	if opts != nil {
+		o = *opts
 	}
-	if !kinds.Valid(args.Kind()) {
-		return invalid("args", "Kind() must be "+kinds.Rule)
-	}
-	raw, err := json.Marshal(args)
+	f, err := NewFiring(id, args, opts)
 	if err != nil {
-		return &enqueue.InputError{Field: "args", Reason: "cannot be encoded as JSON: " + redact.JSON(err), Err: err}
+		return err
 	}
-	if d, ok := args.(enqueue.KindDefaults); ok && o.MaxAttempts == 0 {
-		// The target enqueues raw JSON, with no type to ask: the kind's
-		// attempt budget goes into the firing here.
-		o.MaxAttempts = d.JobDefaults().MaxAttempts
+	if o.Timezone != "" {
+		if _, err := time.LoadLocation(o.Timezone); err != nil {
+			return invalid("Timezone", err.Error())
+		}
 	}
-	in, _ := json.Marshal(Firing{V: 1, ID: id, Kind: args.Kind(), Args: raw, Concurrency: o.Concurrency, MaxAttempts: o.MaxAttempts, ScheduledTime: scheduledTimeAttr})
+	f.ScheduledTime = scheduledTimeAttr // Scheduler fills it in at each firing
+	in, _ := json.Marshal(f)
 	if len(in) > 8192 {
 		return invalid("args", fmt.Sprintf("a schedule's input holds 8192 bytes; this one is %d", len(in)))
 	}

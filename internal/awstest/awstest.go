@@ -16,8 +16,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
 
@@ -60,23 +58,7 @@ func (e *Env) Faulty() (*faults.Transport, aws.Config) {
 
 // Records returns every item of the table, decoded, including archived and
 // expired ones: what is really stored.
-func (e *Env) Records(t testing.TB) []ledger.Record {
-	t.Helper()
-	var out []ledger.Record
-	p := dynamodb.NewScanPaginator(e.DB, &dynamodb.ScanInput{TableName: aws.String(e.Table), ConsistentRead: aws.Bool(true)})
-	for p.HasMorePages() {
-		page, err := p.NextPage(context.Background())
-		if err != nil {
-			t.Fatalf("scan %s: %v", e.Table, err)
-		}
-		var recs []ledger.Record
-		if err := attributevalue.UnmarshalListOfMaps(page.Items, &recs); err != nil {
-			t.Fatalf("decode: %v", err)
-		}
-		out = append(out, recs...)
-	}
-	return out
-}
+func (e *Env) Records(t testing.TB) []ledger.Record { return e.Scan(t) }
 
 // Purge receives and deletes every visible message of the queue.
 func (e *Env) Purge(t testing.TB, queueURL string) {

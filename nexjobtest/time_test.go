@@ -1,0 +1,82 @@
+package nexjobtest_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/recurring"
+)
+
+// TestTimeControl: a job an hour ahead and a retry ten minutes ahead are
+// left Scheduled by Drain (it used to wait a minute on them and fail);
+// Advance, or RunNow, makes them due, and the next Drain runs them.
+func TestTimeControl(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	var runs atomic.Int32
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[greet](func(_ context.Context, j *handler.Job[greet]) error {
+		runs.Add(1)
+		if j.Args.Name == "flaky" && j.Attempt == 1 {
+			return handler.RetryAfter(10*time.Minute, errors.New("try later"))
+		}
+		return nil
+	}), nil)
+	h := e.Handler(t, reg, nil)
+	ctx := context.Background()
+	later, err := e.Client.Enqueue(ctx, greet{Name: "later"}, &enqueue.Opts{Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flaky, err := e.Client.Enqueue(ctx, greet{Name: "flaky"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	e.RequireState(t, later.ID, ledger.Scheduled)
+	if rec := e.RequireState(t, flaky.ID, ledger.Scheduled); rec.Attempt != 1 {
+		t.Fatalf("flaky: attempt %d", rec.Attempt)
+	}
+	e.Advance(t, 10*time.Minute) // skip the backoff
+	e.Drain(t, h)
+	e.RequireState(t, flaky.ID, ledger.Succeeded)
+	e.RequireState(t, later.ID, ledger.Scheduled)
+	e.RunNow(t, later.ID) // the hour
+	e.Drain(t, h)
+	e.RequireState(t, later.ID, ledger.Succeeded)
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("%d runs, want 3", n)
+	}
+}
+
+// TestFireRecurring: a recurring job's firing in a test, with no
+// Scheduler and no ARNs: SkipIfRunning while the run is active, a new
+// run once it ended, and a firing delivered twice runs once.
+func TestFireRecurring(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[greet](func(context.Context, *handler.Job[greet]) error { return nil }), nil)
+	at := time.Date(2026, 12, 4, 2, 0, 0, 0, time.UTC)
+	first := e.FireRecurring(t, "nightly-greet", greet{Name: "ops"}, nil, at)
+	busy := e.FireRecurring(t, "nightly-greet", greet{Name: "ops"}, nil, at.Add(24*time.Hour))
+	if first.Duplicate || !busy.Duplicate || busy.ID != first.ID {
+		t.Fatalf("while active: %+v then %+v", first, busy)
+	}
+	e.Drain(t, e.Handler(t, reg, nil))
+	e.RequireState(t, first.ID, ledger.Succeeded)
+	if again := e.FireRecurring(t, "nightly-greet", greet{Name: "ops"}, nil, at); !again.Duplicate || again.ID != first.ID {
+		t.Fatalf("the first firing delivered again: %+v", again)
+	}
+	next := e.FireRecurring(t, "nightly-greet", greet{Name: "ops"}, &recurring.Opts{}, at.Add(48*time.Hour))
+	if next.Duplicate || next.ID == first.ID {
+		t.Fatalf("the next firing after the run ended: %+v", next)
+	}
+}
