@@ -182,7 +182,9 @@ func TestLocal(t *testing.T) {
 	e.Setenv(t)
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- lambdamain.Local(ctx, registry(), &lambdamain.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}) }()
+	go func() {
+		done <- lambdamain.Local(ctx, registry(), &lambdamain.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}()
 	res, err := e.Client.Enqueue(context.Background(), note{Text: "local"}, nil)
 	if err != nil {
 		t.Fatal(err)
