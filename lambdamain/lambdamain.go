@@ -192,6 +192,9 @@ func start(opts *Options, log *slog.Logger, h any) {
 		opts.Start(h)
 		return
 	}
+	// A hook's or a worker's slog.Default() writes as the library does:
+	// one format in the function's log stream.
+	slog.SetDefault(log)
 	log.Info("nexjob: function starting")
 	lambda.Start(h)
 }

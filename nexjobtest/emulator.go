@@ -92,6 +92,7 @@ func StartEmulator() (*Emulator, error) {
 	}
 	cmd := exec.Command(py, script, "--port", strconv.Itoa(port))
 	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = dieWithParent()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the emulator: %w", err)
 	}

@@ -287,9 +287,21 @@ func (s Settings) ClientOptions() *enqueue.ClientOptions {
 	return &enqueue.ClientOptions{Ledger: s.LedgerOptions()}
 }
 
-// Client returns the enqueue client of these settings.
-func (s Settings) Client() (*enqueue.Client, error) {
-	return enqueue.New(s.AWS, s.Table, s.QueueURL, s.ClientOptions())
+// Client returns the enqueue client of these settings. opts (nil: none)
+// gives what the environment does not: Metrics, TracerProvider, XRay,
+// Logger, clients, timings; its Ledger options are the settings' (the
+// key secret, the index), with opts.Ledger.Now kept for tests.
+//
+//	client, err := s.Client(&enqueue.ClientOptions{Metrics: metrics.New(nil), TracerProvider: tp})
+func (s Settings) Client(opts *enqueue.ClientOptions) (*enqueue.Client, error) {
+	var o enqueue.ClientOptions
+	if opts != nil {
+		o = *opts
+	}
+	now := o.Ledger.Now
+	o.Ledger = s.LedgerOptions()
+	o.Ledger.Now = now
+	return enqueue.New(s.AWS, s.Table, s.QueueURL, &o)
 }
 
 // HandlerOptions fills base (nil: all defaults) with these settings: the

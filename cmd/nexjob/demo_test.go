@@ -85,3 +85,35 @@ func TestDemoDashboard(t *testing.T) {
 		t.Fatalf("demo --dashboard after Ctrl-C: %v", err)
 	}
 }
+
+// TestEmulatorCommand: `nexjob emulator` gives a new app, with no
+// repository and no Docker, an emulator: it prints export lines whose
+// endpoint answers, and stops at Ctrl-C (the context's end).
+func TestEmulatorCommand(t *testing.T) {
+	ctx, stop := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	c := &cli{stdout: pw, stderr: io.Discard, getenv: endpointOnly}
+	done := make(chan error, 1)
+	go func() { done <- c.run(ctx, []string{"emulator"}); _ = pw.Close() }()
+	re := regexp.MustCompile(`^export AWS_ENDPOINT_URL='(http://127\.0\.0\.1:\d+)'$`)
+	var endpoint string
+	sc := bufio.NewScanner(pr)
+	for endpoint == "" && sc.Scan() {
+		if m := re.FindStringSubmatch(sc.Text()); m != nil {
+			endpoint = m[1]
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	if endpoint == "" {
+		t.Fatalf("no export line for the endpoint (%v)", <-done)
+	}
+	resp, err := http.Get(endpoint + "/moto-api/")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the emulator does not answer: %v", err)
+	}
+	_ = resp.Body.Close()
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

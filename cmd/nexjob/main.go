@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -34,6 +35,8 @@ usage: nexjob COMMAND [flags] [args]
   provision NAME                      create table NAME and queues NAME, NAME-dlq and print export lines:
                                       eval "$(nexjob provision NAME)" points a shell at them
   schema                              print the table definition for the AWS CLI (LocalStack's hook)
+  emulator                            start the default emulator (moto, installed once) on 127.0.0.1 and
+                                      print its export lines, until Ctrl-C: no Docker, no repository
 
   list [STATE | --state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
                                       jobs in a state (default Failed), newest first
@@ -157,6 +160,8 @@ func (c *cli) run(ctx context.Context, args []string) error {
 	case "help", "-h", "-help", "--help":
 		_, err := fmt.Fprint(c.stdout, usageText)
 		return err
+	case "emulator":
+		return c.emulator(ctx)
 	}
 	f, rest, err := c.parse(cmd, args[1:])
 	if err != nil {
@@ -272,6 +277,30 @@ func (c *cli) printExports(cfg aws.Config, vars map[string]string) {
 	for _, k := range keys {
 		fmt.Fprintf(c.stdout, "export %s=%s\n", k, shellQuote(vars[k]))
 	}
+}
+
+// emulator starts the default emulator for a new app's shell: it prints
+// the export lines that point the SDK (and so provision, the app's local
+// worker and its producer) at it, and stops it at Ctrl-C.
+func (c *cli) emulator(ctx context.Context) error {
+	fmt.Fprintln(c.stderr, "nexjob: starting the default emulator (moto "+nexjobtest.MotoVersion+"; the first run installs it)")
+	em, err := nexjobtest.StartEmulator()
+	if err != nil {
+		return err
+	}
+	defer em.Stop()
+	env := em.Env()
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(c.stdout, "export %s=%s\n", k, shellQuote(env[k]))
+	}
+	fmt.Fprintln(c.stderr, "nexjob: paste those lines into another shell; Ctrl-C stops the emulator")
+	<-ctx.Done()
+	return nil
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

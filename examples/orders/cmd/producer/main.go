@@ -10,7 +10,9 @@ import (
 
 	"github.com/aws/aws-lambda-go/lambda"
 
+	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/examples/orders"
+	"github.com/nexjob/nexjob-aws/metrics"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -21,7 +23,9 @@ func main() {
 		slog.Error("orders: bad configuration", "err", err)
 		os.Exit(1)
 	}
-	client, err := s.Client()
+	// EMF on stdout: the producer's Enqueued, Deduplicated and Rejected
+	// counts reach CloudWatch from its log stream.
+	client, err := s.Client(&enqueue.ClientOptions{Metrics: metrics.New(nil)})
 	if err != nil {
 		slog.Error("orders: enqueue client", "err", err)
 		os.Exit(1)
