@@ -140,7 +140,7 @@ func motoPython() (string, error) {
 	if hasMoto(py) {
 		return py, nil
 	}
-	fmt.Fprintf(os.Stderr, "nexjobtest: installing moto[server]==%s into %s\n", MotoVersion, venv)
+	notice(fmt.Sprintf("nexjobtest: installing the default emulator, moto[server]==%s, into %s (once: about 20 s, from PyPI)", MotoVersion, venv))
 	if out, err := exec.Command("python3", "-m", "venv", venv).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("python3 -m venv %s: %w\n%s", venv, err, out)
 	}
@@ -149,6 +149,17 @@ func motoPython() (string, error) {
 		return "", fmt.Errorf("pip install moto[server]==%s: %w\n%s", MotoVersion, err, out)
 	}
 	return py, nil
+}
+
+// notice says what the kit is doing while it does it: on stderr, and on
+// the terminal when there is one, because go test holds a package's
+// output back until it ends when it tests several packages.
+func notice(msg string) {
+	fmt.Fprintln(os.Stderr, msg)
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		_, _ = fmt.Fprintln(tty, msg)
+		_ = tty.Close()
+	}
 }
 
 func hasMoto(py string) bool {
