@@ -2,9 +2,7 @@
 // team's whole main.
 //
 //	func main() {
-//		reg := handler.NewRegistry()
-//		orders.Register(reg) // the team's kinds, with their hooks
-//		lambdamain.Serve(reg, nil)
+//		lambdamain.Serve(orders.Registry(), nil) // the team's kinds, with their hooks
 //	}
 //
 // Serve picks the function's role from NEXJOB_ROLE (worker, deadletter,
