@@ -441,6 +441,13 @@ func history(r ledger.Record) []event {
 	if r.LeaseUntil > 0 {
 		ev = append(ev, event{r.LeaseUntil, "lease of the current run ends"})
 	}
+	for _, a := range r.Attempts() { // the last runs' ends, kept by the record
+		what := fmt.Sprintf("run %d ended %s", a.N, a.State)
+		if a.Error != "" {
+			what += ": " + a.Error
+		}
+		ev = append(ev, event{a.At, what})
+	}
 	what := "now " + string(r.State)
 	if r.Cancelled {
 		what += ", cancelled by an operator"

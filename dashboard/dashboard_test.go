@@ -316,3 +316,13 @@ func TestSecurityHeaders(t *testing.T) {
 		t.Fatal("a known banner code shows no text")
 	}
 }
+
+// TestJobPageShowsRuns: the job page lists the runs the record keeps,
+// with their errors.
+func TestJobPageShowsRuns(t *testing.T) {
+	r := newRig(t, false)
+	_, page := get(t, client(t), r.srv.URL+"/jobs/"+r.failed)
+	if !strings.Contains(page, "run 1 ended Failed: permanent: ledger service unreachable") {
+		t.Fatalf("the job page lacks the run's end:\n%s", page)
+	}
+}

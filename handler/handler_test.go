@@ -175,8 +175,18 @@ func (r *rig) get(t *testing.T, id string) ledger.Record {
 
 func expect(t *testing.T, rec ledger.Record, st ledger.State, attempt int, lastErr string) {
 	t.Helper()
-	if rec.State != st || rec.Attempt != attempt || !strings.Contains(rec.LastError, lastErr) {
-		t.Fatalf("job %s: state %s attempt %d lastError %q; want %s, %d, containing %q", rec.ID, rec.State, rec.Attempt, rec.LastError, st, attempt, lastErr)
+	got := rec.LastError
+	if st == ledger.Succeeded {
+		// A success shows no last error; a retry's error is in the history.
+		if rec.LastError != "" {
+			t.Fatalf("job %s Succeeded but shows the last error %q", rec.ID, rec.LastError)
+		}
+		for _, a := range rec.Attempts() {
+			got += a.Error + "\n"
+		}
+	}
+	if rec.State != st || rec.Attempt != attempt || !strings.Contains(got, lastErr) {
+		t.Fatalf("job %s: state %s attempt %d lastError %q; want %s, %d, containing %q", rec.ID, rec.State, rec.Attempt, got, st, attempt, lastErr)
 	}
 }
 

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -406,5 +408,41 @@ func TestListFailedPaginated(t *testing.T) {
 	}
 	if _, _, err := r.prod.Store().List(context.Background(), ledger.Succeeded, 2, ""); !errors.Is(err, ledger.ErrNotIndexed) {
 		t.Fatalf("listing Succeeded without IndexAllStates: %v", err)
+	}
+}
+
+// TestAttemptHistory: the record keeps its last three runs' ends, newest
+// first, written by the Finish that already happens (no extra request:
+// one UpdateItem per claim and per finish); a success clears the last
+// error, the history keeps the retries'; a requeue keeps the history.
+func TestAttemptHistory(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	r := newRigWith(t, func(context.Context, *handler.Job[email]) error {
+		if n := runs.Add(1); n <= 3 {
+			return fmt.Errorf("smtp 451 (try %d)", n)
+		}
+		return nil
+	}, rigConfig{faults: true})
+	id := r.enqueue(t, email{To: "history@example.com"}, &enqueue.Opts{MaxAttempts: 3})
+	r.drain(t)
+	rec := r.get(t, id)
+	got := rec.Attempts()
+	if rec.State != ledger.Failed || len(got) != 3 || got[0].N != 3 || got[0].State != ledger.Failed || got[2].N != 1 || got[2].State != ledger.Scheduled ||
+		!strings.Contains(got[1].Error, "try 2") || got[0].At < got[1].At {
+		t.Fatalf("after three failed runs: %s %+v", rec.State, got)
+	}
+	if n := strings.Count(strings.Join(r.ft.Ops(), " "), "DynamoDB.UpdateItem"); n != 6 {
+		t.Fatalf("%d UpdateItems for three runs, want 6 (a claim and a finish each)", n)
+	}
+	if _, err := r.prod.Requeue(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	rec = r.get(t, id)
+	got = rec.Attempts()
+	if rec.State != ledger.Succeeded || rec.LastError != "" || len(got) != 3 || got[0].State != ledger.Succeeded || got[0].Error != "" ||
+		!strings.Contains(got[1].Error, "try 3") || !strings.Contains(got[2].Error, "try 2") {
+		t.Fatalf("after the requeue's success: %s %q %+v", rec.State, rec.LastError, got)
 	}
 }

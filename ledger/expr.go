@@ -37,7 +37,7 @@ func newWriteExpr() *writeExpr {
 var placeholders = func() map[string]string {
 	m := map[string]string{}
 	for _, a := range []string{AttrPK, AttrID, AttrState, AttrAttempt, AttrMaxAttempts, AttrUpdatedAt, AttrRunAt,
-		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrNonce, AttrNonce1, AttrNonce2, AttrCutOffs} {
+		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrNonce, AttrNonce1, AttrNonce2, AttrHist0, AttrHist1, AttrHist2, AttrCutOffs} {
 		m[a] = "#" + a
 	}
 	return m
@@ -75,6 +75,25 @@ func (e *writeExpr) stamp(nonce string) {
 	e.assign(AttrNonce2, "if_not_exists("+e.n(AttrNonce1)+", "+none+")")
 	e.assign(AttrNonce1, "if_not_exists("+e.n(AttrNonce)+", "+none+")")
 	e.assign(AttrNonce, e.s(":nonce", nonce))
+}
+
+// history shifts the run ends down and sets a as the newest (the
+// operands read the item as it was before this update).
+func (e *writeExpr) history(a Attempt) {
+	none := ":noHist"
+	e.values[none] = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{}}
+	e.assign(AttrHist2, "if_not_exists("+e.n(AttrHist1)+", "+none+")")
+	e.assign(AttrHist1, "if_not_exists("+e.n(AttrHist0)+", "+none+")")
+	m := map[string]types.AttributeValue{
+		"n":  &types.AttributeValueMemberN{Value: strconv.Itoa(a.N)},
+		"at": &types.AttributeValueMemberN{Value: strconv.FormatInt(a.At, 10)},
+		"st": &types.AttributeValueMemberS{Value: string(a.State)},
+	}
+	if a.Error != "" {
+		m["err"] = &types.AttributeValueMemberS{Value: a.Error}
+	}
+	e.values[":hist"] = &types.AttributeValueMemberM{Value: m}
+	e.assign(AttrHist0, ":hist")
 }
 
 // stampBuilder is stamp for an update made with the expression builder.

@@ -51,6 +51,12 @@ type Record struct {
 	Nonce  string `dynamodbav:"nonce,omitempty"`
 	Nonce1 string `dynamodbav:"nonce1,omitempty"`
 	Nonce2 string `dynamodbav:"nonce2,omitempty"`
+	// Hist0 to Hist2 are the last three runs' ends, newest first, each
+	// written by the Finish that ended it (no extra request): see
+	// Attempts.
+	Hist0 *Attempt `dynamodbav:"hist0,omitempty"`
+	Hist1 *Attempt `dynamodbav:"hist1,omitempty"`
+	Hist2 *Attempt `dynamodbav:"hist2,omitempty"`
 	// Request is the hash of the enqueue request that created the job
 	// (enqueue.Opts.RequestID), if it named one: a retry of that request
 	// that meets this job on the key gets it back, in any state.
@@ -186,6 +192,35 @@ func truncate(s string, n int) string {
 
 // MaxLastError bounds the kept last error, in bytes.
 const MaxLastError = 4000
+
+// Attempt is how one run ended: kept for people (nexjob get, the
+// dashboard), three at most per record.
+type Attempt struct {
+	N     int    `dynamodbav:"n"`             // the attempt's number
+	At    int64  `dynamodbav:"at"`            // when it ended, Unix ms
+	State State  `dynamodbav:"st"`            // what Finish made the job: Scheduled (a retry), Succeeded, …
+	Error string `dynamodbav:"err,omitempty"` // its error, cut to MaxAttemptError bytes
+}
+
+// MaxAttemptError bounds an Attempt's error, in bytes: three of them add
+// under a kilobyte to the record (and so to each write's units).
+const MaxAttemptError = 240
+
+// HistoryLen is how many run ends a record keeps.
+const HistoryLen = 3
+
+// Attempts returns the last runs' ends, newest first (at most
+// HistoryLen). Requeue keeps them: a requeued job shows what happened
+// before.
+func (r Record) Attempts() []Attempt {
+	var out []Attempt
+	for _, a := range []*Attempt{r.Hist0, r.Hist1, r.Hist2} {
+		if a != nil && a.N > 0 {
+			out = append(out, *a)
+		}
+	}
+	return out
+}
 
 // Wrote reports whether the record carries the write with this nonce
 // among its last three updates.

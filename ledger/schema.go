@@ -34,6 +34,9 @@ const (
 	AttrNonce        = "nonce"        // the last update's nonce: a resend that meets it knows its write was applied
 	AttrNonce1       = "nonce1"       // the update's before it (shifted down by each update)
 	AttrNonce2       = "nonce2"       // and the one before that
+	AttrHist0        = "hist0"        // the last run's end (Attempt), shifted down by each Finish
+	AttrHist1        = "hist1"
+	AttrHist2        = "hist2"
 	AttrCutOffs      = "cutOffs"      // runs of the current attempt cut off by the invocation deadline
 	AttrReturns      = "dlqReturns"   // times the DLQ consumer sent back a job that never started
 	AttrArgsHash     = "argsHash"     // fingerprint of kind and args (ArgsHash)

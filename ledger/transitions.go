@@ -139,9 +139,13 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	e.assign(AttrUpdatedAt, nowMs)
 	e.drop(AttrLeaseUntil)
 	e.index(s, f.State, st, nowMs)
-	if f.LastError != "" {
+	switch {
+	case f.State == Succeeded:
+		e.drop(AttrLastError) // a success shows no retry's error; the history keeps it
+	case f.LastError != "":
 		e.assign(AttrLastError, e.s(":err", truncate(f.LastError, MaxLastError)))
 	}
+	e.history(Attempt{N: rec.Attempt, At: now.UnixMilli(), State: f.State, Error: truncate(f.LastError, MaxAttemptError)})
 	if !f.RunAt.IsZero() {
 		e.assign(AttrRunAt, e.i(":runAt", f.RunAt.UnixMilli()))
 	}

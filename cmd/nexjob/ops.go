@@ -167,6 +167,13 @@ func (o *ops) get(ctx context.Context, id string, showArgs bool) error {
 	row("parent", rec.ParentID)
 	row("continuations", strings.Join(rec.Children, " "))
 	row("last error", oneLine(rec.LastError, 400))
+	for _, a := range rec.Attempts() {
+		line := fmt.Sprintf("ended %s %s", a.State, dashboard.Ago(ledger.Millis(a.At), o.now()))
+		if a.Error != "" {
+			line += ": " + a.Error
+		}
+		row(fmt.Sprintf("run %d", a.N), oneLine(line, 300))
+	}
 	if showArgs {
 		row("args", rec.Args)
 	} else {

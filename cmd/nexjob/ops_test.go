@@ -151,6 +151,10 @@ func TestOperatorCommands(t *testing.T) {
 	if out := r.must(t, "get", failed[0]); strings.Contains(out, "broken-0") || !strings.Contains(out, "--show-args prints them") {
 		t.Fatalf("get showed the args without --show-args:\n%s", out)
 	}
+	// get shows the runs the record keeps.
+	if out := r.must(t, "get", failed[0]); !regexpLine(out, `run 1\s+ended Failed just now: permanent: report store unavailable`) {
+		t.Fatalf("get does not show the run's end:\n%s", out)
+	}
 	if out := r.must(t, "get", failed[0], "--show-args"); !strings.Contains(out, `{"name":"broken-0"}`) {
 		t.Fatalf("get --show-args:\n%s", out)
 	}
