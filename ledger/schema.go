@@ -37,10 +37,10 @@ const (
 	AttrHist0        = "hist0"        // the last run's end (Attempt), shifted down by each Finish
 	AttrHist1        = "hist1"
 	AttrHist2        = "hist2"
-	AttrCutOffs      = "cutOffs"      // runs of the current attempt cut off by the invocation deadline
-	AttrReturns      = "dlqReturns"   // times the DLQ consumer sent back a job that never started
-	AttrArgsHash     = "argsHash"     // fingerprint of kind and args (ArgsHash)
-	AttrCancelled    = "cancelled"    // true on a Failed job an operator withdrew before it started
+	AttrCutOffs      = "cutOffs"    // runs of the current attempt cut off by the invocation deadline
+	AttrReturns      = "dlqReturns" // times the DLQ consumer sent back a job that never started
+	AttrArgsHash     = "argsHash"   // fingerprint of kind and args (ArgsHash)
+	AttrCancelled    = "cancelled"  // true on a Failed job an operator withdrew before it started
 )
 
 // DeadLetterKind is the kind of the records that keep messages that were
