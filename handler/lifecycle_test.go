@@ -446,3 +446,48 @@ func TestAttemptHistory(t *testing.T) {
 		t.Fatalf("after the requeue's success: %s %q %+v", rec.State, rec.LastError, got)
 	}
 }
+
+// TestRequeueAndContinuations: a Failed parent's child ends Failed
+// ("parent ended"). Requeueing the child is refused while the parent has
+// not succeeded (it ran the child for a parent that never succeeded);
+// requeueing the parent brings the child back to waiting, and when the
+// parent then Succeeds the child runs (it stayed Failed).
+func TestRequeueAndContinuations(t *testing.T) {
+	t.Parallel()
+	var broken atomic.Bool
+	broken.Store(true)
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		if broken.Load() && j.Args.To == "parent@example.com" {
+			return handler.Permanent(errors.New("mailbox full"))
+		}
+		return nil
+	}, nil)
+	ctx := context.Background()
+	parent := r.enqueue(t, email{To: "parent@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	child, err := r.prod.ContinueWith(ctx, parent, email{To: "child@example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	expect(t, r.get(t, parent), ledger.Failed, 1, "mailbox full")
+	expect(t, r.get(t, child.ID), ledger.Failed, 0, "parent job "+parent+" ended Failed")
+
+	var pns *enqueue.ParentNotSucceededError
+	if _, err := r.prod.Requeue(ctx, child.ID); !errors.As(err, &pns) || pns.ParentID != parent {
+		t.Fatalf("requeue of the child of a Failed parent: %v", err)
+	}
+	if r.runs(child.ID) != 0 || r.get(t, child.ID).State != ledger.Failed {
+		t.Fatal("the refused requeue changed the child")
+	}
+
+	broken.Store(false)
+	if _, err := r.prod.Requeue(ctx, parent); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.get(t, child.ID).State; st != ledger.AwaitingContinuation {
+		t.Fatalf("after the parent's requeue the child is %s, want AwaitingContinuation", st)
+	}
+	r.drain(t)
+	r.ranAs(t, parent, ledger.Succeeded, 1, "mailbox full", 2)
+	r.ranAs(t, child.ID, ledger.Succeeded, 1, "", 1)
+}

@@ -60,6 +60,23 @@ func (s *Store) Cancel(ctx context.Context, childID string, as State, reason str
 	return s.move(ctx, childID, []State{AwaitingContinuation}, as, reason, expiresAt)
 }
 
+// Rewait puts back to waiting a continuation that its parent's end ended
+// without a run (Failed or Expired, attempt 0, ParentID parentID): one
+// conditional update to AwaitingContinuation, its TTL and cancelled mark
+// removed. Requeueing the parent does it for every such child, so they
+// run once the parent Succeeds. rewaited=false (with the current record)
+// means the child was not such: it ran, or is waiting already.
+func (s *Store) Rewait(ctx context.Context, childID, parentID string) (Record, bool, error) {
+	st := expression.Name(AttrState)
+	cond := isJob(childID).
+		And(st.Equal(expression.Value(Failed)).Or(st.Equal(expression.Value(Expired)))).
+		And(expression.Name(AttrParentID).Equal(expression.Value(parentID))).
+		And(expression.Name(AttrAttempt).Equal(expression.Value(0)))
+	upd := expression.Set(st, expression.Value(AwaitingContinuation)).
+		Remove(expression.Name(AttrExpiresAt)).Remove(expression.Name(AttrCancelled))
+	return s.transition(ctx, childID, cond, upd, AwaitingContinuation, "waiting again: its parent "+parentID+" was requeued", time.Time{})
+}
+
 // move changes the job's state from one of from to to with one
 // conditional update, keeping the reason and the TTL if given. moved=false
 // (with the current record) means the job was in none of from.
@@ -120,7 +137,21 @@ func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 // one that another operator requeued meanwhile and that has since
 // Succeeded. A job in another state gives a *NotClaimableError with its
 // record, and nothing is written.
+//
+// A continuation (a record with a ParentID) is not requeued here: the
+// error is a *NotClaimableError whose Current has the ParentID, for the
+// caller to look at the parent first (RequeueContinuation).
 func (s *Store) RequeueFrom(ctx context.Context, id string, from ...State) (Record, error) {
+	return s.requeue(ctx, id, false, from)
+}
+
+// RequeueContinuation is RequeueFrom of a continuation, for a caller that
+// saw its parent Succeeded (or gone).
+func (s *Store) RequeueContinuation(ctx context.Context, id string, from ...State) (Record, error) {
+	return s.requeue(ctx, id, true, from)
+}
+
+func (s *Store) requeue(ctx context.Context, id string, continuation bool, from []State) (Record, error) {
 	if len(from) == 0 {
 		return Record{}, fmt.Errorf("nexjob: RequeueFrom needs a state")
 	}
@@ -133,6 +164,9 @@ func (s *Store) RequeueFrom(ctx context.Context, id string, from ...State) (Reco
 	inFrom := st.Equal(expression.Value(from[0]))
 	for _, f := range from[1:] {
 		inFrom = inFrom.Or(st.Equal(expression.Value(f)))
+	}
+	if !continuation {
+		inFrom = inFrom.And(expression.AttributeNotExists(expression.Name(AttrParentID)))
 	}
 	cond := isJob(id).
 		And(inFrom).
@@ -151,6 +185,8 @@ func (s *Store) RequeueFrom(ctx context.Context, id string, from ...State) (Reco
 	switch {
 	case errors.As(err, &nc) && nc.Current.Kind == DeadLetterKind:
 		return Record{}, ErrDeadLetterRecord
+	case errors.As(err, &nc) && nc.Current.ParentID != "" && !continuation:
+		return Record{}, err // a continuation: the caller looks at its parent
 	case errors.As(err, &nc) && nc.Current.State.Terminal() && nc.Current.KeyHash != "" && slices.Contains(from, nc.Current.State):
 		return Record{}, ErrKeyReused
 	}
