@@ -45,18 +45,21 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/sqszero"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
 // Admin acts on one deployment's table and queues. It is safe for
 // concurrent use.
 type Admin struct {
+	schedules recurring.Options
 	client    *enqueue.Client
 	store     *ledger.Store
 	sqs       *sqs.Client
 	queueURL  string
 	dlqURL    string
 	retention handler.Retention
+	cfg       aws.Config
 }
 
 // New returns an Admin for the deployment the settings name (role
@@ -69,7 +72,38 @@ func New(s settings.Settings) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Admin{client: c, store: c.Store(), sqs: q, queueURL: s.QueueURL, dlqURL: s.DLQURL, retention: s.Retention}, nil
+	return &Admin{client: c, store: c.Store(), sqs: q, queueURL: s.QueueURL, dlqURL: s.DLQURL, retention: s.Retention, schedules: s.Schedules, cfg: s.AWS}, nil
+}
+
+// ErrNoSchedules: the settings name no schedule group
+// (NEXJOB_SCHEDULE_GROUP; the construct's Recurring prop sets it).
+var ErrNoSchedules = errors.New("nexjob: no recurring jobs' schedule group configured (NEXJOB_SCHEDULE_GROUP; the construct's Recurring prop sets it)")
+
+// ScheduledJob is a recurring job as operators see it: its schedule and
+// its next firing.
+type ScheduledJob struct {
+	recurring.Schedule
+	Next    time.Time // zero: disabled, past, or not evaluated (see recurring.Next)
+	HasNext bool
+}
+
+// Schedules lists the recurring jobs of the group with their next firing
+// (one ListSchedules page per 100 and one GetSchedule each).
+func (a *Admin) Schedules(ctx context.Context) ([]ScheduledJob, error) {
+	if a.schedules.Group == "" {
+		return nil, ErrNoSchedules
+	}
+	list, err := recurring.New(a.cfg, a.schedules).List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := a.store.Now()
+	out := make([]ScheduledJob, 0, len(list))
+	for _, s := range list {
+		next, ok := s.NextFiring(now)
+		out = append(out, ScheduledJob{Schedule: s, Next: next, HasNext: ok})
+	}
+	return out, nil
 }
 
 // Table is the ledger table's name.

@@ -123,6 +123,7 @@ func New(a *admin.Admin, opts *Options) http.Handler {
 	mux.HandleFunc("POST /jobs/{id}/{action}", s.act)
 	mux.HandleFunc("POST /key", s.key)
 	mux.HandleFunc("GET /dlq", s.dlq)
+	mux.HandleFunc("GET /schedules", s.schedules)
 	mux.HandleFunc("GET /dlq/redrive", s.confirm)
 	mux.HandleFunc("POST /dlq/redrive", s.act)
 	var h http.Handler = mux
@@ -249,6 +250,8 @@ type view struct {
 	History      []event
 	Actions      []string
 	Letters      []admin.DeadLetter
+	Schedules    []admin.ScheduledJob
+	NoSchedules  bool
 	Action       string
 	Target       string
 	Explain      string
@@ -565,6 +568,20 @@ func (s *server) key(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	http.Redirect(w, r, s.o.Prefix+"/jobs/"+url.PathEscape(rec.ID)+"?done=holder", http.StatusSeeOther)
+}
+
+func (s *server) schedules(w http.ResponseWriter, r *http.Request) {
+	v := s.view(r, "recurring jobs")
+	list, err := s.a.Schedules(r.Context())
+	switch {
+	case errors.Is(err, admin.ErrNoSchedules):
+		v.NoSchedules = true
+	case err != nil:
+		s.fail(w, r, err)
+		return
+	}
+	v.Schedules = list
+	s.render(w, http.StatusOK, "schedules", v)
 }
 
 func (s *server) dlq(w http.ResponseWriter, r *http.Request) {

@@ -13,8 +13,10 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/admin"
@@ -23,6 +25,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -324,5 +327,34 @@ func TestJobPageShowsRuns(t *testing.T) {
 	_, page := get(t, client(t), r.srv.URL+"/jobs/"+r.failed)
 	if !strings.Contains(page, "run 1 ended Failed: permanent: ledger service unreachable") {
 		t.Fatalf("the job page lacks the run's end:\n%s", page)
+	}
+}
+
+// TestSchedulesPage: the dashboard lists the recurring jobs, with their
+// next firing; without a schedule group it says there is none.
+func TestSchedulesPage(t *testing.T) {
+	r := newRig(t, false)
+	ctx := context.Background()
+	group := "dash-" + r.e.Table[len(r.e.Table)-9:]
+	if _, err := scheduler.NewFromConfig(r.e.Cfg).CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(group)}); err != nil {
+		t.Fatal(err)
+	}
+	opts := recurring.Options{Group: group, TargetARN: "arn:aws:lambda:us-east-1:123456789012:function:t", RoleARN: "arn:aws:iam::123456789012:role/s"}
+	if err := recurring.New(r.e.Cfg, opts).Recurring(ctx, "month-end", "cron(0 6 1 * ? *)", invoice{Customer: "all"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	a, err := admin.New(settings.Settings{AWS: r.e.Cfg, Table: r.e.Table, QueueURL: r.e.QueueURL, DLQURL: r.e.DLQURL, Retention: handler.DefaultRetention, Schedules: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet}))
+	t.Cleanup(srv.Close)
+	next, _ := recurring.Next("cron(0 6 1 * ? *)", "", time.Time{}, time.Now())
+	code, page := get(t, client(t), srv.URL+"/schedules")
+	if code != http.StatusOK || !strings.Contains(page, "month-end") || !strings.Contains(page, next.UTC().Format("2006-01-02 15:04 MST")) {
+		t.Fatalf("%d\n%s", code, page)
+	}
+	if _, page := get(t, client(t), r.srv.URL+"/schedules"); !strings.Contains(page, "No schedule group is configured") {
+		t.Fatalf("with no group:\n%s", page)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/admin"
@@ -16,6 +17,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -37,6 +39,19 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 	cfg := e.Cfg.Copy()
 	cfg.BaseEndpoint = aws.String(rec.url("dashboard"))
 	a, err := admin.New(settings.Settings{AWS: cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The all-options stack has recurring jobs: a schedule to list.
+	group := "grants-" + e.Table[len(e.Table)-9:]
+	if _, err := scheduler.NewFromConfig(e.Cfg).CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(group)}); err != nil {
+		t.Fatal(err)
+	}
+	opts := recurring.Options{Group: group, TargetARN: "arn:aws:lambda:us-east-1:123456789012:function:t", RoleARN: "arn:aws:iam::123456789012:role/s"}
+	if err := recurring.New(e.Cfg, opts).Recurring(ctx, "nightly", "cron(0 2 * * ? *)", chore{N: 9}, nil); err != nil {
+		t.Fatal(err)
+	}
+	sched, err := admin.New(settings.Settings{AWS: cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, Schedules: opts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,6 +107,9 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 	rep, err := a.Redrive(ctx, nil)
 	if err != nil || rep.Done() != 1 {
 		t.Fatalf("redrive: %+v %v", rep, err)
+	}
+	if _, err := sched.Schedules(ctx); err != nil { // the recurring page
+		t.Fatal(err)
 	}
 	called := rec.calls("dashboard")
 

@@ -364,11 +364,12 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		})
 	}
 
-	if p.WebDashboard != nil {
-		q.webDashboard(c, p, roleEnv(settings.Dashboard))
-	}
+	// Recurring first: the dashboard lists its schedules.
 	if p.Recurring != nil && *p.Recurring {
 		q.recurring(c, p, roleEnv(settings.Recurring))
+	}
+	if p.WebDashboard != nil {
+		q.webDashboard(c, p, roleEnv(settings.Dashboard))
 	}
 
 	q.DLQDepthAlarm = q.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
@@ -547,6 +548,18 @@ func (q *JobQueue) grantKeySecret(grantee awsiam.IGrantable) {
 // listing states the index does not hold), the queues' depths, and
 // peeking at the DLQ (ReceiveMessage with no delete).
 func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
+	if q.ScheduleGroup != nil {
+		// The recurring jobs' list (nexjob schedules, the dashboard's page):
+		// ListSchedules (no resource narrower than "*" exists for it) and
+		// GetSchedule in the group.
+		awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+			Grantee: grantee, Actions: jsii.Strings("scheduler:ListSchedules"), ResourceArns: jsii.Strings("*"),
+		})
+		awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+			Grantee: grantee, Actions: jsii.Strings("scheduler:GetSchedule"),
+			ResourceArns: jsii.Strings(*awscdk.Fn_Join(jsii.String(""), jsii.Strings("arn:", *awscdk.Aws_PARTITION(), ":scheduler:", *awscdk.Aws_REGION(), ":", *awscdk.Aws_ACCOUNT_ID(), ":schedule/", *q.ScheduleGroup.ScheduleGroupName(), "/*"))),
+		})
+	}
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
 	q.Queue.Grant(grantee, jsii.String("sqs:GetQueueAttributes"))
 	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:ReceiveMessage"), jsii.String("sqs:GetQueueAttributes"))

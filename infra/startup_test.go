@@ -257,6 +257,16 @@ func action(req *http.Request) string {
 	target := req.Header.Get("X-Amz-Target")
 	svc, op, ok := strings.Cut(target, ".")
 	if !ok {
+		// EventBridge Scheduler's REST protocol: the method and path say.
+		p := strings.Trim(req.URL.Path, "/")
+		if p == "schedules" && req.Method == http.MethodGet {
+			return "scheduler:ListSchedules"
+		}
+		if strings.HasPrefix(p, "schedules/") {
+			if a, ok := map[string]string{http.MethodGet: "GetSchedule", http.MethodPost: "CreateSchedule", http.MethodPut: "UpdateSchedule", http.MethodDelete: "DeleteSchedule"}[req.Method]; ok {
+				return "scheduler:" + a
+			}
+		}
 		return fmt.Sprintf("unknown:%s %s", req.Method, req.URL.Path)
 	}
 	switch {

@@ -237,7 +237,17 @@ type Schedule struct {
 	Expression string
 	Timezone   string
 	Enabled    bool
-	Firing     Firing // what each firing enqueues
+	Firing     Firing    // what each firing enqueues
+	Created    time.Time // when the schedule was made (a rate's start)
+}
+
+// NextFiring is the schedule's next firing after now (see Next); false
+// for a disabled schedule or one Next does not evaluate.
+func (s Schedule) NextFiring(now time.Time) (time.Time, bool) {
+	if !s.Enabled {
+		return time.Time{}, false
+	}
+	return Next(s.Expression, s.Timezone, s.Created, now)
 }
 
 // List returns the group's recurring jobs (one ListSchedules page per 100
@@ -265,7 +275,8 @@ func (c *Client) List(ctx context.Context) ([]Schedule, error) {
 				continue
 			}
 			out = append(out, Schedule{ID: aws.ToString(got.Name), Expression: aws.ToString(got.ScheduleExpression),
-				Timezone: aws.ToString(got.ScheduleExpressionTimezone), Enabled: got.State == types.ScheduleStateEnabled, Firing: f})
+				Timezone: aws.ToString(got.ScheduleExpressionTimezone), Enabled: got.State == types.ScheduleStateEnabled, Firing: f,
+				Created: aws.ToTime(got.CreationDate)})
 		}
 	}
 	return out, nil

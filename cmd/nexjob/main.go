@@ -42,6 +42,7 @@ usage: nexjob COMMAND [flags] [args]
                                       jobs in a state (default Failed), newest first
   get ID [--show-args]                one job's record (args only with --show-args)
   stats                               jobs per state and kind, queue and DLQ depth (scans the table)
+  schedules                           recurring jobs: expression, concurrency, next firing
   cancel ID... [--reason R]           withdraw Enqueued or Scheduled jobs: each becomes Failed, marked
                                       cancelled, kept for the failed retention
   requeue ID...                       run terminal jobs again
@@ -196,7 +197,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return c.provision(ctx, cfg, rest[0])
-	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "dashboard":
+	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "dashboard", "schedules":
 	default:
 		return usageError(fmt.Sprintf("unknown command %q", cmd))
 	}
@@ -221,6 +222,8 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		return op.get(ctx, rest[0], f.showArgs)
 	case "stats":
 		return op.stats(ctx)
+	case "schedules":
+		return op.schedules(ctx)
 	case "cancel":
 		if err := want(1); err != nil {
 			return err

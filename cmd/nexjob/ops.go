@@ -227,6 +227,36 @@ func (o *ops) stats(ctx context.Context) error {
 	return nil
 }
 
+func (o *ops) schedules(ctx context.Context) error {
+	list, err := o.a.Schedules(ctx)
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RECURRING\tKIND\tEXPRESSION\tCONCURRENCY\tNEXT FIRING")
+	for _, s := range list {
+		expr := s.Expression
+		if s.Timezone != "" {
+			expr += " " + s.Timezone
+		}
+		next := "-"
+		switch {
+		case !s.Enabled:
+			next = "disabled"
+		case s.HasNext:
+			next = s.Next.UTC().Format(time.RFC3339) + " (" + dashboard.Ago(s.Next, o.now()) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", clean(s.ID), clean(s.Firing.Kind), clean(expr), s.Firing.Concurrency, next)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(list) == 0 {
+		fmt.Fprintln(o.stderr, "no recurring jobs")
+	}
+	return nil
+}
+
 func (o *ops) cancel(ctx context.Context, id, reason string) (string, error) {
 	rec, err := o.a.Cancel(ctx, id, reason)
 	if err != nil {

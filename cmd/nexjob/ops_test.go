@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	ddbtypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/admin"
@@ -27,6 +28,7 @@ import (
 	"github.com/nexjob/nexjob-aws/internal/awstest"
 	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -465,5 +467,36 @@ func TestRealAccountAsked(t *testing.T) {
 	}
 	if _, err := r.e.DB.DescribeTable(context.Background(), &dynamodb.DescribeTableInput{TableName: aws.String(name)}); err == nil {
 		t.Fatal("the refused provision created its table")
+	}
+}
+
+// TestSchedules: `nexjob schedules` lists the recurring jobs with their
+// next firing (they were invisible to operators).
+func TestSchedules(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	ctx := context.Background()
+	group := "cli-" + r.e.Table[len(r.e.Table)-9:]
+	if _, err := scheduler.NewFromConfig(r.e.Cfg).CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(group)}); err != nil {
+		t.Fatal(err)
+	}
+	rc := recurring.New(r.e.Cfg, recurring.Options{Group: group, TargetARN: "arn:aws:lambda:us-east-1:123456789012:function:t", RoleARN: "arn:aws:iam::123456789012:role/s"})
+	if err := rc.Recurring(ctx, "nightly-report", "cron(0 2 * * ? *)", report{Name: "n"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Recurring(ctx, "paused", "rate(5 minutes)", report{Name: "p"}, &recurring.Opts{Disabled: true, Concurrency: recurring.AllowConcurrent}); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := r.cliAt(t, map[string]string{settings.EnvScheduleGroup: group}, false, "", "schedules")
+	if err != nil {
+		t.Fatalf("schedules: %v\n%s", err, errOut)
+	}
+	next, _ := recurring.Next("cron(0 2 * * ? *)", "", time.Time{}, time.Now())
+	if !regexpLine(out, `nightly-report\s+report\s+cron\(0 2 \* \* \? \*\)(?: UTC)?\s+SkipIfRunning\s+`+regexp.QuoteMeta(next.UTC().Format(time.RFC3339))+`.*`) ||
+		!regexpLine(out, `paused\s+report\s+rate\(5 minutes\)(?: UTC)?\s+AllowConcurrent\s+disabled`) {
+		t.Fatalf("schedules:\n%s", out)
+	}
+	if _, _, err := r.cliAt(t, nil, false, "", "schedules"); !errors.Is(err, admin.ErrNoSchedules) {
+		t.Fatalf("with no group: %v", err)
 	}
 }
