@@ -186,13 +186,13 @@ func logger(opts *Options, role settings.Role) *slog.Logger {
 }
 
 func start(opts *Options, log *slog.Logger, h any) {
+	// A hook's or a worker's slog.Default() writes as the library does:
+	// one format in the function's log stream.
+	slog.SetDefault(log)
 	if opts != nil && opts.Start != nil {
 		opts.Start(h)
 		return
 	}
-	// A hook's or a worker's slog.Default() writes as the library does:
-	// one format in the function's log stream.
-	slog.SetDefault(log)
 	log.Info("nexjob: function starting")
 	lambda.Start(h)
 }

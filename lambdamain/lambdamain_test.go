@@ -1,6 +1,7 @@
 package lambdamain_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -211,5 +212,23 @@ func TestLocalBadConfiguration(t *testing.T) {
 	var missing *settings.MissingError
 	if err := lambdamain.Local(context.Background(), registry(), nil); !errors.As(err, &missing) {
 		t.Fatalf("Local with no settings: %v", err)
+	}
+}
+
+// TestOneLogFormat: after a role starts, slog.Default() (what a hook or a
+// worker's own code logs with) writes through the library's logger: one
+// format, with the function's role, in the log stream.
+func TestOneLogFormat(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	e.Setenv(t)
+	t.Setenv(settings.EnvRole, string(settings.Worker))
+	before := slog.Default()
+	t.Cleanup(func() { slog.SetDefault(before) })
+	var buf bytes.Buffer
+	lib := slog.New(slog.NewJSONHandler(&buf, nil)).With("function", "worker")
+	lambdamain.Serve(registry(), &lambdamain.Options{Logger: lib, Start: func(any) {}})
+	slog.Default().Info("hook says hi")
+	if !strings.Contains(buf.String(), `"msg":"hook says hi","function":"worker"`) {
+		t.Fatalf("slog.Default() did not write through the library's logger: %q", buf.String())
 	}
 }
