@@ -327,15 +327,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 			Encryption: awssqs.QueueEncryption_SQS_MANAGED, EnforceSSL: jsii.Bool(true),
 			RetentionPeriod: awscdk.Duration_Days(jsii.Number(14)),
 		})
-		q.GuardFailureAlarm = q.GuardFailures.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
-			Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum"),
-		}).CreateAlarm(c, jsii.String("GuardFailed"), &awscloudwatch.CreateAlarmOptions{
-			AlarmDescription:   jsii.String("nexjob: the dispatch guard gave up on stream records (their jobs' recovery checks were not sent)"),
-			Threshold:          jsii.Number(0),
-			ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
-			EvaluationPeriods:  jsii.Number(1),
-			TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
-		})
+		q.GuardFailureAlarm = depthAlarm(c, q.GuardFailures, "GuardFailed", "nexjob: the dispatch guard gave up on stream records (their jobs' recovery checks were not sent)")
 		awslambda.NewEventSourceMapping(c, jsii.String("GuardStream"), &awslambda.EventSourceMappingProps{
 			OnFailure:        awslambdaeventsources.NewSqsDlq(q.GuardFailures),
 			Target:           q.Guard,
@@ -372,15 +364,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.webDashboard(c, p, roleEnv(settings.Dashboard))
 	}
 
-	q.DLQDepthAlarm = q.DeadLetterQueue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
-		Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum"),
-	}).CreateAlarm(c, jsii.String("DLQDepth"), &awscloudwatch.CreateAlarmOptions{
-		AlarmDescription:   jsii.String("nexjob: messages in the dead-letter queue (poison messages or non-jobs)"),
-		Threshold:          jsii.Number(0),
-		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
-		EvaluationPeriods:  jsii.Number(1),
-		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
-	})
+	q.DLQDepthAlarm = depthAlarm(c, q.DeadLetterQueue, "DLQDepth", "nexjob: messages in the dead-letter queue (poison messages or non-jobs)")
 	q.OldestMessageAlarm = q.Queue.MetricApproximateAgeOfOldestMessage(&awscloudwatch.MetricOptions{
 		Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum"),
 	}).CreateAlarm(c, jsii.String("OldestMessage"), &awscloudwatch.CreateAlarmOptions{
@@ -392,6 +376,19 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	})
 	q.metricsViews(c, p)
 	return q
+}
+
+// depthAlarm alarms as soon as the queue holds a visible message.
+func depthAlarm(c constructs.Construct, queue awssqs.Queue, id, why string) awscloudwatch.Alarm {
+	return queue.MetricApproximateNumberOfMessagesVisible(&awscloudwatch.MetricOptions{
+		Period: awscdk.Duration_Minutes(jsii.Number(1)), Statistic: jsii.String("Maximum"),
+	}).CreateAlarm(c, jsii.String(id), &awscloudwatch.CreateAlarmOptions{
+		AlarmDescription:   jsii.String(why),
+		Threshold:          jsii.Number(0),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
 }
 
 // metricsViews adds the alarm on the failure rate and the dashboard, over

@@ -272,6 +272,11 @@ func (c *cli) printExports(cfg aws.Config, vars map[string]string) {
 			vars["AWS_ACCESS_KEY_ID"], vars["AWS_SECRET_ACCESS_KEY"] = "test", "test"
 		}
 	}
+	c.exports(vars)
+}
+
+// exports prints vars as shell export lines, sorted.
+func (c *cli) exports(vars map[string]string) {
 	keys := make([]string, 0, len(vars))
 	for k := range vars {
 		keys = append(keys, k)
@@ -292,15 +297,7 @@ func (c *cli) emulator(ctx context.Context) error {
 		return err
 	}
 	defer em.Stop()
-	env := em.Env()
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Fprintf(c.stdout, "export %s=%s\n", k, shellQuote(env[k]))
-	}
+	c.exports(em.Env())
 	fmt.Fprintln(c.stderr, "nexjob: paste those lines into another shell; Ctrl-C stops the emulator")
 	<-ctx.Done()
 	return nil

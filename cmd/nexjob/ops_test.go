@@ -302,10 +302,7 @@ func TestRedriveSkipsSucceeded(t *testing.T) {
 func TestRequeueAllOnlyAsListed(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	r.broken.Store(true)
-	ids := r.enqueue(t, 2, "listed")
-	r.e.Drain(t, r.h)
-	r.broken.Store(false)
+	ids := r.failed(t, 2, "listed")
 	ft, cfg := r.e.Faulty()
 	a, err := admin.New(settings.Settings{AWS: cfg, Table: r.e.Table, QueueURL: r.e.QueueURL, DLQURL: r.e.DLQURL, Retention: handler.DefaultRetention})
 	if err != nil {
@@ -356,6 +353,17 @@ func TestDashboardRefusesEveryInterface(t *testing.T) {
 	}
 }
 
+// failed adds n report jobs that end Failed (the kind broken while they
+// run) and returns their ids.
+func (r *rig) failed(t *testing.T, n int, prefix string) []string {
+	t.Helper()
+	r.broken.Store(true)
+	ids := r.enqueue(t, n, prefix)
+	r.e.Drain(t, r.h)
+	r.broken.Store(false)
+	return ids
+}
+
 // cliAt runs the command line in process as on a terminal answering
 // answer (interactive), with the environment env.
 func (r *rig) cliAt(t *testing.T, env map[string]string, interactive bool, answer string, args ...string) (string, string, error) {
@@ -377,9 +385,7 @@ func (r *rig) cliAt(t *testing.T, env map[string]string, interactive bool, answe
 func TestCLIPrintsNoControlCharacters(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	r.broken.Store(true)
-	ids := r.enqueue(t, 1, "hostile")
-	r.e.Drain(t, r.h)
+	ids := r.failed(t, 1, "hostile")
 	ctx := context.Background()
 	_, err := r.e.DB.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:        aws.String(r.e.Table),
@@ -412,10 +418,7 @@ func TestCLIPrintsNoControlCharacters(t *testing.T) {
 func TestBulkActionsAsk(t *testing.T) {
 	t.Parallel()
 	r := newRig(t)
-	r.broken.Store(true)
-	ids := r.enqueue(t, 2, "bulk")
-	r.e.Drain(t, r.h)
-	r.broken.Store(false)
+	ids := r.failed(t, 2, "bulk")
 	if _, _, err := r.cliAt(t, nil, true, "n\n", "delete", ids[0], ids[1]); !errors.Is(err, ErrNotConfirmed) {
 		t.Fatalf("delete answered no: %v", err)
 	}
