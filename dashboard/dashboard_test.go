@@ -251,8 +251,13 @@ func TestHostChecked(t *testing.T) {
 	rq, _ := http.NewRequest(http.MethodPost, r.srv.URL+"/jobs/"+r.failed+"/delete", strings.NewReader("csrf=x"))
 	rq.Host = "rebind.example:" + port
 	rq.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	if resp, err := http.DefaultClient.Do(rq); err != nil || resp.StatusCode != http.StatusMisdirectedRequest {
-		t.Fatalf("POST from a rebound Host: %v %v", resp.StatusCode, err)
+	resp, err := http.DefaultClient.Do(rq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Fatalf("POST from a rebound Host: %d", resp.StatusCode)
 	}
 	r.e.RequireState(t, r.failed, ledger.Failed)
 

@@ -259,7 +259,7 @@ func uncertain(id string, err error) error {
 func unknownOutcome(err error) bool {
 	var api smithy.APIError
 	var mae *retry.MaxAttemptsError
-	return !(errors.As(err, &api) && api.ErrorFault() == smithy.FaultClient && !errors.As(err, &mae))
+	return !errors.As(err, &api) || api.ErrorFault() != smithy.FaultClient || errors.As(err, &mae)
 }
 
 // heldError carries the record that made a conditional write fail.
