@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/internal/awstest"
 	"github.com/nexjob/nexjob-aws/internal/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
 )
 
 // TestSettleWhenItsReadFails: the commit's reply is lost (it applied),
@@ -128,4 +130,25 @@ func fired(t *testing.T, h faults.Handle, n int) {
 	if got := h.Fired(); got != n {
 		t.Fatalf("fault fired %d times, want %d", got, n)
 	}
+}
+
+// TestRequeueAppliedThenThrottled: the requeue's update is applied, its
+// reply lost, the SDK's resends throttled past its retries. Read back
+// and recognised, the requeue succeeds and sends the job; it answered an
+// error, the operator's retry said NotTerminal, and nothing was sent.
+func TestRequeueAppliedThenThrottled(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	c, ft := faultyClient(t, e)
+	res := stage(t, newClient(t, e, &enqueue.ClientOptions{Logger: quietLog}), "requeue-throttled", ledger.Failed, time.Time{})
+	e.Purge(t, e.QueueURL)
+	lost := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply})
+	throttled := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts - 1})
+	if _, err := c.Requeue(context.Background(), res.ID); err != nil {
+		t.Fatalf("requeue applied, then throttled: %v", err)
+	}
+	fired(t, lost, 1)
+	fired(t, throttled, faults.Attempts-1)
+	e.RequireState(t, res.ID, ledger.Enqueued)
+	checkMessages(t, e, 1)
 }
