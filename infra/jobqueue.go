@@ -89,6 +89,14 @@ type JobQueueProps struct {
 	// IndexAllStates lists every state in the byState index (every
 	// function must agree, so it is set here). Defaults to false.
 	IndexAllStates *bool
+	// IndexShards spreads each state's index entries over this many
+	// partition key values (ledger.Options.IndexShards): each takes 1,000
+	// index write units a second, about 500 retries a second (a retry
+	// writes the index twice). Take the peak rate of Scheduled and Failed
+	// writes over 500, rounded up; listing reads every shard. Every
+	// function must agree, so it is set here. Defaults to 16 (8,000
+	// retries a second).
+	IndexShards *float64
 	// KeySecretParameter names an SSM SecureString parameter holding the
 	// key secret (HMAC for idempotency keys). Every function that hashes
 	// keys (all but the dispatch guard, see settings.NeedsKeySecret) reads
@@ -242,11 +250,14 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		Stream:        awsdynamodb.StreamViewType_NEW_AND_OLD_IMAGES,
 		RemovalPolicy: p.RemovalPolicy,
 	})
+	// Only what a listing shows: an index write is one write unit
+	// whatever a job's args weigh (ledger.IndexProjection).
 	q.Table.AddGlobalSecondaryIndex(&awsdynamodb.GlobalSecondaryIndexProps{
-		IndexName:      jsii.String(ledger.IndexByState),
-		PartitionKey:   &awsdynamodb.Attribute{Name: jsii.String(ledger.AttrListState), Type: awsdynamodb.AttributeType_STRING},
-		SortKey:        &awsdynamodb.Attribute{Name: jsii.String(ledger.AttrListAt), Type: awsdynamodb.AttributeType_NUMBER},
-		ProjectionType: awsdynamodb.ProjectionType_ALL,
+		IndexName:        jsii.String(ledger.IndexByState),
+		PartitionKey:     &awsdynamodb.Attribute{Name: jsii.String(ledger.AttrListState), Type: awsdynamodb.AttributeType_STRING},
+		SortKey:          &awsdynamodb.Attribute{Name: jsii.String(ledger.AttrListAt), Type: awsdynamodb.AttributeType_NUMBER},
+		ProjectionType:   awsdynamodb.ProjectionType_INCLUDE,
+		NonKeyAttributes: jsii.Strings(ledger.IndexProjection...),
 	})
 
 	q.DeadLetterQueue = awssqs.NewQueue(c, jsii.String("DLQ"), &awssqs.QueueProps{
@@ -269,6 +280,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		settings.EnvDLQURL:         q.DeadLetterQueue.QueueUrl(),
 		settings.EnvRetention:      jsii.String(p.retention()),
 		settings.EnvIndexAllStates: jsii.String(strconv.FormatBool(*p.IndexAllStates)),
+		settings.EnvIndexShards:    jsii.String(strconv.Itoa(int(*p.IndexShards))),
 	}
 	if p.KeySecretParameter != nil {
 		env[settings.EnvKeySecretParameter] = p.KeySecretParameter
@@ -611,6 +623,12 @@ func withDefaults(props *JobQueueProps) JobQueueProps {
 	}
 	if p.IndexAllStates == nil {
 		p.IndexAllStates = jsii.Bool(false)
+	}
+	if p.IndexShards == nil {
+		p.IndexShards = jsii.Number(ledger.DefaultIndexShards)
+	}
+	if n := *p.IndexShards; n < 1 || n > ledger.MaxIndexShards || n != float64(int(n)) {
+		panic(fmt.Sprintf("nexjob infra: IndexShards %v: want a whole number from 1 to %d", n, ledger.MaxIndexShards))
 	}
 	if p.FunctionTimeout == nil {
 		p.FunctionTimeout = awscdk.Duration_Seconds(jsii.Number(30))

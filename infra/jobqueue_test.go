@@ -69,7 +69,7 @@ func TestJobQueueTemplate(t *testing.T) {
 				map[string]any{"AttributeName": ledger.AttrListState, "KeyType": "HASH"},
 				map[string]any{"AttributeName": ledger.AttrListAt, "KeyType": "RANGE"},
 			},
-			"Projection": map[string]any{"ProjectionType": "ALL"},
+			"Projection": map[string]any{"ProjectionType": "INCLUDE", "NonKeyAttributes": toAny(ledger.IndexProjection)},
 		}},
 	})
 
@@ -150,6 +150,14 @@ func TestJobQueueTemplate(t *testing.T) {
 	})
 
 	checkIAM(t, raw)
+}
+
+func toAny(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
 }
 
 // checkIAM asserts every policy's exact actions and that no statement

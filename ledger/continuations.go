@@ -99,9 +99,10 @@ func (s *Store) move(ctx context.Context, id string, from []State, to State, rea
 func (s *Store) transition(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder, to State, reason string, expiresAt time.Time) (Record, bool, error) {
 	nowMs := s.now().UnixMilli()
 	upd = upd.Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).Remove(expression.Name(AttrLeaseUntil))
-	upd = s.withIndex(upd, to, nowMs)
+	upd = s.withIndex(upd, to, id, nowMs)
 	if reason != "" {
-		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError)))
+		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError))).
+			Set(expression.Name(AttrListErr), expression.Value(truncate(reason, MaxListError)))
 	}
 	if !expiresAt.IsZero() {
 		upd = upd.Set(expression.Name(AttrExpiresAt), expression.Value(TTL(expiresAt)))
@@ -179,7 +180,7 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched, AttrCancelled} {
 		upd = upd.Remove(expression.Name(a))
 	}
-	upd = s.withIndex(upd, Enqueued, nowMs)
+	upd = s.withIndex(upd, Enqueued, id, nowMs)
 	rec, err := s.updateByID(ctx, id, cond, upd)
 	var nc *NotClaimableError
 	switch {

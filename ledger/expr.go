@@ -37,7 +37,7 @@ func newWriteExpr() *writeExpr {
 var placeholders = func() map[string]string {
 	m := map[string]string{}
 	for _, a := range []string{AttrPK, AttrID, AttrState, AttrAttempt, AttrMaxAttempts, AttrUpdatedAt, AttrRunAt,
-		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrNonce, AttrNonce1, AttrNonce2, AttrHist0, AttrHist1, AttrHist2, AttrCutOffs} {
+		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrListErr, AttrNonce, AttrNonce1, AttrNonce2, AttrHist0, AttrHist1, AttrHist2, AttrCutOffs} {
 		m[a] = "#" + a
 	}
 	return m
@@ -107,11 +107,11 @@ func stampBuilder(upd expression.UpdateBuilder, nonce string) expression.UpdateB
 // drop adds "REMOVE #attr".
 func (e *writeExpr) drop(attr string) { e.remove = append(e.remove, e.n(attr)) }
 
-// index keeps the byState index's keys as withIndex does; stv and now
-// are the placeholders of st and of the time.
-func (e *writeExpr) index(s *Store, st State, stv, now string) {
+// index keeps the byState index's keys as withIndex does for job id; now
+// is the placeholder of the time.
+func (e *writeExpr) index(s *Store, st State, id, now string) {
 	if s.Indexed(st) {
-		e.assign(AttrListState, stv)
+		e.assign(AttrListState, e.s(":listKey", s.listKey(st, id)))
 		e.assign(AttrListAt, now)
 		return
 	}

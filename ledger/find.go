@@ -2,8 +2,12 @@ package ledger
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -31,8 +35,12 @@ type Filter struct {
 // Find returns up to f.Limit jobs matching f and a cursor for the next page
 // ("" at the end). Records past their retention are left out.
 //
-// An indexed state (see Indexed) is a Query of the byState index, most
-// recently changed first, reading only that state's records. Any other
+// An indexed state (see Indexed) is a Query of each of the byState
+// index's shards for that state (IndexShards, and the unsharded key of
+// records written before sharding), merged most recently changed first,
+// reading only that state's entries: IndexShards+1 Queries at least per
+// page. Its records carry only what the index projects (IndexProjection:
+// no args, LastError cut to MaxListError); Get reads a whole record. Any other
 // state (Enqueued and Processing, Succeeded unless IndexAllStates) is a
 // Scan of the whole table with a filter: it reads, and is billed for,
 // every record, and its pages come in table order (each page sorted newest
@@ -44,11 +52,14 @@ func (s *Store) Find(ctx context.Context, f Filter) ([]Record, string, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
+	if s.Indexed(f.State) {
+		return s.findIndexed(ctx, f)
+	}
 	start, err := decodeCursor(f.Cursor)
 	if err != nil {
 		return nil, "", err
 	}
-	indexed := s.Indexed(f.State)
+	const indexed = false
 	var recs []Record
 	for {
 		items, next, err := s.findPage(ctx, f, indexed, start)
@@ -77,8 +88,9 @@ func (s *Store) Find(ctx context.Context, f Filter) ([]Record, string, error) {
 	}
 }
 
-// findPage reads one page: a Query of the index or a Scan.
-func (s *Store) findPage(ctx context.Context, f Filter, indexed bool, start map[string]types.AttributeValue) ([]map[string]types.AttributeValue, map[string]types.AttributeValue, error) {
+// filterOf is f's filter (live records of its kind) and its time bounds
+// in Unix ms, [since, until].
+func (s *Store) filterOf(f Filter) (expression.ConditionBuilder, int64, int64) {
 	now := s.now().Unix()
 	filter := expression.AttributeNotExists(expression.Name(AttrExpiresAt)).Or(expression.Name(AttrExpiresAt).GreaterThan(expression.Value(now)))
 	if f.Kind != "" {
@@ -91,29 +103,190 @@ func (s *Store) findPage(ctx context.Context, f Filter, indexed bool, start map[
 	if !f.Until.IsZero() {
 		until = f.Until.UnixMilli() - 1
 	}
-	if indexed {
-		key := expression.Key(AttrListState).Equal(expression.Value(f.State)).
-			And(expression.Key(AttrListAt).Between(expression.Value(since), expression.Value(until)))
-		expr, err := expression.NewBuilder().WithKeyCondition(key).WithFilter(filter).Build()
-		if err != nil {
-			return nil, nil, fmt.Errorf("nexjob: build query: %w", err)
-		}
-		out, err := s.db.Query(ctx, &dynamodb.QueryInput{
-			TableName:                 aws.String(s.table),
-			IndexName:                 aws.String(IndexByState),
-			KeyConditionExpression:    expr.KeyCondition(),
-			FilterExpression:          expr.Filter(),
-			ExpressionAttributeNames:  expr.Names(),
-			ExpressionAttributeValues: expr.Values(),
-			ScanIndexForward:          aws.Bool(false),
-			Limit:                     aws.Int32(int32(f.Limit)),
-			ExclusiveStartKey:         start,
-		})
-		if err != nil {
-			return nil, nil, fmt.Errorf("nexjob: list %s jobs in %s: %w", f.State, s.table, err)
-		}
-		return out.Items, out.LastEvaluatedKey, nil
+	return filter, since, until
+}
+
+// queryShard reads one page of one index partition key value, newest
+// first.
+func (s *Store) queryShard(ctx context.Context, f Filter, key string, start map[string]types.AttributeValue) ([]Record, map[string]types.AttributeValue, error) {
+	filter, since, until := s.filterOf(f)
+	kc := expression.Key(AttrListState).Equal(expression.Value(key)).
+		And(expression.Key(AttrListAt).Between(expression.Value(since), expression.Value(until)))
+	expr, err := expression.NewBuilder().WithKeyCondition(kc).WithFilter(filter).Build()
+	if err != nil {
+		return nil, nil, fmt.Errorf("nexjob: build query: %w", err)
 	}
+	out, err := s.db.Query(ctx, &dynamodb.QueryInput{
+		TableName:                 aws.String(s.table),
+		IndexName:                 aws.String(IndexByState),
+		KeyConditionExpression:    expr.KeyCondition(),
+		FilterExpression:          expr.Filter(),
+		ExpressionAttributeNames:  expr.Names(),
+		ExpressionAttributeValues: expr.Values(),
+		ScanIndexForward:          aws.Bool(false),
+		Limit:                     aws.Int32(int32(f.Limit)),
+		ExclusiveStartKey:         start,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("nexjob: list %s jobs in %s: %w", f.State, s.table, err)
+	}
+	var page []Record
+	if err := attributevalue.UnmarshalListOfMaps(out.Items, &page); err != nil {
+		return nil, nil, fmt.Errorf("nexjob: decode job records: %w", err)
+	}
+	for i := range page {
+		if page[i].LastError == "" {
+			page[i].LastError = page[i].ListErr // the index holds the cut one
+		}
+	}
+	return page, out.LastEvaluatedKey, nil
+}
+
+// shardRead is one index partition key value's place in a merged listing.
+type shardRead struct {
+	key   string
+	start map[string]types.AttributeValue // where this call began reading it
+	next  map[string]types.AttributeValue // where its read buffer ends
+	buf   []Record                        // read, not yet listed
+	last  *Record                         // the last of its records listed
+	done  bool                            // nothing more to read
+}
+
+// findIndexed lists an indexed state: every shard's partition key value
+// (and the unsharded one of older records) queried newest first, merged
+// by time. Each shard is read lazily, a page at a time, only when its
+// next record could be the newest of all; the cursor keeps each shard's
+// place, so pages neither skip nor repeat a record.
+func (s *Store) findIndexed(ctx context.Context, f Filter) ([]Record, string, error) {
+	keys := s.listKeys(f.State)
+	reads := make([]*shardRead, len(keys))
+	pos, err := decodeShardCursor(f.Cursor, len(keys))
+	if err != nil {
+		return nil, "", err
+	}
+	for i, k := range keys {
+		r := &shardRead{key: k}
+		if p, ok := pos[i]; ok {
+			if p == nil {
+				r.done = true
+			} else {
+				r.start = map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: p.PK}, AttrListState: &types.AttributeValueMemberS{Value: k},
+					AttrListAt: &types.AttributeValueMemberN{Value: strconv.FormatInt(p.At, 10)}}
+			}
+		}
+		r.next = r.start
+		reads[i] = r
+	}
+	var out []Record
+	for len(out) < f.Limit {
+		var best *shardRead
+		for _, r := range reads {
+			// A shard whose buffer is empty may hold the newest record:
+			// read on until it has one or has nothing more.
+			for len(r.buf) == 0 && !r.done {
+				page, next, err := s.queryShard(ctx, f, r.key, r.next)
+				if err != nil {
+					return nil, "", err
+				}
+				r.buf, r.next, r.done = page, next, len(next) == 0 && len(page) == 0
+				if len(next) == 0 && len(page) > 0 {
+					r.next = nil // this buffer is the shard's last
+				}
+			}
+			if len(r.buf) > 0 && (best == nil || newer(r.buf[0], best.buf[0])) {
+				best = r
+			}
+		}
+		if best == nil {
+			break
+		}
+		rec := best.buf[0]
+		best.buf = best.buf[1:]
+		best.last = &rec
+		if len(best.buf) == 0 && best.next == nil {
+			best.done = true
+		}
+		out = append(out, rec)
+	}
+	c, err := encodeShardCursor(reads)
+	return out, c, err
+}
+
+// newer orders the merged listing: the later change first, then the
+// partition key, so the order is total.
+func newer(a, b Record) bool {
+	if a.ListAt != b.ListAt {
+		return a.ListAt > b.ListAt
+	}
+	return a.PK > b.PK
+}
+
+// shardPos is one shard's place in a cursor: after the record with this
+// table key and sort key; a nil *shardPos is a shard read to its end.
+type shardPos struct {
+	PK string `json:"p"`
+	At int64  `json:"t"`
+}
+
+func encodeShardCursor(reads []*shardRead) (string, error) {
+	pos := map[string]*shardPos{}
+	more := false
+	for i, r := range reads {
+		switch {
+		case r.done:
+			pos[strconv.Itoa(i)] = nil
+		case r.last != nil:
+			pos[strconv.Itoa(i)] = &shardPos{PK: r.last.PK, At: r.last.ListAt}
+			more = true
+		case r.start != nil:
+			at, _ := strconv.ParseInt(r.start[AttrListAt].(*types.AttributeValueMemberN).Value, 10, 64)
+			pos[strconv.Itoa(i)] = &shardPos{PK: r.start[AttrPK].(*types.AttributeValueMemberS).Value, At: at}
+			more = true
+		default:
+			more = true // not begun
+		}
+	}
+	if !more {
+		return "", nil
+	}
+	b, err := json.Marshal(struct {
+		V int                  `json:"v"`
+		S map[string]*shardPos `json:"s"`
+	}{2, pos})
+	return base64.RawURLEncoding.EncodeToString(b), err
+}
+
+// decodeShardCursor reads encodeShardCursor's: shard index to its place
+// (nil: read to its end; absent: from the start).
+func decodeShardCursor(c string, shards int) (map[int]*shardPos, error) {
+	if c == "" {
+		return nil, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return nil, ErrBadCursor
+	}
+	var v struct {
+		V int                  `json:"v"`
+		S map[string]*shardPos `json:"s"`
+	}
+	if json.Unmarshal(b, &v) != nil || v.V != 2 {
+		return nil, ErrBadCursor
+	}
+	out := map[int]*shardPos{}
+	for k, p := range v.S {
+		i, err := strconv.Atoi(k)
+		if err != nil || i < 0 || i >= shards || p != nil && !strings.HasPrefix(p.PK, jobPrefix) && !strings.HasPrefix(p.PK, keyPrefix) {
+			return nil, ErrBadCursor // another shard count, or not ours
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
+// findPage reads one page of a Scan.
+func (s *Store) findPage(ctx context.Context, f Filter, indexed bool, start map[string]types.AttributeValue) ([]map[string]types.AttributeValue, map[string]types.AttributeValue, error) {
+	filter, since, until := s.filterOf(f)
 	filter = filter.And(expression.Name(AttrState).Equal(expression.Value(f.State))).
 		And(expression.Name(AttrUpdatedAt).Between(expression.Value(since), expression.Value(until)))
 	expr, err := expression.NewBuilder().WithFilter(filter).Build()

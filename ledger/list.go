@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
@@ -31,12 +32,33 @@ func (s *Store) Indexed(st State) bool {
 	return false
 }
 
-// withIndex adds to upd the index attributes for a move to state st: set
-// when st is indexed, removed otherwise (removing absent attributes costs
-// no index write).
-func (s *Store) withIndex(upd expression.UpdateBuilder, st State, nowMs int64) expression.UpdateBuilder {
+// listKey is the byState index partition key of job id in state st:
+// "State#shard", the shard fixed by the id (FNV-1a), so each job's
+// entries stay on one value and the jobs of a state spread over
+// IndexShards values.
+func (s *Store) listKey(st State, id string) string {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return string(st) + "#" + strconv.Itoa(int(h.Sum32()%uint32(s.shards)))
+}
+
+// listKeys are every partition key value state st's entries may have:
+// each shard's, and the unsharded one of records written before the
+// index was sharded (they move to their shard at their next write).
+func (s *Store) listKeys(st State) []string {
+	keys := make([]string, 0, s.shards+1)
+	for i := range s.shards {
+		keys = append(keys, string(st)+"#"+strconv.Itoa(i))
+	}
+	return append(keys, string(st))
+}
+
+// withIndex adds to upd the index attributes for job id's move to state
+// st: set when st is indexed, removed otherwise (removing absent
+// attributes costs no index write).
+func (s *Store) withIndex(upd expression.UpdateBuilder, st State, id string, nowMs int64) expression.UpdateBuilder {
 	if s.Indexed(st) {
-		return upd.Set(expression.Name(AttrListState), expression.Value(st)).
+		return upd.Set(expression.Name(AttrListState), expression.Value(s.listKey(st, id))).
 			Set(expression.Name(AttrListAt), expression.Value(nowMs))
 	}
 	return upd.Remove(expression.Name(AttrListState)).Remove(expression.Name(AttrListAt))

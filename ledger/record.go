@@ -36,7 +36,8 @@ type Record struct {
 	ExpiresAt   int64    `dynamodbav:"expiresAt,omitempty"`
 	ParentID    string   `dynamodbav:"parentId,omitempty"`
 	Children    []string `dynamodbav:"children,stringset,omitempty"` // continuations waiting on this job
-	ListState   State    `dynamodbav:"listState,omitempty"`          // the byState index's key; set only for indexed states
+	ListState   string   `dynamodbav:"listState,omitempty"`          // the byState index's key, "State#shard"; set only for indexed states
+	ListErr     string   `dynamodbav:"listErr,omitempty"`            // LastError cut to MaxListError: what the index projects
 	ListAt      int64    `dynamodbav:"listAt,omitempty"`             // the byState index's sort key (Unix ms)
 	// Undispatched marks a job whose SQS send failed after it was written;
 	// a caller retrying its key sends it again at once.
@@ -192,6 +193,11 @@ func truncate(s string, n int) string {
 
 // MaxLastError bounds the kept last error, in bytes.
 const MaxLastError = 4000
+
+// MaxListError bounds the last error the byState index projects (ListErr),
+// in bytes: with it an index entry stays under 1 KB, one write unit,
+// whatever the job's args and error.
+const MaxListError = 200
 
 // Attempt is how one run ended: kept for people (nexjob get, the
 // dashboard), three at most per record.

@@ -30,6 +30,7 @@ const (
 	AttrChildren     = "children"     // string set: continuations waiting on this job
 	AttrListState    = "listState"    // byState index partition key; present only in indexed states
 	AttrListAt       = "listAt"       // byState index sort key, Unix milliseconds
+	AttrListErr      = "listErr"      // lastError cut to MaxListError, projected into the index
 	AttrUndispatched = "undispatched" // true while a written job's SQS send is known to have failed
 	AttrNonce        = "nonce"        // the last update's nonce: a resend that meets it knows its write was applied
 	AttrNonce1       = "nonce1"       // the update's before it (shifted down by each update)
@@ -57,6 +58,13 @@ const IndexByState = "byState"
 // TTLAttribute is the attribute DynamoDB's time to live must be enabled on.
 const TTLAttribute = AttrExpiresAt
 
+// IndexProjection is what the byState index holds besides its keys and
+// the table's: what a listing shows (id, kind, state, times, attempts, the
+// cut last error) and what Find filters on (expiresAt). Not the args nor
+// the full error, so an index write is one write unit whatever they
+// weigh; a listed job's detail is a GetItem.
+var IndexProjection = []string{AttrID, AttrKind, AttrState, AttrCreatedAt, AttrUpdatedAt, AttrRunAt, AttrAttempt, AttrMaxAttempts, AttrExpiresAt, AttrCancelled, AttrListErr, AttrParentID}
+
 // CreateTableInput describes the ledger table: on-demand, one string
 // partition key. infra/ builds the same table with CDK from these names;
 // local provisioning creates it from this value.
@@ -75,7 +83,7 @@ func CreateTableInput(table string) *dynamodb.CreateTableInput {
 				{AttributeName: aws.String(AttrListState), KeyType: types.KeyTypeHash},
 				{AttributeName: aws.String(AttrListAt), KeyType: types.KeyTypeRange},
 			},
-			Projection: &types.Projection{ProjectionType: types.ProjectionTypeAll},
+			Projection: &types.Projection{ProjectionType: types.ProjectionTypeInclude, NonKeyAttributes: IndexProjection},
 		}},
 		KeySchema: []types.KeySchemaElement{
 			{AttributeName: aws.String(AttrPK), KeyType: types.KeyTypeHash},

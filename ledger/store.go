@@ -41,7 +41,23 @@ type Options struct {
 	// and completion). Defaults to false: only Scheduled,
 	// AwaitingContinuation, Failed and Expired are listed.
 	IndexAllStates bool
+	// IndexShards spreads each state's index entries over this many
+	// partition key values ("Failed#0" … "Failed#15"): one value of a GSI
+	// takes at most 1,000 write units a second, and a GSI that falls
+	// behind throttles the table's writes. A job keeps one shard, from
+	// its id. Every process of a deployment must agree (settings'
+	// NEXJOB_INDEX_SHARDS; the construct sets it). Defaults to
+	// DefaultIndexShards; at most MaxIndexShards.
+	IndexShards int
 }
+
+// DefaultIndexShards is the byState index's shards per state: 16 values
+// take 16,000 index write units a second per state, about 8,000 retries
+// a second during a downstream outage (two index writes each).
+const DefaultIndexShards = 16
+
+// MaxIndexShards bounds IndexShards: listing reads every shard.
+const MaxIndexShards = 256
 
 // Store reads and writes job records in one DynamoDB table.
 type Store struct {
@@ -50,6 +66,7 @@ type Store struct {
 	now      func() time.Time
 	secret   []byte
 	indexAll bool
+	shards   int
 }
 
 // New returns a Store over the named table. It does no I/O; a missing table
@@ -62,13 +79,19 @@ func New(db DynamoDB, table string, opts *Options) (*Store, error) {
 	if table == "" {
 		return nil, errors.New("nexjob: ledger needs a table name")
 	}
-	s := &Store{db: db, table: table, now: time.Now}
+	s := &Store{db: db, table: table, now: time.Now, shards: DefaultIndexShards}
 	if opts != nil {
 		if opts.Now != nil {
 			s.now = opts.Now
 		}
 		s.secret = append([]byte(nil), opts.KeySecret...)
 		s.indexAll = opts.IndexAllStates
+		if opts.IndexShards < 0 || opts.IndexShards > MaxIndexShards {
+			return nil, fmt.Errorf("nexjob: IndexShards %d: want 1 to %d (0 takes %d)", opts.IndexShards, MaxIndexShards, DefaultIndexShards)
+		}
+		if opts.IndexShards > 0 {
+			s.shards = opts.IndexShards
+		}
 	}
 	return s, nil
 }
@@ -174,14 +197,17 @@ func (s *Store) stamp(rec Record, key string, policy DuplicatePolicy, now time.T
 	rec.Policy = policy.String()
 	rec.Nonce = newNonce()
 	rec.ArgsHash = ArgsHash(rec.Kind, rec.Args)
-	if s.Indexed(rec.State) {
-		rec.ListState, rec.ListAt = rec.State, rec.UpdatedAt
+	if rec.LastError != "" {
+		rec.ListErr = truncate(rec.LastError, MaxListError)
 	}
 	rec.KeyHash = ""
 	if key != "" {
 		rec.KeyHash = s.HashKey(key)
 	}
 	rec.ID = newID(rec.KeyHash)
+	if s.Indexed(rec.State) {
+		rec.ListState, rec.ListAt = s.listKey(rec.State, rec.ID), rec.UpdatedAt
+	}
 	rec.PK = jobPrefix + rec.ID
 	if key != "" {
 		rec.PK = keyPrefix + rec.KeyHash

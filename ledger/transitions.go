@@ -51,7 +51,7 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 	e.assign(AttrUpdatedAt, nowMs)
 	e.assign(AttrAttempt, at+" + "+one)
 	e.assign(AttrToken, e.n(AttrToken)+" + "+one)
-	e.index(s, Processing, proc, nowMs)
+	e.index(s, Processing, id, nowMs)
 	nonce := newNonce()
 	e.stamp(nonce)
 	return s.updateJob(ctx, id, e.exprs(), nonce)
@@ -138,12 +138,14 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	e.assign(AttrState, st)
 	e.assign(AttrUpdatedAt, nowMs)
 	e.drop(AttrLeaseUntil)
-	e.index(s, f.State, st, nowMs)
+	e.index(s, f.State, rec.ID, nowMs)
 	switch {
 	case f.State == Succeeded:
 		e.drop(AttrLastError) // a success shows no retry's error; the history keeps it
+		e.drop(AttrListErr)
 	case f.LastError != "":
 		e.assign(AttrLastError, e.s(":err", truncate(f.LastError, MaxLastError)))
+		e.assign(AttrListErr, e.s(":listErr", truncate(f.LastError, MaxListError)))
 	}
 	e.history(Attempt{N: rec.Attempt, At: now.UnixMilli(), State: f.State, Error: truncate(f.LastError, MaxAttemptError)})
 	if !f.RunAt.IsZero() {

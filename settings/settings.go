@@ -16,6 +16,7 @@
 //	NEXJOB_ROLE                  worker, deadletter or guard: for one binary serving all three
 //	NEXJOB_RETENTION             "succeeded=168h,failed=720h,expired=168h" (any subset; 0 keeps forever)
 //	NEXJOB_INDEX_ALL_STATES      "true" lists every state (ledger.Options.IndexAllStates)
+//	NEXJOB_INDEX_SHARDS          the byState index's shards per state (ledger.Options.IndexShards; default 16)
 //	NEXJOB_KEY_SECRET_PARAMETER  an SSM SecureString parameter holding the key secret (every role but the guard)
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
@@ -72,6 +73,7 @@ const (
 	EnvRole               = "NEXJOB_ROLE"
 	EnvRetention          = "NEXJOB_RETENTION"
 	EnvIndexAllStates     = "NEXJOB_INDEX_ALL_STATES"
+	EnvIndexShards        = "NEXJOB_INDEX_SHARDS"
 	EnvKeySecretParameter = "NEXJOB_KEY_SECRET_PARAMETER"
 	EnvKeySecret          = "NEXJOB_KEY_SECRET"
 	EnvGuardAfter         = "NEXJOB_GUARD_AFTER"
@@ -102,11 +104,11 @@ func Vars(r Role) []string {
 	case Guard:
 		return []string{EnvQueueURL, EnvGuardAfter}
 	case Worker, Operator:
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards}
 	case Dashboard:
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvDashboardWrite}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvDashboardWrite}
 	}
-	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates}
+	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates, EnvIndexShards}
 }
 
 // NeedsKeySecret says whether role r hashes idempotency keys, and so reads
@@ -131,8 +133,9 @@ type Settings struct {
 	DLQURL   string
 	// Retention of terminal records; defaults to handler.DefaultRetention.
 	Retention handler.Retention
-	// IndexAllStates and KeySecret go to ledger.Options.
+	// IndexAllStates, IndexShards and KeySecret go to ledger.Options.
 	IndexAllStates bool
+	IndexShards    int
 	KeySecret      []byte
 	// GuardAfter is guard.Options.After; zero takes its default.
 	GuardAfter time.Duration
@@ -208,6 +211,11 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 			return Settings{}, &InvalidError{Var: EnvIndexAllStates, Reason: "want true or false"}
 		}
 	}
+	if v := getenv(EnvIndexShards); v != "" {
+		if s.IndexShards, err = strconv.Atoi(v); err != nil || s.IndexShards < 1 || s.IndexShards > ledger.MaxIndexShards {
+			return Settings{}, &InvalidError{Var: EnvIndexShards, Reason: fmt.Sprintf("want a whole number from 1 to %d", ledger.MaxIndexShards)}
+		}
+	}
 	if v := getenv(EnvDashboardWrite); v != "" {
 		if s.DashboardWrite, err = strconv.ParseBool(v); err != nil {
 			return Settings{}, &InvalidError{Var: EnvDashboardWrite, Reason: "want true or false"}
@@ -279,7 +287,7 @@ func FormatRetention(r handler.Retention) string {
 
 // LedgerOptions are the ledger's options these settings imply.
 func (s Settings) LedgerOptions() ledger.Options {
-	return ledger.Options{KeySecret: s.KeySecret, IndexAllStates: s.IndexAllStates}
+	return ledger.Options{KeySecret: s.KeySecret, IndexAllStates: s.IndexAllStates, IndexShards: s.IndexShards}
 }
 
 // ClientOptions are the enqueue client's options these settings imply.

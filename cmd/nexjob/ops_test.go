@@ -315,10 +315,15 @@ func TestRequeueAllOnlyAsListed(t *testing.T) {
 		}
 		r.e.Drain(t, r.h)
 	}
+	// Just before RequeueAll's own requeue of that job is sent (the
+	// listing is done): Match runs as the request is picked, faults none.
 	var once sync.Once
-	for _, op := range []string{"DynamoDB.Scan", "DynamoDB.Query"} {
-		ft.Add(faults.Rule{Op: op, Fault: faults.Pass, After: func() { once.Do(meanwhile) }})
-	}
+	ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Pass, Match: func(b []byte) bool {
+		if bytes.Contains(b, []byte(ids[0])) {
+			once.Do(meanwhile)
+		}
+		return false
+	}})
 	rep, err := a.RequeueAll(ctx, ledger.Filter{State: ledger.Failed}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -390,7 +395,7 @@ func TestCLIPrintsNoControlCharacters(t *testing.T) {
 	_, err := r.e.DB.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:        aws.String(r.e.Table),
 		Key:              map[string]ddbtypes.AttributeValue{ledger.AttrPK: &ddbtypes.AttributeValueMemberS{Value: "j#" + ids[0]}},
-		UpdateExpression: aws.String("SET kind = :k, lastError = :e"),
+		UpdateExpression: aws.String("SET kind = :k, lastError = :e, listErr = :e"),
 		ExpressionAttributeValues: map[string]ddbtypes.AttributeValue{
 			":k": &ddbtypes.AttributeValueMemberS{Value: "evil\x1b[2J\x00kind"},
 			":e": &ddbtypes.AttributeValueMemberS{Value: "ok\r\nFAKE LINE \u202egnp.exe\x1b]0;title\x07"},
