@@ -19,6 +19,7 @@ import (
 	"github.com/nexjob/nexjob-aws/internal/redact"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
+	"github.com/nexjob/nexjob-aws/onetime"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -106,6 +107,21 @@ type ClientOptions struct {
 	// active tracing follow a job from producer to worker then. Defaults
 	// to none.
 	XRay propagation.TextMapPropagator
+	// Far carries a message due more than FarAfter ahead with one
+	// one-time schedule (package onetime) instead of SQS delay hops of
+	// MaxDelay: a job a year ahead costs one CreateSchedule, not 35,136
+	// hops. Such a message carries no trace attributes (Scheduler's SQS
+	// target cannot set them). Defaults to none: hops.
+	Far FarScheduler
+	// FarAfter is the delay beyond which Far is used. Defaults to
+	// MaxSQSDelay (15 minutes): nearer delays stay SQS delays.
+	FarAfter time.Duration
+}
+
+// FarScheduler sends a message at a later time: *onetime.Client.
+type FarScheduler interface {
+	Schedule(ctx context.Context, name string, at time.Time, body string) error
+	Unschedule(ctx context.Context, name string) error
 }
 
 // Client enqueues jobs: one conditional DynamoDB write, then one SQS send.
@@ -121,6 +137,8 @@ type Client struct {
 	metrics   *metrics.Recorder
 	tracer    trace.Tracer
 	xray      propagation.TextMapPropagator
+	far       FarScheduler
+	farAfter  time.Duration
 }
 
 // New returns a Client for the ledger table and the job queue. It does no
@@ -148,6 +166,10 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if o.RedispatchAfter <= 0 {
 		o.RedispatchAfter = DefaultRedispatchAfter
 	}
+	farAfter := o.FarAfter
+	if farAfter <= 0 {
+		farAfter = MaxSQSDelay
+	}
 	if o.MaxDelay <= 0 || o.MaxDelay > MaxSQSDelay {
 		o.MaxDelay = MaxSQSDelay
 	}
@@ -155,7 +177,7 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), xray: o.XRay}, nil
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), xray: o.XRay, far: o.Far, farAfter: farAfter}, nil
 }
 
 // Store returns the ledger the client writes to.
@@ -449,9 +471,17 @@ func (c *Client) delaySeconds(delay time.Duration) int32 {
 	return int32((delay + time.Second - 1) / time.Second)
 }
 
-// Send sends one job message with a delay, capped at MaxDelay. The
-// worker uses it to carry a long schedule forward.
+// Send sends one job message with a delay: an SQS delay capped at
+// MaxDelay, or, with ClientOptions.Far and a delay beyond FarAfter, one
+// one-time schedule that sends it at its time. The worker uses it to
+// carry a long schedule forward.
 func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
+	if c.far != nil && delay > c.farAfter {
+		if err := c.far.Schedule(ctx, onetime.Name(msg.ID, msg.Check), c.store.Now().Add(delay), msg.Encode()); err != nil {
+			return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
+		}
+		return nil
+	}
 	out, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
 		QueueUrl:                aws.String(c.queueURL),
 		MessageBody:             aws.String(msg.Encode()),

@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/onetime"
 )
 
 // ContinueWith adds a job that runs once the parent job succeeds. The child
@@ -355,7 +356,24 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 		return rec, &NotCancellableError{JobID: jobID, State: rec.State}
 	}
 	c.log.InfoContext(ctx, "nexjob: cancelled", "job_id", rec.ID, "kind", rec.Kind)
+	if ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
+		c.unschedule(ctx, rec.ID) // it was far: its message waits in a schedule
+	}
 	return rec, c.CancelContinuations(ctx, rec, "", retention)
+}
+
+// unschedule removes a job's one-time schedules (its message's and a
+// guard check's), if Far is set: best effort, as one that fires anyway
+// finds the job no longer waiting and does nothing.
+func (c *Client) unschedule(ctx context.Context, jobID string) {
+	if c.far == nil {
+		return
+	}
+	for _, check := range []bool{false, true} {
+		if err := c.far.Unschedule(ctx, onetime.Name(jobID, check)); err != nil {
+			c.log.WarnContext(ctx, "nexjob: could not remove a one-time schedule; when it fires it finds the job ended", "job_id", jobID, "err", err)
+		}
+	}
 }
 
 // NotCancellableError: Cancel of a job that already started or ended.
@@ -372,5 +390,9 @@ func (e *NotCancellableError) Error() string {
 // Deleting a job that does not exist is not an error. An active job's
 // message, if any, is then acknowledged by the worker without running.
 func (c *Client) Delete(ctx context.Context, jobID string) error {
-	return c.missing(c.store.Delete(ctx, jobID))
+	if err := c.store.Delete(ctx, jobID); err != nil {
+		return c.missing(err)
+	}
+	c.unschedule(ctx, jobID)
+	return nil
 }

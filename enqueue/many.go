@@ -144,10 +144,15 @@ func (c *Client) record(ctx context.Context, it Item) (ledger.Record, bool, Item
 // outcome in out.
 func (c *Client) sendBatch(ctx context.Context, idx []int, recs []ledger.Record, out []ItemResult) {
 	b, ok := c.sqs.(batchSender)
-	if !ok {
-		for _, i := range idx {
-			c.sent(ctx, recs[i], &out[i], c.Dispatch(ctx, recs[i]))
+	var near []int
+	for _, i := range idx {
+		if _, delay := c.message(recs[i]); !ok || c.far != nil && delay > c.farAfter {
+			c.sent(ctx, recs[i], &out[i], c.Dispatch(ctx, recs[i])) // one by one: far jobs take a schedule each
+			continue
 		}
+		near = append(near, i)
+	}
+	if idx = near; len(idx) == 0 {
 		return
 	}
 	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(c.queueURL)}

@@ -128,6 +128,12 @@ type Options struct {
 	// it on with retries and carried schedules: see
 	// enqueue.ClientOptions.XRay. Defaults to none.
 	XRay propagation.TextMapPropagator
+	// Far and FarAfter: retries and carried schedules due beyond FarAfter
+	// wait in one one-time schedule, not in SQS hops (see
+	// enqueue.ClientOptions.Far). A dispatch guard's check of a far job
+	// is carried so too. Defaults to none: hops.
+	Far      enqueue.FarScheduler
+	FarAfter time.Duration
 }
 
 // Handler runs the jobs of SQS batches. Its Handle method is the Lambda
@@ -186,7 +192,7 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 		o.UnknownKindBackoff = DefaultBackoff
 	}
 	p, err := enqueue.New(cfg, table, queueURL, &enqueue.ClientOptions{
-		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay, XRay: o.XRay,
+		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay, XRay: o.XRay, Far: o.Far, FarAfter: o.FarAfter,
 	})
 	if err != nil {
 		return nil, err

@@ -22,6 +22,7 @@ package faults
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -171,11 +172,22 @@ func (t *Transport) Ops() []string {
 }
 
 // Operation names the request as "Service.Operation" from its X-Amz-Target
-// header (the JSON protocols of DynamoDB and SQS).
+// header (the JSON protocols of DynamoDB and SQS), or for EventBridge
+// Scheduler's REST protocol from its method and path
+// ("Scheduler.CreateSchedule").
 func Operation(req *http.Request) string {
 	target := req.Header.Get("X-Amz-Target")
 	svc, op, ok := strings.Cut(target, ".")
 	if !ok {
+		p := strings.Trim(req.URL.Path, "/")
+		if p == "schedules" && req.Method == http.MethodGet {
+			return "Scheduler.ListSchedules"
+		}
+		if strings.HasPrefix(p, "schedules/") {
+			if a, ok := map[string]string{http.MethodGet: "GetSchedule", http.MethodPost: "CreateSchedule", http.MethodPut: "UpdateSchedule", http.MethodDelete: "DeleteSchedule"}[req.Method]; ok {
+				return "Scheduler." + a
+			}
+		}
 		return target
 	}
 	switch {
@@ -259,12 +271,18 @@ func throttleCode(op string) string {
 	if strings.HasPrefix(op, "SQS.") {
 		return "com.amazonaws.sqs#RequestThrottled"
 	}
+	if strings.HasPrefix(op, "Scheduler.") {
+		return "ThrottlingException"
+	}
 	return "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException"
 }
 
 func internalCode(op string) string {
 	if strings.HasPrefix(op, "SQS.") {
 		return "com.amazonaws.sqs#InternalError"
+	}
+	if strings.HasPrefix(op, "Scheduler.") {
+		return "InternalServerException"
 	}
 	return "com.amazonaws.dynamodb.v20120810#InternalServerError"
 }
@@ -282,6 +300,15 @@ const TransactionConflict = `{"__type":"com.amazonaws.dynamodb.v20120810#Transac
 func reply(req *http.Request, status int, b []byte) *http.Response {
 	h := http.Header{}
 	h.Set("Content-Type", "application/x-amz-json-1.0")
+	if req.Header.Get("X-Amz-Target") == "" { // a REST protocol (Scheduler) reads the code from a header
+		var e struct {
+			Type string `json:"__type"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Type != "" {
+			h.Set("X-Amzn-Errortype", e.Type)
+		}
+		h.Set("Content-Type", "application/json")
+	}
 	h.Set("X-Amzn-Requestid", "injected")
 	return &http.Response{
 		Status: fmt.Sprintf("%d %s", status, http.StatusText(status)), StatusCode: status,

@@ -1,0 +1,232 @@
+package handler_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/onetime"
+)
+
+// farRig is a handler whose far messages wait in one-time schedules on
+// the emulator's EventBridge Scheduler (moto stores schedules and never
+// fires them: fire plays Scheduler).
+type farRig struct {
+	e       *awstest.Env
+	h       *handler.Handler
+	clock   *clock
+	counter *awstest.Counter
+	sched   *scheduler.Client // uncounted: Scheduler's own side
+	group   string
+	poll    *poller.Poller
+	ft      *faults.Transport // the handler's requests, with faulty set
+}
+
+func newFarRig(t *testing.T, faulty bool) *farRig {
+	t.Helper()
+	e := awstest.New(t, nil)
+	r := &farRig{e: e, clock: &clock{}, sched: scheduler.NewFromConfig(e.Cfg), group: "far-" + e.Table[len(e.Table)-9:]}
+	if _, err := r.sched.CreateScheduleGroup(context.Background(), &scheduler.CreateScheduleGroupInput{Name: aws.String(r.group)}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.Cfg.Copy()
+	if faulty {
+		var fcfg aws.Config
+		r.ft, fcfg = e.Faulty()
+		cfg = fcfg.Copy()
+	}
+	r.counter = awstest.Count(&cfg)
+	arn, err := onetime.QueueARN(cfg.Region, e.QueueURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	far, err := onetime.New(scheduler.NewFromConfig(cfg), onetime.Options{Group: r.group, QueueARN: arn, RoleARN: "arn:aws:iam::123456789012:role/nexjob-scheduler"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](ok), nil)
+	if r.h, err = handler.New(cfg, e.Table, e.QueueURL, reg, &handler.Options{Ledger: ledger.Options{Now: r.clock.Now}, Far: far, Logger: quiet}); err != nil {
+		t.Fatal(err)
+	}
+	r.poll = poller.New(e.SQS, e.QueueURL, r.h.Handle, &poller.Options{WaitTime: -1})
+	return r
+}
+
+// fire does what Scheduler does when a one-time schedule's time comes:
+// it sends the target's input to the queue and deletes the schedule
+// (ActionAfterCompletion DELETE). It returns how many fired.
+func (r *farRig) fire(t *testing.T) int {
+	t.Helper()
+	ctx := context.Background()
+	list, err := r.sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(r.group)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, s := range list.Schedules {
+		got, err := r.sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: s.Name, GroupName: aws.String(r.group)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		at, err := time.Parse("at(2006-01-02T15:04:05)", aws.ToString(got.ScheduleExpression))
+		if err != nil {
+			t.Fatalf("schedule %s: %q is not at(…)", aws.ToString(s.Name), aws.ToString(got.ScheduleExpression))
+		}
+		if at.After(r.clock.Now()) {
+			continue
+		}
+		if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: got.Target.Input}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.sched.DeleteSchedule(ctx, &scheduler.DeleteScheduleInput{Name: s.Name, GroupName: aws.String(r.group)}); err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	return n
+}
+
+// TestFarScheduleCostsConstantRequests: a job 30 days ahead and one 366
+// days ahead each cost the same AWS requests from enqueue to Succeeded:
+// PutItem and CreateSchedule, Scheduler's one send at the run time, then
+// the claim and the finish. With SQS delays they made 2,880 and 35,136
+// hops of 900 s (a send, a receive, a delete and a share of an
+// invocation each).
+func TestFarScheduleCostsConstantRequests(t *testing.T) {
+	t.Parallel()
+	r := newFarRig(t, false)
+	ctx := context.Background()
+	var costs [][]string
+	for _, days := range []int{30, 366} {
+		r.counter.Reset()
+		res, err := r.h.Producer().Enqueue(ctx, email{To: fmt.Sprintf("far-%d@example.com", days)}, &enqueue.Opts{Delay: time.Duration(days) * 24 * time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := r.e.QueueDepth(t, r.e.QueueURL); n != 0 {
+			t.Fatalf("%d days: %d SQS messages while it waits, want none", days, n)
+		}
+		if r.fire(t) != 0 {
+			t.Fatalf("%d days: a schedule fired before its time", days)
+		}
+		r.clock.Advance(time.Duration(days)*24*time.Hour + time.Second) // at() is rounded up to the second
+		if n := r.fire(t); n != 1 {
+			t.Fatalf("%d days: %d schedules fired at the run time, want 1", days, n)
+		}
+		for end := time.Now().Add(30 * time.Second); ; {
+			if n, err := r.poll.Poll(ctx); err != nil {
+				t.Fatal(err)
+			} else if n > 0 {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatal("the fired message never came")
+			}
+		}
+		costs = append(costs, r.counter.Calls())
+		rec, err := r.h.Producer().Store().Get(ctx, res.ID)
+		if err != nil || rec.State != ledger.Succeeded {
+			t.Fatalf("%d days: %s %v", days, rec.State, err)
+		}
+	}
+	want := []string{"DynamoDB.PutItem", "Scheduler.CreateSchedule", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem"}
+	for i, days := range []int{30, 366} {
+		if !slices.Equal(costs[i], want) {
+			t.Errorf("%d days ahead: our requests %v, want %v (plus Scheduler's one send)", days, costs[i], want)
+		}
+	}
+}
+
+// TestFarScheduleResentAndCancelled: a CreateSchedule applied with its
+// reply lost is resent by the SDK and meets its own schedule (a
+// conflict): that reads as scheduled, once. Cancelling the job removes its
+// schedule, and nothing fires.
+func TestFarScheduleResentAndCancelled(t *testing.T) {
+	t.Parallel()
+	r := newFarRig(t, true)
+	ctx := context.Background()
+	lost := r.ft.Add(faults.Rule{Op: "Scheduler.CreateSchedule", Fault: faults.LostReply})
+	res, err := r.h.Producer().Enqueue(ctx, email{To: "cancel@example.com"}, &enqueue.Opts{Delay: 40 * 24 * time.Hour})
+	if err != nil {
+		t.Fatalf("enqueue with the schedule's reply lost: %v", err)
+	}
+	fired(t, lost, 1)
+	// Dispatching it again (a producer's retry, the guard) moves, not doubles, it.
+	rec, err := r.h.Producer().Store().Get(ctx, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.h.Producer().Dispatch(ctx, rec); err != nil {
+		t.Fatalf("dispatch again: %v", err)
+	}
+	list, err := r.sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(r.group)})
+	if err != nil || len(list.Schedules) != 1 || aws.ToString(list.Schedules[0].Name) != onetime.Name(res.ID, false) {
+		t.Fatalf("schedules after two dispatches: %v %+v", err, list)
+	}
+	got, err := r.sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: list.Schedules[0].Name, GroupName: aws.String(r.group)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msg enqueue.Message
+	if err := json.Unmarshal([]byte(aws.ToString(got.Target.Input)), &msg); err != nil || msg.ID != res.ID {
+		t.Fatalf("the schedule sends %q", aws.ToString(got.Target.Input))
+	}
+	if _, err := r.h.Producer().Cancel(ctx, res.ID, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := r.sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(r.group)}); err != nil || len(list.Schedules) != 0 {
+		t.Fatalf("after the cancel: %v, %d schedules left", err, len(list.Schedules))
+	}
+}
+
+// TestFarScheduleThrottled: CreateSchedule throttled past the SDK's
+// retries: the enqueue says the job is recorded but not sent (a
+// *DispatchError), the job is marked unsent, and the caller's retry of
+// its key schedules it. Nothing is lost, nothing runs twice.
+func TestFarScheduleThrottled(t *testing.T) {
+	t.Parallel()
+	r := newFarRig(t, true)
+	ctx := context.Background()
+	h := r.ft.Add(faults.Rule{Op: "Scheduler.CreateSchedule", Fault: faults.Throttle, Times: faults.Attempts})
+	opts := &enqueue.Opts{IdempotencyKey: "far-throttled", Delay: 90 * 24 * time.Hour}
+	_, err := r.h.Producer().Enqueue(ctx, email{To: "throttled@example.com"}, opts)
+	var de *enqueue.DispatchError
+	if !errors.As(err, &de) {
+		t.Fatalf("enqueue with CreateSchedule throttled: %v, want a *DispatchError", err)
+	}
+	fired(t, h, faults.Attempts)
+	if rec, _ := r.h.Producer().Store().Get(ctx, de.JobID); !rec.Undispatched || rec.State != ledger.Scheduled {
+		t.Fatalf("the job: %s, unsent mark %v", rec.State, rec.Undispatched)
+	}
+	again, err := r.h.Producer().Enqueue(ctx, email{To: "throttled@example.com"}, opts)
+	if err != nil || !again.Duplicate || !again.Redispatched || again.ID != de.JobID {
+		t.Fatalf("the retry of its key: %+v %v", again, err)
+	}
+	list, err := r.sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(r.group)})
+	if err != nil || len(list.Schedules) != 1 {
+		t.Fatalf("schedules: %v %d", err, len(list.Schedules))
+	}
+	r.clock.Advance(90*24*time.Hour + time.Second)
+	if n := r.fire(t); n != 1 {
+		t.Fatalf("%d fired", n)
+	}
+	r.e.Drain(t, r.h)
+	if rec, _ := r.h.Producer().Store().Get(ctx, de.JobID); rec.State != ledger.Succeeded || rec.Attempt != 1 {
+		t.Fatalf("the job: %s attempt %d", rec.State, rec.Attempt)
+	}
+}
