@@ -17,6 +17,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/onetime"
 	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
@@ -51,7 +52,13 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 	if err := recurring.New(e.Cfg, opts).Recurring(ctx, "nightly", "cron(0 2 * * ? *)", chore{N: 9}, nil); err != nil {
 		t.Fatal(err)
 	}
-	sched, err := admin.New(settings.Settings{AWS: cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, Schedules: opts})
+	// And far jobs' one-time schedules, in the same group.
+	queueARN, err := onetime.QueueARN(e.Cfg.Region, e.QueueURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	farOpts := onetime.Options{Group: group, QueueARN: queueARN, RoleARN: "arn:aws:iam::123456789012:role/far"}
+	sched, err := admin.New(settings.Settings{AWS: cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, Schedules: opts, Far: farOpts})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,6 +86,26 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 	if _, err := e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(e.DLQURL), MessageBody: aws.String(enqueue.Message{V: 1, ID: dead, Kind: "chore"}.Encode())}); err != nil {
 		t.Fatal(err)
 	}
+	// A job 30 days ahead (its producer scheduled it), whose copy is in the DLQ.
+	farOne, err := onetime.New(scheduler.NewFromConfig(e.Cfg), farOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	farProducer, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Far: farOne})
+	if err != nil {
+		t.Fatal(err)
+	}
+	far, err := farProducer.Enqueue(ctx, chore{N: 30}, &enqueue.Opts{Delay: 30 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	farRec, err := store.Get(ctx, far.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(e.DLQURL), MessageBody: aws.String(enqueue.Message{V: 1, ID: far.ID, Kind: "chore", RunAt: farRec.RunAt}.Encode())}); err != nil {
+		t.Fatal(err)
+	}
 
 	if _, err := a.Stats(ctx); err != nil {
 		t.Fatal(err)
@@ -104,9 +131,12 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 	if err := a.Delete(ctx, toDelete); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := a.Redrive(ctx, nil)
-	if err != nil || rep.Done() != 1 {
+	rep, err := sched.Redrive(ctx, nil) // the far job's schedule is made again
+	if err != nil || rep.Done() != 2 {
 		t.Fatalf("redrive: %+v %v", rep, err)
+	}
+	if err := sched.Delete(ctx, far.ID); err != nil { // and removed with it
+		t.Fatal(err)
 	}
 	if _, err := sched.Schedules(ctx); err != nil { // the recurring page
 		t.Fatal(err)
@@ -133,7 +163,9 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 		}
 	}
 	for a := range granted {
-		if strings.HasPrefix(a, "logs:") || a == "ssm:GetParameter" || a == "kms:Decrypt" { // its logs; the key secret at start
+		// Its logs; the key secret at start; PassRole authorises the role
+		// a CreateSchedule names (no call of its own).
+		if strings.HasPrefix(a, "logs:") || a == "ssm:GetParameter" || a == "kms:Decrypt" || a == "iam:PassRole" {
 			continue
 		}
 		if !slices.Contains(called, a) {

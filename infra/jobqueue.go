@@ -147,6 +147,14 @@ type JobQueueProps struct {
 	// to invoke it, and sets NEXJOB_SCHEDULE_* in Settings(Producer).
 	// Grant GrantSchedule to whoever creates schedules. Defaults to false.
 	Recurring *bool
+	// NoFarSchedules leaves out far jobs' one-time schedules: a job due
+	// more than 15 minutes ahead then hops through SQS delays of 900 s
+	// (2,880 hops for 30 days). By default the construct makes the
+	// schedule group (shared with recurring jobs) and FarRole, the role
+	// Scheduler assumes to send a far job's message to the queue, and
+	// grants producers, the worker, the DLQ consumer and operators the
+	// schedule actions in that group. Defaults to false.
+	NoFarSchedules *bool
 	// Environment is added to every function's (settings of your own).
 	Environment *map[string]*string
 }
@@ -198,6 +206,7 @@ type JobQueue struct {
 	ScheduleGroup      awsscheduler.ScheduleGroup // nil without the Recurring prop
 	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
 	SchedulerRole      awsiam.Role                // assumed by Scheduler to invoke the target
+	FarRole            awsiam.Role                // assumed by Scheduler to send far jobs' messages (nil with NoFarSchedules)
 	keySecret          awsssm.IStringParameter
 	keySecretKey       awskms.IKey
 	env                map[string]*string // every function's settings
@@ -222,7 +231,7 @@ func (q *JobQueue) Settings(role settings.Role) *map[string]*string {
 	case settings.Guard:
 		// Only what the guard reads (and the team's own variables).
 		for _, v := range []string{settings.EnvTable, settings.EnvDLQURL, settings.EnvRetention, settings.EnvIndexAllStates,
-			settings.EnvScheduleGroup, settings.EnvScheduleTarget, settings.EnvSchedulerRole} {
+			settings.EnvScheduleGroup, settings.EnvScheduleTarget, settings.EnvSchedulerRole, settings.EnvFarRole, settings.EnvQueueARN} {
 			delete(e, v)
 		}
 		e[settings.EnvGuardAfter] = jsii.String(q.guardAfter)
@@ -287,6 +296,9 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.keySecret = awsssm.StringParameter_FromStringParameterName(c, jsii.String("KeySecret"), p.KeySecretParameter)
 		q.keySecretKey = p.KeySecretKey
 	}
+	if p.NoFarSchedules == nil || !*p.NoFarSchedules {
+		q.farSchedules(c, env)
+	}
 	if p.Environment != nil {
 		for k, v := range *p.Environment {
 			env[k] = v
@@ -301,6 +313,8 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	}
 	q.grantKeySecret(q.Worker)
 	q.grantKeySecret(q.DeadLetter)
+	q.grantFar(q.Worker)     // long retries, carried checks
+	q.grantFar(q.DeadLetter) // far jobs sent back from the DLQ
 
 	// The worker: claims, finishes, releases (UpdateItem), reads (GetItem),
 	// enqueues and continues from jobs (PutItem; DeleteItem undoes a
@@ -468,7 +482,9 @@ func (q *JobQueue) webDashboard(c constructs.Construct, p JobQueueProps, env map
 
 // recurring adds the schedule group, the target and Scheduler's role.
 func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[string]*string) {
-	q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+	if q.ScheduleGroup == nil {
+		q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+	}
 	q.RecurringTarget = newFunction(c, p, "RecurringTarget", p.code(settings.Recurring), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
 	q.GrantEnqueue(q.RecurringTarget)
 	// Only Scheduler acting for this account may assume it (the confused
@@ -482,6 +498,39 @@ func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[st
 	q.env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
 	q.env[settings.EnvScheduleTarget] = q.RecurringTarget.FunctionArn()
 	q.env[settings.EnvSchedulerRole] = q.SchedulerRole.RoleArn()
+}
+
+// farSchedules adds the schedule group and the role Scheduler assumes to
+// send far jobs' messages (package onetime), and their settings.
+func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) {
+	q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+	q.FarRole = awsiam.NewRole(c, jsii.String("FarScheduleRole"), &awsiam.RoleProps{
+		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
+			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
+		}),
+	})
+	q.Queue.Grant(q.FarRole, jsii.String("sqs:SendMessage"))
+	env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
+	env[settings.EnvFarRole] = q.FarRole.RoleArn()
+	env[settings.EnvQueueARN] = q.Queue.QueueArn()
+}
+
+// grantFar lets grantee make, move and remove far jobs' one-time
+// schedules (named nj-… and njc-… in the group) and pass FarRole to
+// Scheduler, nothing else of Scheduler's.
+func (q *JobQueue) grantFar(grantee awsiam.IGrantable) {
+	if q.FarRole == nil {
+		return
+	}
+	arn := awscdk.Fn_Join(jsii.String(""), jsii.Strings("arn:", *awscdk.Aws_PARTITION(), ":scheduler:", *awscdk.Aws_REGION(), ":", *awscdk.Aws_ACCOUNT_ID(), ":schedule/", *q.ScheduleGroup.ScheduleGroupName(), "/nj*"))
+	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+		Grantee: grantee, Actions: jsii.Strings("scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule"), ResourceArns: jsii.Strings(*arn),
+	})
+	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:    jsii.Strings("iam:PassRole"),
+		Resources:  jsii.Strings(*q.FarRole.RoleArn()),
+		Conditions: &map[string]any{"StringEquals": map[string]any{"iam:PassedToService": "scheduler.amazonaws.com"}},
+	}))
 }
 
 // GrantSchedule lets grantee create, update, read, list and remove
@@ -516,6 +565,7 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 		jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:DescribeTable"))
 	q.Queue.Grant(grantee, jsii.String("sqs:SendMessage"), jsii.String("sqs:GetQueueAttributes"))
 	q.grantKeySecret(grantee)
+	q.grantFar(grantee)
 }
 
 // GrantOperate lets grantee operate the jobs (the nexjob CLI, a
@@ -530,6 +580,7 @@ func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.Table.Grant(grantee, jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
 	q.Queue.Grant(grantee, jsii.String("sqs:SendMessage"))
 	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:DeleteMessage"))
+	q.grantFar(grantee) // a redriven far job is scheduled again; delete removes its schedule
 }
 
 // grantKeySecret lets grantee read the key secret's parameter: exactly

@@ -165,9 +165,11 @@ func toAny(ss []string) []any {
 // its stream.
 func checkIAM(t *testing.T, raw map[string]any) {
 	t.Helper()
+	far := []string{"scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule"} // far jobs' one-time schedules
 	want := map[string][][]string{
 		"JobsWorkerRole": {
 			{"logs:CreateLogStream", "logs:PutLogEvents"},
+			far, {"iam:PassRole"},
 			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"},
 			{"sqs:SendMessage", "sqs:ChangeMessageVisibility"},
 			{"sqs:SendMessage"},
@@ -175,6 +177,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 		},
 		"JobsDeadLetterConsumerRole": {
 			{"logs:CreateLogStream", "logs:PutLogEvents"},
+			far, {"iam:PassRole"},
 			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
 			{"sqs:SendMessage"},
 			{"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes"},
@@ -188,6 +191,11 @@ func checkIAM(t *testing.T, raw map[string]any) {
 		"Producer": {
 			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:DescribeTable"},
 			{"sqs:SendMessage", "sqs:GetQueueAttributes"},
+			far, {"iam:PassRole"},
+		},
+		// Scheduler's role for far jobs: send to the job queue, nothing else.
+		"JobsFarScheduleRole": {
+			{"sqs:SendMessage"},
 		},
 	}
 	seen := map[string]bool{}

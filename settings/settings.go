@@ -21,7 +21,9 @@
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
 //	NEXJOB_DASHBOARD_WRITE       "true" turns the dashboard function's write actions on
-//	NEXJOB_SCHEDULE_GROUP        recurring jobs: the EventBridge Scheduler group (optional)
+//	NEXJOB_SCHEDULE_GROUP        the EventBridge Scheduler group of recurring jobs and far jobs' one-time schedules (optional)
+//	NEXJOB_FAR_ROLE_ARN          far jobs: the role Scheduler assumes to send to the job queue (with the group: one-time schedules)
+//	NEXJOB_QUEUE_ARN             far jobs: the job queue's ARN, the one-time schedules' target
 //	NEXJOB_SCHEDULE_TARGET_ARN   recurring jobs: the target function's ARN
 //	NEXJOB_SCHEDULER_ROLE_ARN    recurring jobs: the role Scheduler assumes to invoke it
 //
@@ -57,11 +59,13 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
 	"github.com/aws/aws-sdk-go-v2/service/ssm"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/onetime"
 	"github.com/nexjob/nexjob-aws/recurring"
 )
 
@@ -81,6 +85,8 @@ const (
 	EnvScheduleGroup      = "NEXJOB_SCHEDULE_GROUP"
 	EnvScheduleTarget     = "NEXJOB_SCHEDULE_TARGET_ARN"
 	EnvSchedulerRole      = "NEXJOB_SCHEDULER_ROLE_ARN"
+	EnvFarRole            = "NEXJOB_FAR_ROLE_ARN"
+	EnvQueueARN           = "NEXJOB_QUEUE_ARN"
 )
 
 // Role is what the process is: each reads the variables it needs.
@@ -144,6 +150,10 @@ type Settings struct {
 	// Schedules are recurring.Options: where recurring jobs' schedules
 	// live and what they invoke (empty without the construct's Recurring).
 	Schedules recurring.Options
+	// Far is where far jobs' one-time schedules live and what they send
+	// to (package onetime); empty without NEXJOB_FAR_ROLE_ARN: far jobs
+	// hop through SQS delays then.
+	Far onetime.Options
 }
 
 // MissingError: a variable the role needs is not set.
@@ -201,6 +211,12 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 		Table: getenv(EnvTable), QueueURL: getenv(EnvQueueURL), DLQURL: getenv(EnvDLQURL),
 		Retention: handler.DefaultRetention,
 		Schedules: recurring.Options{Group: getenv(EnvScheduleGroup), TargetARN: getenv(EnvScheduleTarget), RoleARN: getenv(EnvSchedulerRole)},
+	}
+	if role := getenv(EnvFarRole); role != "" && s.Role != Guard {
+		s.Far = onetime.Options{Group: getenv(EnvScheduleGroup), RoleARN: role, QueueARN: getenv(EnvQueueARN)}
+		if s.Far.Group == "" || s.Far.QueueARN == "" {
+			return Settings{}, &InvalidError{Var: EnvFarRole, Reason: "one-time schedules also need " + EnvScheduleGroup + " and " + EnvQueueARN}
+		}
 	}
 	var err error
 	if s.Retention, err = ParseRetention(getenv(EnvRetention)); err != nil {
@@ -292,7 +308,19 @@ func (s Settings) LedgerOptions() ledger.Options {
 
 // ClientOptions are the enqueue client's options these settings imply.
 func (s Settings) ClientOptions() *enqueue.ClientOptions {
-	return &enqueue.ClientOptions{Ledger: s.LedgerOptions()}
+	return &enqueue.ClientOptions{Ledger: s.LedgerOptions(), Far: s.farScheduler()}
+}
+
+// farScheduler is the one-time schedules' client, or nil (hops).
+func (s Settings) farScheduler() enqueue.FarScheduler {
+	if s.Far.RoleARN == "" {
+		return nil
+	}
+	c, err := onetime.New(scheduler.NewFromConfig(s.AWS), s.Far)
+	if err != nil {
+		return nil // FromEnv checked the options
+	}
+	return c
 }
 
 // Client returns the enqueue client of these settings. opts (nil: none)
@@ -309,6 +337,9 @@ func (s Settings) Client(opts *enqueue.ClientOptions) (*enqueue.Client, error) {
 	now := o.Ledger.Now
 	o.Ledger = s.LedgerOptions()
 	o.Ledger.Now = now
+	if o.Far == nil {
+		o.Far = s.farScheduler()
+	}
 	return enqueue.New(s.AWS, s.Table, s.QueueURL, &o)
 }
 
@@ -325,6 +356,9 @@ func (s Settings) HandlerOptions(base *handler.Options) *handler.Options {
 	}
 	r := s.Retention
 	o.Retention = &r
+	if o.Far == nil {
+		o.Far = s.farScheduler()
+	}
 	now := o.Ledger.Now
 	o.Ledger = s.LedgerOptions()
 	o.Ledger.Now = now
