@@ -230,3 +230,37 @@ func TestFarScheduleThrottled(t *testing.T) {
 		t.Fatalf("the job: %s attempt %d", rec.State, rec.Attempt)
 	}
 }
+
+// TestFarCheckTakesASchedule: the dispatch guard's check of a far job
+// (due its run time plus After) reaches the worker as an SQS message
+// after at most one delay of 15 minutes; carried on, it takes one
+// one-time schedule (njc-…), not 2,880 hops.
+func TestFarCheckTakesASchedule(t *testing.T) {
+	t.Parallel()
+	r := newFarRig(t, false)
+	ctx := context.Background()
+	res, err := r.h.Producer().Enqueue(ctx, email{To: "checked@example.com"}, &enqueue.Opts{Delay: 30 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := r.h.Producer().Store().Get(ctx, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := enqueue.Message{V: 1, ID: res.ID, Kind: rec.Kind, RunAt: rec.RunAt + (2 * time.Minute).Milliseconds(), Check: true}
+	if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: aws.String(check.Encode())}); err != nil {
+		t.Fatal(err)
+	}
+	r.counter.Reset()
+	r.e.Drain(t, r.h)
+	if calls := r.counter.Calls(); !slices.Equal(calls, []string{"Scheduler.CreateSchedule"}) {
+		t.Fatalf("carrying the far check: %v, want one CreateSchedule", calls)
+	}
+	if n := r.e.QueueDepth(t, r.e.QueueURL); n != 0 {
+		t.Fatalf("%d SQS messages left hopping", n)
+	}
+	list, err := r.sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(r.group)})
+	if err != nil || len(list.Schedules) != 2 {
+		t.Fatalf("schedules: %v %d, want the job's and its check's", err, len(list.Schedules))
+	}
+}

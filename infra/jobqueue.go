@@ -117,9 +117,27 @@ type JobQueueProps struct {
 	MemorySize *float64
 	// BatchSize of the worker's SQS event source. Defaults to 10.
 	BatchSize *float64
-	// MaxConcurrency caps concurrent worker invocations (2 to 1000).
-	// Defaults to no cap.
+	// MaxConcurrency caps concurrent worker invocations of the SQS event
+	// source (2 to 1000). Defaults to no cap: the mapping scales as SQS's
+	// own Lambda scaling allows (AWS documents up to 300 more concurrent
+	// invocations a minute, to 1,250 per queue by default).
 	MaxConcurrency *float64
+	// ReservedConcurrency reserves (and caps) the worker function's
+	// concurrent executions, so other functions of the account cannot
+	// starve it nor it them. Defaults to none (the account's unreserved
+	// pool).
+	ReservedConcurrency *float64
+	// MaxBatchingWindow lets the event source wait up to this long to
+	// fill a batch (fewer, fuller invocations at high rates; up to that
+	// much latency at low ones). Defaults to none: a batch goes as soon as
+	// a message is there.
+	MaxBatchingWindow awscdk.Duration
+	// ProvisionedPollers, when set, provisions the event source's pollers
+	// (SQS: minimum 2 to 200, maximum 2 to 2,000): they scale faster and
+	// further than the default mapping's, billed while provisioned (AWS's
+	// event poller units). It and MaxConcurrency exclude each other (cap
+	// the pollers with its MaximumPollers instead). Defaults to none.
+	ProvisionedPollers *awslambda.ProvisionedPollerConfig
 	// MaxReceiveCount: receives of one message before it moves to the DLQ.
 	// Retries are new messages and never count. Defaults to 5.
 	MaxReceiveCount *float64
@@ -307,6 +325,9 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	q.env, q.guardAfter = env, formatSeconds(p.GuardAfter)
 	roleEnv := func(role settings.Role) map[string]*string { return *q.Settings(role) }
 	q.Worker = newFunction(c, p, "Worker", p.code(settings.Worker), p.FunctionTimeout, p.MemorySize, roleEnv(settings.Worker))
+	if p.ReservedConcurrency != nil {
+		q.Worker.Node().DefaultChild().(awslambda.CfnFunction).SetReservedConcurrentExecutions(p.ReservedConcurrency)
+	}
 	q.DeadLetter = newFunction(c, p, "DeadLetterConsumer", p.code(settings.DeadLetter), awscdk.Duration_Seconds(jsii.Number(deadLetterTimeoutSeconds)), jsii.Number(256), roleEnv(settings.DeadLetter))
 	if !*p.NoGuard {
 		q.Guard = newFunction(c, p, "DispatchGuard", p.code(settings.Guard), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), roleEnv(settings.Guard))
@@ -328,6 +349,8 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		BatchSize:               p.BatchSize,
 		ReportBatchItemFailures: jsii.Bool(true),
 		MaxConcurrency:          p.MaxConcurrency,
+		MaxBatchingWindow:       p.MaxBatchingWindow,
+		ProvisionedPollerConfig: p.ProvisionedPollers,
 	}))
 
 	// The DLQ consumer: records why (UpdateItem, PutItem for non-jobs),
@@ -674,6 +697,9 @@ func withDefaults(props *JobQueueProps) JobQueueProps {
 	}
 	if p.IndexAllStates == nil {
 		p.IndexAllStates = jsii.Bool(false)
+	}
+	if p.ProvisionedPollers != nil && p.MaxConcurrency != nil {
+		panic("nexjob infra: ProvisionedPollers and MaxConcurrency exclude each other: cap the pollers with MaximumPollers")
 	}
 	if p.IndexShards == nil {
 		p.IndexShards = jsii.Number(ledger.DefaultIndexShards)

@@ -12,6 +12,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/nexjob/nexjob-aws/infra"
@@ -486,4 +487,33 @@ func TestActiveTracing(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestWorkerScalingProps: the worker's event source takes a concurrency
+// cap, a batching window and provisioned pollers, the function a
+// reserved concurrency; none is set by default.
+func TestWorkerScalingProps(t *testing.T) {
+	code := t.TempDir()
+	if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	stack := awscdk.NewStack(app, jsii.String("Scale"), nil)
+	infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{Code: infra.BootstrapCode(code),
+		MaxConcurrency: jsii.Number(50), ReservedConcurrency: jsii.Number(100), MaxBatchingWindow: awscdk.Duration_Seconds(jsii.Number(2))})
+	tpl := assertions.Template_FromStack(stack, nil)
+	tpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
+		"ScalingConfig": map[string]any{"MaximumConcurrency": 50}, "MaximumBatchingWindowInSeconds": 2,
+		"EventSourceArn": map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("JobsQueue")), "Arn"}},
+	})
+	tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{"ReservedConcurrentExecutions": 100})
+
+	app2 := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	polled := awscdk.NewStack(app2, jsii.String("Pollers"), nil)
+	infra.NewJobQueue(polled, "Jobs", &infra.JobQueueProps{Code: infra.BootstrapCode(code),
+		ProvisionedPollers: &awslambda.ProvisionedPollerConfig{MinimumPollers: jsii.Number(5), MaximumPollers: jsii.Number(100)}})
+	assertions.Template_FromStack(polled, nil).HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), map[string]any{
+		"ProvisionedPollerConfig": map[string]any{"MinimumPollers": 5, "MaximumPollers": 100},
+		"EventSourceArn":          map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("JobsQueue")), "Arn"}},
+	})
 }

@@ -196,7 +196,9 @@ func (s *Store) stamp(rec Record, key string, policy DuplicatePolicy, now time.T
 	rec.CreatedAt, rec.UpdatedAt = now.UnixMilli(), now.UnixMilli()
 	rec.Policy = policy.String()
 	rec.Nonce = newNonce()
-	rec.ArgsHash = ArgsHash(rec.Kind, rec.Args)
+	if rec.ArgsHash == "" { // enqueue hashes the args once, to compare with a holder's
+		rec.ArgsHash = ArgsHash(rec.Kind, rec.Args)
+	}
 	if rec.LastError != "" {
 		rec.ListErr = truncate(rec.LastError, MaxListError)
 	}
