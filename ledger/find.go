@@ -310,7 +310,7 @@ func (s *Store) findPage(ctx context.Context, f Filter, indexed bool, start map[
 func startAfter(rec Record, indexed bool) map[string]types.AttributeValue {
 	key := map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: rec.PK}}
 	if indexed {
-		key[AttrListState] = &types.AttributeValueMemberS{Value: string(rec.ListState)}
+		key[AttrListState] = &types.AttributeValueMemberS{Value: rec.ListState}
 		key[AttrListAt] = &types.AttributeValueMemberN{Value: fmt.Sprint(rec.ListAt)}
 	}
 	return key
