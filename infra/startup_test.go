@@ -28,6 +28,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/infra"
+	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/lambdamain"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/settings"
@@ -249,33 +250,15 @@ func (r *recorder) calls(role string) []string {
 	return slices.Compact(out)
 }
 
-// action names a request's IAM action from its JSON-protocol target
-// ("DynamoDB_20120810.GetItem", "AmazonSSM.GetParameter",
-// "AmazonSQS.SendMessage"); anything else is recorded as unknown, which no
-// policy allows.
+// action names a request's IAM action from its operation as the fault
+// transport names it ("DynamoDB.GetItem", "AmazonSSM.GetParameter",
+// "SQS.SendMessage", "Scheduler.CreateSchedule"); anything else is
+// recorded as unknown, which no policy allows.
 func action(req *http.Request) string {
-	target := req.Header.Get("X-Amz-Target")
-	svc, op, ok := strings.Cut(target, ".")
-	if !ok {
-		// EventBridge Scheduler's REST protocol: the method and path say.
-		p := strings.Trim(req.URL.Path, "/")
-		if p == "schedules" && req.Method == http.MethodGet {
-			return "scheduler:ListSchedules"
-		}
-		if strings.HasPrefix(p, "schedules/") {
-			if a, ok := map[string]string{http.MethodGet: "GetSchedule", http.MethodPost: "CreateSchedule", http.MethodPut: "UpdateSchedule", http.MethodDelete: "DeleteSchedule"}[req.Method]; ok {
-				return "scheduler:" + a
-			}
-		}
+	svc, op, ok := strings.Cut(faults.Operation(req), ".")
+	prefix := map[string]string{"DynamoDB": "dynamodb", "AmazonSSM": "ssm", "SQS": "sqs", "Scheduler": "scheduler"}[svc]
+	if !ok || prefix == "" {
 		return fmt.Sprintf("unknown:%s %s", req.Method, req.URL.Path)
 	}
-	switch {
-	case strings.HasPrefix(svc, "DynamoDB"):
-		return "dynamodb:" + op
-	case svc == "AmazonSSM":
-		return "ssm:" + op
-	case svc == "AmazonSQS":
-		return "sqs:" + op
-	}
-	return "unknown:" + target
+	return prefix + ":" + op
 }
