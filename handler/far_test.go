@@ -264,3 +264,34 @@ func TestFarCheckTakesASchedule(t *testing.T) {
 		t.Fatalf("schedules: %v %d, want the job's and its check's", err, len(list.Schedules))
 	}
 }
+
+// TestFarCancelWhenDeleteScheduleFails: the cancel's DeleteSchedule is
+// throttled past the SDK's retries. The job is cancelled all the same
+// (removing the schedule is best effort), and when the schedule fires
+// the claim refuses the job: nothing runs.
+func TestFarCancelWhenDeleteScheduleFails(t *testing.T) {
+	t.Parallel()
+	r := newFarRig(t, true)
+	ctx := context.Background()
+	res, err := r.h.Producer().Enqueue(ctx, email{To: "cancelled-far@example.com"}, &enqueue.Opts{Delay: 60 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := r.ft.Add(faults.Rule{Op: "Scheduler.DeleteSchedule", Fault: faults.Throttle, Times: faults.Forever})
+	rec, err := r.h.Producer().Cancel(ctx, res.ID, "not wanted", 0)
+	if err != nil || rec.State != ledger.Failed || !rec.Cancelled {
+		t.Fatalf("cancel with DeleteSchedule throttled: %+v %v", rec, err)
+	}
+	if h.Fired() < faults.Attempts {
+		t.Fatalf("DeleteSchedule throttled %d times, want the SDK's whole budget", h.Fired())
+	}
+	h.Remove()
+	r.clock.Advance(60*24*time.Hour + time.Second)
+	if n := r.fire(t); n != 1 {
+		t.Fatalf("%d schedules fired, want the one left behind", n)
+	}
+	r.e.Drain(t, r.h)
+	if got, _ := r.h.Producer().Store().Get(ctx, res.ID); got.State != ledger.Failed || got.Attempt != 0 {
+		t.Fatalf("the cancelled job: %s attempt %d", got.State, got.Attempt)
+	}
+}
