@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/internal/awstest"
 	"github.com/nexjob/nexjob-aws/internal/benchcmp"
+	"github.com/nexjob/nexjob-aws/metrics"
 )
 
 // The Ratio benchmarks (make bench) compare a keyed enqueue with the bare
@@ -97,7 +100,8 @@ func BenchmarkRatioEnqueueCPU(b *testing.B) {
 	canned := benchcmp.NewCanned(b)
 	cfg := canned.Config()
 	const table, queue = "jobs", "http://sqs.local/000000000000/jobs"
-	c, err := enqueue.New(cfg, table, queue, &enqueue.ClientOptions{Logger: quietLog})
+	// Production settings: Info logs and EMF metrics, to a discard sink.
+	c, err := enqueue.New(cfg, table, queue, &enqueue.ClientOptions{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Metrics: metrics.New(&metrics.Options{Out: io.Discard})})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"strconv"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/benchcmp"
+	"github.com/nexjob/nexjob-aws/metrics"
 )
 
 // cannedJob answers the worker's two UpdateItems as DynamoDB would: the
@@ -55,7 +58,9 @@ func BenchmarkRatioHandle(b *testing.B) {
 		ran++
 		return nil
 	}), nil)
-	h, err := handler.New(cfg, table, queue, reg, &handler.Options{Logger: quiet})
+	// Production settings: Info logs and EMF metrics, written to a
+	// discard sink (what lambdamain turns on).
+	h, err := handler.New(cfg, table, queue, reg, &handler.Options{Logger: slog.New(slog.NewJSONHandler(io.Discard, nil)), Metrics: metrics.New(&metrics.Options{Out: io.Discard})})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -38,6 +38,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -85,6 +86,7 @@ type Recorder struct {
 	mu       sync.Mutex
 	out      io.Writer
 	ns       string
+	nsJSON   []byte // ns as a JSON string
 	now      func() time.Time
 	log      *slog.Logger
 	counters map[string]metric.Float64Counter
@@ -109,7 +111,8 @@ func New(opts *Options) *Recorder {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	r := &Recorder{out: o.Out, ns: o.Namespace, now: o.Now, log: o.Logger}
+	ns, _ := json.Marshal(o.Namespace) // a string always marshals
+	r := &Recorder{out: o.Out, ns: o.Namespace, nsJSON: ns, now: o.Now, log: o.Logger}
 	if o.MeterProvider != nil {
 		m := o.MeterProvider.Meter("github.com/nexjob/nexjob-aws/metrics")
 		r.counters = map[string]metric.Float64Counter{}
@@ -125,33 +128,24 @@ func New(opts *Options) *Recorder {
 
 // Count records one event of the metric for the kind.
 func (r *Recorder) Count(metric, kind, jobID string) {
-	r.write(kind, jobID, map[string]float64{metric: 1}, map[string]string{metric: "Count"})
+	r.write(kind, jobID, []point{{metric, 1, "Count"}})
 }
 
 // Run records a run's outcome (a metric name) and its duration.
 func (r *Recorder) Run(outcome, kind, jobID string, took time.Duration) {
-	r.write(kind, jobID,
-		map[string]float64{outcome: 1, RunDuration: float64(took.Microseconds()) / 1000},
-		map[string]string{outcome: "Count", RunDuration: "Milliseconds"})
+	r.write(kind, jobID, []point{{outcome, 1, "Count"}, {RunDuration, float64(took.Microseconds()) / 1000, "Milliseconds"}})
 }
 
-type metricDef struct {
-	Name string `json:"Name"`
-	Unit string `json:"Unit"`
+// point is one metric's value in a line, in the order names lists.
+type point struct {
+	name  string
+	value float64
+	unit  string
 }
 
-type directive struct {
-	Namespace  string      `json:"Namespace"`
-	Dimensions [][]string  `json:"Dimensions"`
-	Metrics    []metricDef `json:"Metrics"`
-}
+var lines = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
-type meta struct {
-	Timestamp         int64       `json:"Timestamp"`
-	CloudWatchMetrics []directive `json:"CloudWatchMetrics"`
-}
-
-func (r *Recorder) write(kind, jobID string, values map[string]float64, units map[string]string) {
+func (r *Recorder) write(kind, jobID string, points []point) {
 	if r == nil {
 		return
 	}
@@ -160,41 +154,64 @@ func (r *Recorder) write(kind, jobID string, values map[string]float64, units ma
 	}
 	if r.counters != nil {
 		attrs := metric.WithAttributes(attribute.String("kind", kind))
-		for name, v := range values {
-			if name == RunDuration {
-				r.duration.Record(context.Background(), v, attrs)
+		for _, p := range points {
+			if p.name == RunDuration {
+				r.duration.Record(context.Background(), p.value, attrs)
 			} else {
-				r.counters[name].Add(context.Background(), v, attrs)
+				r.counters[p.name].Add(context.Background(), p.value, attrs)
 			}
 		}
 	}
 	if r.log != nil {
-		for _, name := range names {
-			if v, ok := values[name]; ok {
-				r.log.Info("nexjob metric", "metric", name, "kind", kind, "job", jobID, "value", v, "unit", units[name])
-			}
+		for _, p := range points {
+			r.log.Info("nexjob metric", "metric", p.name, "kind", kind, "job", jobID, "value", p.value, "unit", p.unit)
 		}
 	}
 	if r.out == nil {
 		return
 	}
-	line := map[string]any{"Kind": kind}
+	// The EMF line, written by hand (json.Marshal of a map was most of a
+	// run's metric cost): the kind follows the kinds rule and the names and
+	// units are ours, so only the job id and the namespace are quoted.
+	bp := lines.Get().(*[]byte)
+	b := append((*bp)[:0], `{"Kind":"`...)
+	b = append(b, kind...)
+	b = append(b, '"')
 	if jobID != "" {
-		line["JobId"] = jobID
+		b = append(b, `,"JobId":`...)
+		b = appendJSONString(b, jobID)
 	}
-	d := directive{Namespace: r.ns, Dimensions: [][]string{{"Kind"}, {}}}
-	for _, name := range names {
-		if v, ok := values[name]; ok {
-			line[name] = v
-			d.Metrics = append(d.Metrics, metricDef{Name: name, Unit: units[name]})
+	for _, p := range points {
+		b = append(b, ',', '"')
+		b = append(b, p.name...)
+		b = append(b, '"', ':')
+		b = strconv.AppendFloat(b, p.value, 'f', -1, 64)
+	}
+	b = append(b, `,"_aws":{"Timestamp":`...)
+	b = strconv.AppendInt(b, r.now().UnixMilli(), 10)
+	b = append(b, `,"CloudWatchMetrics":[{"Namespace":`...)
+	b = append(b, r.nsJSON...)
+	b = append(b, `,"Dimensions":[["Kind"],[]],"Metrics":[`...)
+	for i, p := range points {
+		if i > 0 {
+			b = append(b, ',')
 		}
+		b = append(b, `{"Name":"`...)
+		b = append(b, p.name...)
+		b = append(b, `","Unit":"`...)
+		b = append(b, p.unit...)
+		b = append(b, `"}`...)
 	}
-	line["_aws"] = meta{Timestamp: r.now().UnixMilli(), CloudWatchMetrics: []directive{d}}
-	b, err := json.Marshal(line)
-	if err != nil {
-		return
-	}
+	b = append(b, "]}]}}\n"...)
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, _ = r.out.Write(append(b, '\n'))
+	_, _ = r.out.Write(b)
+	r.mu.Unlock()
+	*bp = b
+	lines.Put(bp)
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
 }

@@ -12,12 +12,14 @@ package benchcmp
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 
@@ -153,38 +155,49 @@ func ResetTimer(b *testing.B) {
 
 // Result is one comparison.
 type Result struct {
-	Name           string
-	Ours, Bare     Side
-	TimeX, AllocsX float64 // ours / bare, per operation
+	Name       string
+	Ours, Bare Side // each side's median round
+	// TimeX and AllocsX are the medians of the rounds' ours/bare ratios
+	// (each round runs the two sides back to back); Lo and Hi their
+	// spread, the lowest and the highest round.
+	TimeX, AllocsX     float64
+	TimeLo, TimeHi     float64
+	AllocsLo, AllocsHi float64
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("%-40s time %.2fx (%.0f vs %.0f ns/op), allocations %.2fx (%.0f vs %.0f allocs/op)",
-		r.Name, r.TimeX, r.Ours.NsPerOp, r.Bare.NsPerOp, r.AllocsX, r.Ours.AllocsPerOp, r.Bare.AllocsPerOp)
+	return fmt.Sprintf("%-40s time %.2fx [%.2f-%.2f] (%.0f vs %.0f ns/op), allocations %.2fx [%.2f-%.2f] (%.0f vs %.0f allocs/op), median of %d rounds",
+		r.Name, r.TimeX, r.TimeLo, r.TimeHi, r.Ours.NsPerOp, r.Bare.NsPerOp, r.AllocsX, r.AllocsLo, r.AllocsHi, r.Ours.AllocsPerOp, r.Bare.AllocsPerOp, Rounds)
 }
 
-// Rounds is how many times Ratio runs each side, alternating; it keeps
-// each side's fastest round, so neither gains from the other's warm-up
-// (the first benchmark of a process runs cold) or loses to a burst of
-// load on the machine.
-const Rounds = 2
+// Rounds is how many times Ratio runs each side. Each round runs the two
+// back to back, the order turning every round (ours first, then bare
+// first), so neither side always runs warm or always cold; a round's
+// ratio pairs runs made under the same load.
+const Rounds = 5
 
 // Ratio runs ours and bare as the sub-benchmarks name/ours and name/bare,
-// Rounds times each, alternating (with the run's -benchtime; the framework
-// prints every round's figures), and prints a line "ratio NAME time X,
-// allocations Y": ours / bare per operation, each side's fastest round.
-// Allocations are counted over the whole process while a side runs, as
-// -benchmem counts them.
+// Rounds times each, the order rotated (with the run's -benchtime; the
+// framework prints every round's figures), and prints a line "ratio NAME
+// time X [lo-hi], allocations Y [lo-hi]": the median over the rounds of
+// ours / bare per operation, and the spread. Allocations are counted over
+// the whole process while a side runs, as -benchmem counts them.
 func Ratio(b *testing.B, name string, ours, bare func(*testing.B)) Result {
 	b.Helper()
 	r := Result{Name: name}
+	var times, allocs []float64
+	var oursRuns, bareRuns []Side
 	b.Run(name, func(b *testing.B) {
-		for range Rounds {
-			for _, s := range []struct {
+		for round := range Rounds {
+			sides := []struct {
 				name string
 				f    func(*testing.B)
-				to   *Side
-			}{{"ours", ours, &r.Ours}, {"bare", bare, &r.Bare}} {
+				to   *[]Side
+			}{{"ours", ours, &oursRuns}, {"bare", bare, &bareRuns}}
+			if round%2 == 1 {
+				sides[0], sides[1] = sides[1], sides[0]
+			}
+			for _, s := range sides {
 				var last Side // the framework's last call: the round's full run
 				b.Run(s.name, func(b *testing.B) {
 					b.ReportAllocs()
@@ -198,17 +211,35 @@ func Ratio(b *testing.B, name string, ours, bare func(*testing.B)) Result {
 						AllocsPerOp: float64(m1.Mallocs-m0.Mallocs) / float64(b.N),
 					}
 				})
-				if s.to.NsPerOp == 0 || last.NsPerOp < s.to.NsPerOp {
-					*s.to = last
-				}
+				*s.to = append(*s.to, last)
+			}
+			o, bb := oursRuns[len(oursRuns)-1], bareRuns[len(bareRuns)-1]
+			if o.NsPerOp > 0 && bb.NsPerOp > 0 {
+				times = append(times, o.NsPerOp/bb.NsPerOp)
+				allocs = append(allocs, o.AllocsPerOp/bb.AllocsPerOp)
 			}
 		}
 	})
-	if r.Ours.NsPerOp == 0 || r.Bare.NsPerOp == 0 {
+	if len(times) != Rounds {
 		b.Fatalf("%s: a side did not run", name)
 	}
-	r.TimeX = r.Ours.NsPerOp / r.Bare.NsPerOp
-	r.AllocsX = r.Ours.AllocsPerOp / r.Bare.AllocsPerOp
+	r.TimeX, r.TimeLo, r.TimeHi = spread(times)
+	r.AllocsX, r.AllocsLo, r.AllocsHi = spread(allocs)
+	r.Ours, r.Bare = medianSide(oursRuns), medianSide(bareRuns)
 	fmt.Printf("ratio %s\n", r)
 	return r
+}
+
+// spread is the median, the lowest and the highest of v.
+func spread(v []float64) (median, lo, hi float64) {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2], s[0], s[len(s)-1]
+}
+
+// medianSide is the side's round of median time.
+func medianSide(runs []Side) Side {
+	s := slices.Clone(runs)
+	slices.SortFunc(s, func(a, b Side) int { return cmp.Compare(a.NsPerOp, b.NsPerOp) })
+	return s[len(s)/2]
 }
