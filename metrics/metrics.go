@@ -174,7 +174,8 @@ func (r *Recorder) write(kind, jobID string, points []point) {
 	// run's metric cost): the kind follows the kinds rule and the names and
 	// units are ours, so only the job id and the namespace are quoted.
 	bp := lines.Get().(*[]byte)
-	b := append((*bp)[:0], `{"Kind":"`...)
+	b := (*bp)[:0]
+	b = append(b, `{"Kind":"`...)
 	b = append(b, kind...)
 	b = append(b, '"')
 	if jobID != "" {
