@@ -59,10 +59,9 @@ func (s *Store) Find(ctx context.Context, f Filter) ([]Record, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	const indexed = false
 	var recs []Record
 	for {
-		items, next, err := s.findPage(ctx, f, indexed, start)
+		items, next, err := s.scanPage(ctx, f, start)
 		if err != nil {
 			return nil, "", err
 		}
@@ -74,13 +73,11 @@ func (s *Store) Find(ctx context.Context, f Filter) ([]Record, string, error) {
 			// Continue after the last record kept, in the order DynamoDB
 			// returned them (any item's key is a valid start key).
 			page = page[:need]
-			next = startAfter(page[need-1], indexed)
+			next = map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: page[need-1].PK}}
 		}
 		recs = append(recs, page...)
 		if len(recs) == f.Limit || len(next) == 0 {
-			if !indexed {
-				sort.SliceStable(recs, func(i, j int) bool { return recs[i].UpdatedAt > recs[j].UpdatedAt })
-			}
+			sort.SliceStable(recs, func(i, j int) bool { return recs[i].UpdatedAt > recs[j].UpdatedAt })
 			c, err := encodeCursor(next)
 			return recs, c, err
 		}
@@ -284,8 +281,8 @@ func decodeShardCursor(c string, shards int) (map[int]*shardPos, error) {
 	return out, nil
 }
 
-// findPage reads one page of a Scan.
-func (s *Store) findPage(ctx context.Context, f Filter, indexed bool, start map[string]types.AttributeValue) ([]map[string]types.AttributeValue, map[string]types.AttributeValue, error) {
+// scanPage reads one page of a Scan.
+func (s *Store) scanPage(ctx context.Context, f Filter, start map[string]types.AttributeValue) ([]map[string]types.AttributeValue, map[string]types.AttributeValue, error) {
 	filter, since, until := s.filterOf(f)
 	filter = filter.And(expression.Name(AttrState).Equal(expression.Value(f.State))).
 		And(expression.Name(AttrUpdatedAt).Between(expression.Value(since), expression.Value(until)))
@@ -304,16 +301,6 @@ func (s *Store) findPage(ctx context.Context, f Filter, indexed bool, start map[
 		return nil, nil, fmt.Errorf("nexjob: scan %s for %s jobs: %w", s.table, f.State, err)
 	}
 	return out.Items, out.LastEvaluatedKey, nil
-}
-
-// startAfter is the start key that continues a read after rec.
-func startAfter(rec Record, indexed bool) map[string]types.AttributeValue {
-	key := map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: rec.PK}}
-	if indexed {
-		key[AttrListState] = &types.AttributeValueMemberS{Value: rec.ListState}
-		key[AttrListAt] = &types.AttributeValueMemberN{Value: fmt.Sprint(rec.ListAt)}
-	}
-	return key
 }
 
 // Counts returns how many live jobs there are per state and kind, with
