@@ -249,7 +249,7 @@ func (q *JobQueue) Settings(role settings.Role) *map[string]*string {
 	case settings.Guard:
 		// Only what the guard reads (and the team's own variables).
 		for _, v := range []string{settings.EnvTable, settings.EnvDLQURL, settings.EnvRetention, settings.EnvIndexAllStates,
-			settings.EnvScheduleGroup, settings.EnvScheduleTarget, settings.EnvSchedulerRole, settings.EnvFarRole, settings.EnvQueueARN} {
+			settings.EnvScheduleTarget, settings.EnvSchedulerRole} {
 			delete(e, v)
 		}
 		e[settings.EnvGuardAfter] = jsii.String(q.guardAfter)
@@ -369,6 +369,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.Table.GrantStream(q.Guard, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
 			jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
 		q.Queue.Grant(q.Guard, jsii.String("sqs:SendMessage"))
+		q.grantFarActions(q.Guard, "scheduler:CreateSchedule", "scheduler:UpdateSchedule") // far jobs' checks
 		// A batch that fails all its retries is not dropped silently: its
 		// stream position goes to a queue of its own, and an alarm says so
 		// (those jobs lost their recovery check; look them up and Dispatch).
@@ -542,12 +543,18 @@ func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) 
 // schedules (named nj-… and njc-… in the group) and pass FarRole to
 // Scheduler, nothing else of Scheduler's.
 func (q *JobQueue) grantFar(grantee awsiam.IGrantable) {
+	q.grantFarActions(grantee, "scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule")
+}
+
+// grantFarActions grants these Scheduler actions on far jobs' schedules
+// and passing FarRole to Scheduler.
+func (q *JobQueue) grantFarActions(grantee awsiam.IGrantable, actions ...string) {
 	if q.FarRole == nil {
 		return
 	}
 	arn := awscdk.Fn_Join(jsii.String(""), jsii.Strings("arn:", *awscdk.Aws_PARTITION(), ":scheduler:", *awscdk.Aws_REGION(), ":", *awscdk.Aws_ACCOUNT_ID(), ":schedule/", *q.ScheduleGroup.ScheduleGroupName(), "/nj*"))
 	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
-		Grantee: grantee, Actions: jsii.Strings("scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule"), ResourceArns: jsii.Strings(*arn),
+		Grantee: grantee, Actions: jsii.Strings(actions...), ResourceArns: jsii.Strings(*arn),
 	})
 	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Actions:    jsii.Strings("iam:PassRole"),

@@ -187,6 +187,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"logs:CreateLogStream", "logs:PutLogEvents"},
 			{"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator", "dynamodb:ListStreams"},
 			{"sqs:SendMessage"},
+			{"scheduler:CreateSchedule", "scheduler:UpdateSchedule"}, {"iam:PassRole"}, // far jobs' checks
 			{"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}, // its failure queue (the CDK's SqsDlq grant)
 		},
 		"Producer": {

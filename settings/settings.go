@@ -212,7 +212,7 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 		Retention: handler.DefaultRetention,
 		Schedules: recurring.Options{Group: getenv(EnvScheduleGroup), TargetARN: getenv(EnvScheduleTarget), RoleARN: getenv(EnvSchedulerRole)},
 	}
-	if role := getenv(EnvFarRole); role != "" && s.Role != Guard {
+	if role := getenv(EnvFarRole); role != "" {
 		s.Far = onetime.Options{Group: getenv(EnvScheduleGroup), RoleARN: role, QueueARN: getenv(EnvQueueARN)}
 		if s.Far.Group == "" || s.Far.QueueARN == "" {
 			return Settings{}, &InvalidError{Var: EnvFarRole, Reason: "one-time schedules also need " + EnvScheduleGroup + " and " + EnvQueueARN}

@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler/guard"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/onetime"
 )
 
 func TestMain(m *testing.M) { os.Exit(nexjobtest.Main(m)) }
@@ -54,5 +56,44 @@ func TestCheckSkipsJobsClaimedInTheBatch(t *testing.T) {
 	slices.Sort(ids)
 	if !slices.Equal(ids, []string{"requeued", "waiting"}) {
 		t.Fatalf("checks sent for %v; want requeued and waiting only", ids)
+	}
+}
+
+// TestFarCheckIsScheduled: with Far, the check of a job due 30 days
+// ahead is one one-time schedule at its run time plus After, named for
+// the job's check, and no SQS message (it hopped every 900 s before).
+func TestFarCheckIsScheduled(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	ctx := context.Background()
+	group := "guard-" + e.Table[len(e.Table)-9:]
+	sched := scheduler.NewFromConfig(e.Cfg)
+	if _, err := sched.CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(group)}); err != nil {
+		t.Fatal(err)
+	}
+	arn, err := onetime.QueueARN(e.Cfg.Region, e.QueueURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	far, err := onetime.New(sched, onetime.Options{Group: group, QueueARN: arn, RoleARN: "arn:aws:iam::123456789012:role/far"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC)
+	g := guard.New(e.SQS, e.QueueURL, &guard.Options{Far: far, Now: func() time.Time { return now }})
+	runAt := now.Add(30 * 24 * time.Hour)
+	if err := g.Check(ctx, []guard.Change{{ID: "far-job", Kind: "k", State: ledger.Scheduled, RunAt: runAt.UnixMilli()}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.QueueDepth(t, e.QueueURL); n != 0 {
+		t.Fatalf("%d SQS messages for a far job's check, want none", n)
+	}
+	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name("far-job", true)), GroupName: aws.String(group)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "at(" + runAt.Add(enqueue.DefaultRedispatchAfter).Format("2006-01-02T15:04:05") + ")"
+	msg, err := enqueue.DecodeMessage(aws.ToString(got.Target.Input))
+	if aws.ToString(got.ScheduleExpression) != want || err != nil || !msg.Check || msg.ID != "far-job" {
+		t.Fatalf("the check's schedule: %s %q %v, want %s", aws.ToString(got.ScheduleExpression), aws.ToString(got.Target.Input), err, want)
 	}
 }

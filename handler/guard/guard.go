@@ -45,6 +45,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/onetime"
 )
 
 // SQS is the part of *sqs.Client the guard uses.
@@ -65,6 +66,12 @@ type Options struct {
 	Now func() time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Far, when set, carries a check due beyond MaxDelay (a far job's)
+	// in one one-time schedule (package onetime, named "njc-<job id>")
+	// instead of an SQS delay: a far job's check hops no more than its
+	// message. Defaults to none: the check's message is carried forward by
+	// the worker.
+	Far enqueue.FarScheduler
 }
 
 // Guard sends check messages for jobs the stream shows becoming runnable.
@@ -160,6 +167,13 @@ func (g *Guard) Check(ctx context.Context, changes []Change) error {
 		due := max(now.UnixMilli(), c.RunAt)
 		checkAt := ledger.Millis(due).Add(g.o.After)
 		msg := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: checkAt.UnixMilli(), Check: true}
+		if g.o.Far != nil && checkAt.Sub(now) > g.o.MaxDelay {
+			// Idempotent: a retried batch moves the same schedule.
+			if err := g.o.Far.Schedule(ctx, onetime.Name(c.ID, true), checkAt, msg.Encode()); err != nil {
+				return fmt.Errorf("nexjob guard: schedule a check: %w", err)
+			}
+			continue
+		}
 		delay := min(checkAt.Sub(now), g.o.MaxDelay)
 		batch = append(batch, sqstypes.SendMessageBatchRequestEntry{
 			Id:           aws.String(strconv.Itoa(len(batch))),
