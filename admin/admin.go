@@ -83,9 +83,11 @@ var ErrNoSchedules = errors.New("nexjob: no recurring jobs' schedule group confi
 // its next firing.
 type ScheduledJob struct {
 	recurring.Schedule
-	Next    time.Time // zero: disabled, past, or not evaluated (see recurring.Next)
-	HasNext bool
+	Next time.Time // zero: disabled, past, or not evaluated (see recurring.Next)
 }
+
+// HasNext reports whether a next firing is known.
+func (j ScheduledJob) HasNext() bool { return !j.Next.IsZero() }
 
 // Schedules lists the recurring jobs of the group with their next firing
 // (one ListSchedules page per 100 and one GetSchedule each).
@@ -100,8 +102,8 @@ func (a *Admin) Schedules(ctx context.Context) ([]ScheduledJob, error) {
 	now := a.store.Now()
 	out := make([]ScheduledJob, 0, len(list))
 	for _, s := range list {
-		next, ok := s.NextFiring(now)
-		out = append(out, ScheduledJob{Schedule: s, Next: next, HasNext: ok})
+		next, _ := s.NextFiring(now) // zero when there is none
+		out = append(out, ScheduledJob{Schedule: s, Next: next})
 	}
 	return out, nil
 }

@@ -96,7 +96,7 @@ func Guard(opts *Options) {
 	if err != nil {
 		fail(log, err)
 	}
-	g := guard.New(sqs.NewFromConfig(s.AWS), s.QueueURL, &guard.Options{After: s.GuardAfter, Logger: log, Far: s.ClientOptions().Far})
+	g := guard.New(sqs.NewFromConfig(s.AWS), s.QueueURL, &guard.Options{After: s.GuardAfter, Logger: log, Far: s.FarScheduler()})
 	start(opts, log, g.HandleStream)
 }
 

@@ -185,10 +185,10 @@ func (s *Store) findIndexed(ctx context.Context, f Filter) ([]Record, string, er
 				if err != nil {
 					return nil, "", err
 				}
-				r.buf, r.next, r.done = page, next, len(next) == 0 && len(page) == 0
-				if len(next) == 0 && len(page) > 0 {
-					r.next = nil // this buffer is the shard's last
+				if len(next) == 0 {
+					next = nil // this buffer is the shard's last
 				}
+				r.buf, r.next, r.done = page, next, next == nil && len(page) == 0
 			}
 			if len(r.buf) > 0 && (best == nil || newer(r.buf[0], best.buf[0])) {
 				best = r

@@ -234,15 +234,12 @@ func (r Record) Wrote(nonce string) bool {
 	return nonce != "" && (r.Nonce == nonce || r.Nonce1 == nonce || r.Nonce2 == nonce)
 }
 
-// NewNonce returns a fresh write nonce: one per logical write, kept for
-// that write's own retries (Finish.Nonce).
-func NewNonce() string { return newNonce() }
-
 // noNonce fills an empty slot of the shift register.
 const noNonce = "-"
 
-// newNonce returns a fresh write nonce.
-func newNonce() string {
+// NewNonce returns a fresh write nonce: one per logical write, kept for
+// that write's own retries (Finish.Nonce).
+func NewNonce() string {
 	var b [10]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(fmt.Sprintf("ledger: crypto/rand failed: %v", err))

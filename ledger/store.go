@@ -195,7 +195,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 func (s *Store) stamp(rec Record, key string, policy DuplicatePolicy, now time.Time) Record {
 	rec.CreatedAt, rec.UpdatedAt = now.UnixMilli(), now.UnixMilli()
 	rec.Policy = policy.String()
-	rec.Nonce = newNonce()
+	rec.Nonce = NewNonce()
 	if rec.ArgsHash == "" { // enqueue hashes the args once, to compare with a holder's
 		rec.ArgsHash = ArgsHash(rec.Kind, rec.Args)
 	}

@@ -52,7 +52,7 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 	e.assign(AttrAttempt, at+" + "+one)
 	e.assign(AttrToken, e.n(AttrToken)+" + "+one)
 	e.index(s, Processing, id, nowMs)
-	nonce := newNonce()
+	nonce := NewNonce()
 	e.stamp(nonce)
 	return s.updateJob(ctx, id, e.exprs(), nonce)
 }
@@ -66,7 +66,7 @@ var ErrTooManyChildren = fmt.Errorf("nexjob: a job takes at most %d continuation
 // the current record; a failed condition that meets this very update
 // (applied, its reply lost, resent by the SDK) is a success.
 func (s *Store) updateByID(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder) (Record, error) {
-	nonce := newNonce()
+	nonce := NewNonce()
 	// Built once: an UpdateBuilder shares its operations between copies,
 	// so setting the nonce per try would set it twice on the second pk.
 	in, err := buildUpdate(cond, stampBuilder(upd, nonce))
@@ -165,7 +165,7 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 		" AND " + e.n(AttrState) + " = " + e.s(":proc", string(Processing))
 	nonce := f.Nonce
 	if nonce == "" {
-		nonce = newNonce()
+		nonce = NewNonce()
 	}
 	e.stamp(nonce)
 	out, err := s.update(ctx, rec.PK, rec.ID, e.exprs(), nonce)

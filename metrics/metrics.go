@@ -85,7 +85,6 @@ type Options struct {
 type Recorder struct {
 	mu       sync.Mutex
 	out      io.Writer
-	ns       string
 	nsJSON   []byte // ns as a JSON string
 	now      func() time.Time
 	log      *slog.Logger
@@ -112,7 +111,7 @@ func New(opts *Options) *Recorder {
 		o.Now = time.Now
 	}
 	ns, _ := json.Marshal(o.Namespace) // a string always marshals
-	r := &Recorder{out: o.Out, ns: o.Namespace, nsJSON: ns, now: o.Now, log: o.Logger}
+	r := &Recorder{out: o.Out, nsJSON: ns, now: o.Now, log: o.Logger}
 	if o.MeterProvider != nil {
 		m := o.MeterProvider.Meter("github.com/nexjob/nexjob-aws/metrics")
 		r.counters = map[string]metric.Float64Counter{}

@@ -13,7 +13,7 @@ import (
 // does not say. cron(minutes hours day-of-month month day-of-week year)
 // with *, ?, lists, ranges, steps and names (JAN, MON); rate(n unit)
 // from start (the schedule's creation); at(yyyy-mm-ddThh:mm:ss).
-// ok=false: no firing within a year and a day (a past at(), or an
+// ok=false, with the zero time: no firing within a year and a day (a past at(), or an
 // expression using L, W or #, which Next does not evaluate).
 func Next(expr, tz string, start, after time.Time) (time.Time, bool) {
 	loc := time.UTC
@@ -27,7 +27,10 @@ func Next(expr, tz string, start, after time.Time) (time.Time, bool) {
 	switch {
 	case strings.HasPrefix(expr, "at(") && strings.HasSuffix(expr, ")"):
 		t, err := time.ParseInLocation("2006-01-02T15:04:05", expr[3:len(expr)-1], loc)
-		return t, err == nil && t.After(after)
+		if err != nil || !t.After(after) {
+			return time.Time{}, false
+		}
+		return t, true
 	case strings.HasPrefix(expr, "rate(") && strings.HasSuffix(expr, ")"):
 		every, err := rate(expr[5 : len(expr)-1])
 		if err != nil || start.IsZero() {

@@ -308,11 +308,12 @@ func (s Settings) LedgerOptions() ledger.Options {
 
 // ClientOptions are the enqueue client's options these settings imply.
 func (s Settings) ClientOptions() *enqueue.ClientOptions {
-	return &enqueue.ClientOptions{Ledger: s.LedgerOptions(), Far: s.farScheduler()}
+	return &enqueue.ClientOptions{Ledger: s.LedgerOptions(), Far: s.FarScheduler()}
 }
 
-// farScheduler is the one-time schedules' client, or nil (hops).
-func (s Settings) farScheduler() enqueue.FarScheduler {
+// FarScheduler is the far jobs' one-time schedules client these settings
+// name (package onetime), or nil: far jobs hop through SQS delays.
+func (s Settings) FarScheduler() enqueue.FarScheduler {
 	if s.Far.RoleARN == "" {
 		return nil
 	}
@@ -338,7 +339,7 @@ func (s Settings) Client(opts *enqueue.ClientOptions) (*enqueue.Client, error) {
 	o.Ledger = s.LedgerOptions()
 	o.Ledger.Now = now
 	if o.Far == nil {
-		o.Far = s.farScheduler()
+		o.Far = s.FarScheduler()
 	}
 	return enqueue.New(s.AWS, s.Table, s.QueueURL, &o)
 }
@@ -357,7 +358,7 @@ func (s Settings) HandlerOptions(base *handler.Options) *handler.Options {
 	r := s.Retention
 	o.Retention = &r
 	if o.Far == nil {
-		o.Far = s.farScheduler()
+		o.Far = s.FarScheduler()
 	}
 	now := o.Ledger.Now
 	o.Ledger = s.LedgerOptions()

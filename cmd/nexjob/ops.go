@@ -243,7 +243,7 @@ func (o *ops) schedules(ctx context.Context) error {
 		switch {
 		case !s.Enabled:
 			next = "disabled"
-		case s.HasNext:
+		case s.HasNext():
 			next = s.Next.UTC().Format(time.RFC3339) + " (" + dashboard.Ago(s.Next, o.now()) + ")"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", clean(s.ID), clean(s.Firing.Kind), clean(expr), s.Firing.Concurrency, next)
