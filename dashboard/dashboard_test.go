@@ -354,9 +354,11 @@ func TestSchedulesPage(t *testing.T) {
 	}
 	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet}))
 	t.Cleanup(srv.Close)
-	next, _ := recurring.Next("cron(0 6 1 * ? *)", "", time.Time{}, time.Now())
+	n1, _ := recurring.Next("cron(0 6 1 * ? *)", "", time.Time{}, time.Now()) // the page's clock reads between n1's and n2's
 	code, page := get(t, client(t), srv.URL+"/schedules")
-	if code != http.StatusOK || !strings.Contains(page, "month-end") || !strings.Contains(page, next.UTC().Format("2006-01-02 15:04 MST")) {
+	n2, _ := recurring.Next("cron(0 6 1 * ? *)", "", time.Time{}, time.Now())
+	shows := func(n time.Time) bool { return strings.Contains(page, n.UTC().Format("2006-01-02 15:04 MST")) }
+	if code != http.StatusOK || !strings.Contains(page, "month-end") || !shows(n1) && !shows(n2) {
 		t.Fatalf("%d\n%s", code, page)
 	}
 	if _, page := get(t, client(t), r.srv.URL+"/schedules"); !strings.Contains(page, "No schedule group is configured") {

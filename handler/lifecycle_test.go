@@ -13,6 +13,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -489,5 +490,40 @@ func TestRequeueAndContinuations(t *testing.T) {
 	}
 	r.drain(t)
 	r.ranAs(t, parent, ledger.Succeeded, 1, "mailbox full", 2)
+	r.ranAs(t, child.ID, ledger.Succeeded, 1, "", 1)
+}
+
+// TestRewaitUnderFaults: requeueing a parent puts its ended child back to
+// waiting; that write applied with its reply lost, then its resends
+// throttled past the SDK's retries, is read back and recognised, so the
+// requeue reports no error and the child runs once after the parent.
+func TestRewaitUnderFaults(t *testing.T) {
+	t.Parallel()
+	var broken atomic.Bool
+	broken.Store(true)
+	r := newRigWith(t, func(_ context.Context, j *handler.Job[email]) error {
+		if broken.Load() && j.Args.To == "parent@example.com" {
+			return handler.Permanent(errors.New("mailbox full"))
+		}
+		return nil
+	}, rigConfig{faults: true})
+	ctx := context.Background()
+	parent := r.enqueue(t, email{To: "parent@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	child, err := r.prod.ContinueWith(ctx, parent, email{To: "child@example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	expect(t, r.get(t, child.ID), ledger.Failed, 0, "ended Failed")
+	broken.Store(false)
+	isRewait := func(b []byte) bool { return parseUpdate(b).setsState() == ledger.AwaitingContinuation }
+	lost := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: isRewait, Fault: faults.LostReply})
+	throttled := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: isRewait, Fault: faults.Throttle, Times: faults.Attempts - 1})
+	if _, err := r.h.Producer().Requeue(ctx, parent); err != nil {
+		t.Fatalf("requeue with the child's rewait applied, then throttled: %v", err)
+	}
+	fired(t, lost, 1)
+	fired(t, throttled, faults.Attempts-1)
+	r.drain(t)
 	r.ranAs(t, child.ID, ledger.Succeeded, 1, "", 1)
 }
