@@ -84,16 +84,6 @@ func (e *bareEnqueue) enqueue(ctx context.Context, i int64, args any) error {
 	return err
 }
 
-// sameSize fails unless the bare side's last request of op is within 10 %
-// of ours: the ratio compares calls of the same sizes.
-func sameSize(b *testing.B, c *benchcmp.Canned, op string, ours int) {
-	b.Helper()
-	bare := c.Size(op)
-	if d := float64(bare-ours) / float64(ours); d > 0.1 || d < -0.1 {
-		b.Fatalf("%s: bare request is %d bytes, ours %d: the comparison is not like for like", op, bare, ours)
-	}
-}
-
 // BenchmarkRatioEnqueueCPU: (a) client CPU and allocations per keyed
 // enqueue against the canned endpoint, vs the bare PutItem+SendMessage.
 func BenchmarkRatioEnqueueCPU(b *testing.B) {
@@ -122,8 +112,8 @@ func BenchmarkRatioEnqueueCPU(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		sameSize(b, canned, "DynamoDB_20120810.PutItem", putSize)
-		sameSize(b, canned, "AmazonSQS.SendMessage", sendSize)
+		canned.SameSize(b, "DynamoDB_20120810.PutItem", putSize)
+		canned.SameSize(b, "AmazonSQS.SendMessage", sendSize)
 	})
 }
 

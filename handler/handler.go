@@ -548,13 +548,16 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 
 type runStartKey struct{}
 
+// outcomes names the metric of each state a run ends in.
+var outcomes = map[ledger.State]string{ledger.Succeeded: metrics.Succeeded, ledger.Failed: metrics.Failed,
+	ledger.Scheduled: metrics.Retried, ledger.Expired: metrics.Expired, ledger.Enqueued: metrics.CutOff}
+
 // measure records the run's outcome (and, after a run, its duration).
 func (h *Handler) measure(ctx context.Context, out ledger.Record, f ledger.Finish, cause error) {
 	if h.o.Metrics == nil {
 		return
 	}
-	outcome := map[ledger.State]string{ledger.Succeeded: metrics.Succeeded, ledger.Failed: metrics.Failed,
-		ledger.Scheduled: metrics.Retried, ledger.Expired: metrics.Expired, ledger.Enqueued: metrics.CutOff}[out.State]
+	outcome := outcomes[out.State]
 	if start, ok := ctx.Value(runStartKey{}).(time.Time); ok {
 		h.o.Metrics.Run(outcome, out.Kind, out.ID, time.Since(start))
 	} else {

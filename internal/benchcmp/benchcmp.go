@@ -1,13 +1,15 @@
 // Package benchcmp measures this project's calls against the bare SDK
 // calls they make, in one run, and prints the ratios.
 //
-// Canned is an in-process HTTP endpoint that answers DynamoDB and SQS
-// requests with fixed, valid replies, so a benchmark against it measures
-// the client's own CPU and allocations (the SDK's included, the network's
-// and the backend's not). Ratio runs two benchmark functions and prints
-// "ours/bare" for time and allocations. The endpoint's own work is counted
-// in both and so pulls a ratio toward 1 a little; it is kept small (one
-// read of the body, a canned write).
+// Canned is an in-memory HTTP transport (an http.RoundTripper, no socket,
+// no server goroutine) that answers DynamoDB and SQS requests with fixed,
+// valid replies, so a benchmark against it measures the client's own CPU
+// and allocations (the SDK's included: signing, serialising, the retryer,
+// decoding), the network's and the backend's not. Ratio runs two benchmark
+// functions and prints "ours/bare" for time and allocations. The
+// transport's own work is counted in both sides and kept to a copy of the
+// request body and a canned reply, so it pulls a ratio toward 1 only a
+// little.
 package benchcmp
 
 import (
@@ -17,24 +19,24 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// Canned is the in-process endpoint. Update answers UpdateItem: it gets
+// Canned is the in-memory endpoint. Update answers UpdateItem: it gets
 // the request body and returns the reply's body; nil answers "{}" (no
 // attributes).
 type Canned struct {
 	URL    string
 	Update func(body []byte) []byte
-	srv    *httptest.Server
 	mu     sync.Mutex
 	sizes  map[string]int
 }
@@ -48,22 +50,31 @@ func (c *Canned) Size(op string) int {
 	return c.sizes[op]
 }
 
-// NewCanned starts an endpoint, closed when tb ends.
-func NewCanned(tb testing.TB) *Canned {
-	c := &Canned{sizes: map[string]int{}}
-	c.srv = httptest.NewServer(http.HandlerFunc(c.serve))
-	c.URL = c.srv.URL
-	tb.Cleanup(c.srv.Close)
-	return c
+// SameSize fails b unless the last request of op (the bare side's) is
+// within 2 % of ours bytes: a ratio compares calls of the same sizes.
+func (c *Canned) SameSize(b *testing.B, op string, ours int) {
+	b.Helper()
+	bare := c.Size(op)
+	if d := float64(bare-ours) / float64(ours); d > 0.02 || d < -0.02 {
+		b.Fatalf("%s: bare request is %d bytes, ours %d: the comparison is not like for like", op, bare, ours)
+	}
+}
+
+// NewCanned makes an endpoint. tb is kept for symmetry with the test
+// helpers; nothing needs closing.
+func NewCanned(testing.TB) *Canned {
+	return &Canned{URL: "http://canned.invalid", sizes: map[string]int{}}
 }
 
 // Config is an SDK configuration whose clients talk to the endpoint, with
-// the SDK's standard retryer and HTTP client, as a user's would.
+// the SDK's standard retryer, as a user's would; only the HTTP client's
+// transport is the in-memory one.
 func (c *Canned) Config() aws.Config {
 	return aws.Config{
 		Region:       "us-east-1",
 		Credentials:  credentials.NewStaticCredentialsProvider("bench", "bench", ""),
 		BaseEndpoint: aws.String(c.URL),
+		HTTPClient:   &http.Client{Transport: c},
 	}
 }
 
@@ -71,64 +82,108 @@ func (c *Canned) Config() aws.Config {
 func S(v string) types.AttributeValue { return &types.AttributeValueMemberS{Value: v} }
 func N(v string) types.AttributeValue { return &types.AttributeValueMemberN{Value: v} }
 
-var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-func (c *Canned) serve(w http.ResponseWriter, r *http.Request) {
-	buf := bodies.Get().(*bytes.Buffer)
-	defer bodies.Put(buf)
-	buf.Reset()
-	if _, err := io.Copy(buf, r.Body); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
+// RoundTrip answers one request in memory.
+func (c *Canned) RoundTrip(r *http.Request) (*http.Response, error) {
+	var body []byte
+	if r.Body != nil {
+		b, err := io.ReadAll(r.Body)
+		_ = r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		body = b
 	}
-	w.Header().Set("Content-Type", "application/x-amz-json-1.0")
 	op := r.Header.Get("X-Amz-Target")
 	c.mu.Lock()
-	c.sizes[op] = buf.Len()
+	c.sizes[op] = len(body)
 	c.mu.Unlock()
+	status, reply := http.StatusOK, c.reply(op, body)
+	if reply == nil {
+		status, reply = http.StatusBadRequest, []byte(`{"__type":"UnknownOperationException","message":"canned endpoint: `+op+`"}`)
+	}
+	return &http.Response{
+		StatusCode:    status,
+		Status:        http.StatusText(status),
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        http.Header{"Content-Type": {"application/x-amz-json-1.0"}},
+		Body:          io.NopCloser(bytes.NewReader(reply)),
+		ContentLength: int64(len(reply)),
+		Request:       r,
+	}, nil
+}
+
+var (
+	emptyReply = []byte("{}")
+	sentReply  = []byte(`{"MessageId":"00000000-0000-0000-0000-000000000000"}`)
+)
+
+// reply is the canned answer to op, nil for an operation it does not know.
+func (c *Canned) reply(op string, body []byte) []byte {
 	switch op {
 	case "DynamoDB_20120810.PutItem", "DynamoDB_20120810.TransactWriteItems":
-		_, _ = io.WriteString(w, "{}")
+		return emptyReply
 	case "DynamoDB_20120810.UpdateItem":
 		if c.Update == nil {
-			_, _ = io.WriteString(w, "{}")
-			return
+			return emptyReply
 		}
-		_, _ = w.Write(c.Update(buf.Bytes()))
+		return c.Update(body)
 	case "AmazonSQS.SendMessage":
-		_, _ = io.WriteString(w, `{"MessageId":"00000000-0000-0000-0000-000000000000"}`)
+		return sentReply
 	case "AmazonSQS.SendMessageBatch":
 		var in struct{ Entries []struct{ Id string } }
-		if err := json.Unmarshal(buf.Bytes(), &in); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
+		if err := json.Unmarshal(body, &in); err != nil {
+			return nil
 		}
 		type ok struct{ Id, MessageId string }
 		out := struct{ Successful []ok }{}
 		for _, e := range in.Entries {
 			out.Successful = append(out.Successful, ok{Id: e.Id, MessageId: "m-" + e.Id})
 		}
-		_ = json.NewEncoder(w).Encode(out)
-	default:
-		w.WriteHeader(http.StatusBadRequest)
-		fmt.Fprintf(w, `{"__type":"UnknownOperationException","message":"canned endpoint: %s"}`, op)
+		b, _ := json.Marshal(out)
+		return b
 	}
+	return nil
 }
 
-// Side is one side's measure: time and allocations per operation.
+// Side is one side's measure per operation: wall time, CPU time (the
+// whole process's, user and system: the garbage collector's and the
+// scheduler's work count, a noisy neighbour's steal does not) and
+// allocations.
 type Side struct {
-	NsPerOp, AllocsPerOp float64
+	NsPerOp, CPUNsPerOp, AllocsPerOp float64
+}
+
+// base is where a side's counts start.
+type base struct {
+	mem runtime.MemStats
+	cpu time.Duration
 }
 
 var (
 	baseMu sync.Mutex
-	bases  = map[*testing.B]*runtime.MemStats{}
+	bases  = map[*testing.B]*base{}
 )
 
-// baseline starts counting b's allocations.
-func baseline(b *testing.B) *runtime.MemStats {
-	m := new(runtime.MemStats)
-	runtime.ReadMemStats(m)
+// cpuTime is the process's CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func (m *base) read() {
+	runtime.ReadMemStats(&m.mem)
+	m.cpu = cpuTime()
+}
+
+// baseline starts counting b's allocations and CPU time.
+func baseline(b *testing.B) *base {
+	m := new(base)
+	m.read()
 	baseMu.Lock()
 	bases[b] = m
 	baseMu.Unlock()
@@ -142,13 +197,14 @@ func forget(b *testing.B) {
 }
 
 // ResetTimer is b.ResetTimer for a side of Ratio: it also leaves the
-// allocations made so far (the side's setup) out of its count.
+// allocations and CPU time spent so far (the side's setup) out of its
+// counts.
 func ResetTimer(b *testing.B) {
 	baseMu.Lock()
 	m := bases[b]
 	baseMu.Unlock()
 	if m != nil {
-		runtime.ReadMemStats(m)
+		m.read()
 	}
 	b.ResetTimer()
 }
@@ -157,24 +213,27 @@ func ResetTimer(b *testing.B) {
 type Result struct {
 	Name       string
 	Ours, Bare Side // each side's median round
-	// TimeX and AllocsX are the medians of the rounds' ours/bare ratios
-	// (each round runs the two sides back to back); Lo and Hi their
-	// spread, the lowest and the highest round.
-	TimeX, AllocsX     float64
-	TimeLo, TimeHi     float64
-	AllocsLo, AllocsHi float64
+	// TimeX, CPUX and AllocsX are the medians of the rounds' ours/bare
+	// ratios (each round runs the two sides back to back); Lo and Hi
+	// their spread, the lowest and the highest round.
+	TimeX, CPUX, AllocsX float64
+	TimeLo, TimeHi       float64
+	CPULo, CPUHi         float64
+	AllocsLo, AllocsHi   float64
 }
 
 func (r Result) String() string {
-	return fmt.Sprintf("%-40s time %.2fx [%.2f-%.2f] (%.0f vs %.0f ns/op), allocations %.2fx [%.2f-%.2f] (%.0f vs %.0f allocs/op), median of %d rounds",
-		r.Name, r.TimeX, r.TimeLo, r.TimeHi, r.Ours.NsPerOp, r.Bare.NsPerOp, r.AllocsX, r.AllocsLo, r.AllocsHi, r.Ours.AllocsPerOp, r.Bare.AllocsPerOp, Rounds)
+	return fmt.Sprintf("%-34s time %.2fx [%.2f-%.2f] (%.0f vs %.0f ns/op), cpu %.2fx [%.2f-%.2f] (%.0f vs %.0f ns/op), allocations %.2fx [%.2f-%.2f] (%.0f vs %.0f allocs/op), median of %d rounds",
+		r.Name, r.TimeX, r.TimeLo, r.TimeHi, r.Ours.NsPerOp, r.Bare.NsPerOp,
+		r.CPUX, r.CPULo, r.CPUHi, r.Ours.CPUNsPerOp, r.Bare.CPUNsPerOp,
+		r.AllocsX, r.AllocsLo, r.AllocsHi, r.Ours.AllocsPerOp, r.Bare.AllocsPerOp, Rounds)
 }
 
 // Rounds is how many times Ratio runs each side. Each round runs the two
 // back to back, the order turning every round (ours first, then bare
 // first), so neither side always runs warm or always cold; a round's
 // ratio pairs runs made under the same load.
-const Rounds = 5
+const Rounds = 7
 
 // Ratio runs ours and bare as the sub-benchmarks name/ours and name/bare,
 // Rounds times each, the order rotated (with the run's -benchtime; the
@@ -185,7 +244,7 @@ const Rounds = 5
 func Ratio(b *testing.B, name string, ours, bare func(*testing.B)) Result {
 	b.Helper()
 	r := Result{Name: name}
-	var times, allocs []float64
+	var times, cpus, allocs []float64
 	var oursRuns, bareRuns []Side
 	b.Run(name, func(b *testing.B) {
 		for round := range Rounds {
@@ -204,11 +263,12 @@ func Ratio(b *testing.B, name string, ours, bare func(*testing.B)) Result {
 					m0 := baseline(b)
 					defer forget(b)
 					s.f(b)
-					var m1 runtime.MemStats
-					runtime.ReadMemStats(&m1)
+					var m1 base
+					m1.read()
 					last = Side{
 						NsPerOp:     float64(b.Elapsed().Nanoseconds()) / float64(b.N),
-						AllocsPerOp: float64(m1.Mallocs-m0.Mallocs) / float64(b.N),
+						CPUNsPerOp:  float64((m1.cpu - m0.cpu).Nanoseconds()) / float64(b.N),
+						AllocsPerOp: float64(m1.mem.Mallocs-m0.mem.Mallocs) / float64(b.N),
 					}
 				})
 				*s.to = append(*s.to, last)
@@ -216,6 +276,7 @@ func Ratio(b *testing.B, name string, ours, bare func(*testing.B)) Result {
 			o, bb := oursRuns[len(oursRuns)-1], bareRuns[len(bareRuns)-1]
 			if o.NsPerOp > 0 && bb.NsPerOp > 0 {
 				times = append(times, o.NsPerOp/bb.NsPerOp)
+				cpus = append(cpus, o.CPUNsPerOp/bb.CPUNsPerOp)
 				allocs = append(allocs, o.AllocsPerOp/bb.AllocsPerOp)
 			}
 		}
@@ -224,6 +285,7 @@ func Ratio(b *testing.B, name string, ours, bare func(*testing.B)) Result {
 		b.Fatalf("%s: a side did not run", name)
 	}
 	r.TimeX, r.TimeLo, r.TimeHi = spread(times)
+	r.CPUX, r.CPULo, r.CPUHi = spread(cpus)
 	r.AllocsX, r.AllocsLo, r.AllocsHi = spread(allocs)
 	r.Ours, r.Bare = medianSide(oursRuns), medianSide(bareRuns)
 	fmt.Printf("ratio %s\n", r)
