@@ -200,6 +200,13 @@ type Opts struct {
 	// DuplicatePolicy decides what a key held by a terminal job does.
 	// Defaults to AllowAfterFailed.
 	DuplicatePolicy DuplicatePolicy
+	// ReplaceEnded: when the policy lets the key go, the ended job's
+	// record is overwritten by the new one in the same conditional write
+	// (1 write unit) instead of being moved aside under its job id (a
+	// failed write and a 2-item transaction, 5 units). The ended job can
+	// no longer be read by its id. For keys re-used often whose old runs
+	// nobody reads back (recurring.Fire sets it). Defaults to false.
+	ReplaceEnded bool
 	// Delay schedules the job this far ahead. Defaults to 0 (run now).
 	Delay time.Duration
 	// RunAt schedules the job at this time; exclusive with Delay. A time
@@ -316,7 +323,7 @@ func (c *Client) unsent(rec ledger.Record) bool {
 }
 
 func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, error) {
-	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy)
+	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy, &ledger.InsertOptions{ReplaceEnded: o.ReplaceEnded})
 	var uo *ledger.UnknownOutcomeError
 	if errors.As(err, &uo) {
 		// The write may have been applied (its reply lost, the caller's

@@ -136,7 +136,7 @@ func (h *Handler) keepNonJob(ctx context.Context, m events.SQSMessage, reason st
 		rec.ExpiresAt = ledger.TTL(exp)
 	}
 	// Keyed by the message id: a redelivered dead letter is kept once.
-	if _, _, err := h.store.Insert(ctx, rec, "dead-letter/"+m.MessageId, ledger.RejectAlways); err != nil {
+	if _, _, err := h.store.Insert(ctx, rec, "dead-letter/"+m.MessageId, ledger.RejectAlways, nil); err != nil {
 		var dup *ledger.DuplicateJobError
 		if !errors.As(err, &dup) {
 			return err

@@ -84,7 +84,7 @@ func TestSendFailsNoCallerAction(t *testing.T) {
 	r := newRig(t, ok, nil)
 	_, ids := unsentJobs(t, r, 20, "gap")
 	for i := range 5 { // the producer died after the write: no mark, no error seen
-		rec, _, err := r.prod.Store().Insert(context.Background(), ledger.Record{Kind: "email", Args: `{"To":"died@example.com"}`, State: ledger.Enqueued, MaxAttempts: 3}, fmt.Sprintf("died-%d", i), ledger.AllowAfterFailed)
+		rec, _, err := r.prod.Store().Insert(context.Background(), ledger.Record{Kind: "email", Args: `{"To":"died@example.com"}`, State: ledger.Enqueued, MaxAttempts: 3}, fmt.Sprintf("died-%d", i), ledger.AllowAfterFailed, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

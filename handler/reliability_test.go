@@ -205,7 +205,7 @@ func TestGuardCheckThrottled(t *testing.T) {
 	t.Parallel()
 	r := newRigWith(t, ok, rigConfig{faults: true, queue: fastQueue})
 	// The producer "died" after its write: a record, no message.
-	rec, _, err := r.prod.Store().Insert(context.Background(), ledger.Record{Kind: email{}.Kind(), Args: `{"To":"lost@example.com"}`, State: ledger.Enqueued, MaxAttempts: 3}, "", ledger.AllowAfterFailed)
+	rec, _, err := r.prod.Store().Insert(context.Background(), ledger.Record{Kind: email{}.Kind(), Args: `{"To":"lost@example.com"}`, State: ledger.Enqueued, MaxAttempts: 3}, "", ledger.AllowAfterFailed, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,6 +150,26 @@ func keyFree(now time.Time) *writeExpr {
 	return e
 }
 
+// replaceable is keyFree, or: the record ended in one of states, holds no
+// continuations and was not made by request (when there is one).
+func replaceable(now time.Time, states []State, request string) *writeExpr {
+	e := keyFree(now)
+	if len(states) == 0 {
+		return e
+	}
+	in := make([]string, len(states))
+	for i, st := range states {
+		in[i] = e.s(":ended"+strconv.Itoa(i), string(st))
+	}
+	ended := e.n(AttrState) + " IN (" + strings.Join(in, ", ") + ") AND attribute_not_exists(" + e.n(AttrChildren) + ")"
+	if request != "" {
+		r := e.n(AttrRequest)
+		ended += " AND (attribute_not_exists(" + r + ") OR " + r + " <> " + e.s(":request", request) + ")"
+	}
+	e.cond = "(" + e.cond + ") OR (" + ended + ")"
+	return e
+}
+
 // exprs are a write's expressions as its request carries them.
 type exprs struct {
 	cond, update *string // update is nil for a Put

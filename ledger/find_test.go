@@ -26,7 +26,7 @@ func TestFind(t *testing.T) {
 	}
 	ctx := context.Background()
 	insert := func(kind string) ledger.Record {
-		rec, _, err := s.Insert(ctx, ledger.Record{Kind: kind, Args: "{}", State: ledger.Enqueued, MaxAttempts: 1}, "", ledger.AllowAfterFailed)
+		rec, _, err := s.Insert(ctx, ledger.Record{Kind: kind, Args: "{}", State: ledger.Enqueued, MaxAttempts: 1}, "", ledger.AllowAfterFailed, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

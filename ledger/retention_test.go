@@ -25,7 +25,7 @@ func TestRetentionHeldWholeTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	rec, _, err := s.Insert(ctx, ledger.Record{Kind: "notice", Args: "{}", State: ledger.Enqueued, MaxAttempts: 1}, "legal-notice-7", ledger.RejectAlways)
+	rec, _, err := s.Insert(ctx, ledger.Record{Kind: "notice", Args: "{}", State: ledger.Enqueued, MaxAttempts: 1}, "legal-notice-7", ledger.RejectAlways, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestRetentionHeldWholeTime(t *testing.T) {
 	if _, err := s.Get(ctx, rec.ID); err != nil {
 		t.Fatalf("within its retention: %v", err)
 	}
-	_, _, err = s.Insert(ctx, ledger.Record{Kind: "notice", Args: "{}", State: ledger.Enqueued, MaxAttempts: 1}, "legal-notice-7", ledger.RejectAlways)
+	_, _, err = s.Insert(ctx, ledger.Record{Kind: "notice", Args: "{}", State: ledger.Enqueued, MaxAttempts: 1}, "legal-notice-7", ledger.RejectAlways, nil)
 	var dup *ledger.DuplicateJobError
 	if !errors.As(err, &dup) || dup.ExistingJobID != rec.ID {
 		t.Fatalf("key re-used within the retention: %v; want the RejectAlways rejection", err)

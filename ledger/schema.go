@@ -42,6 +42,7 @@ const (
 	AttrReturns      = "dlqReturns" // times the DLQ consumer sent back a job that never started
 	AttrArgsHash     = "argsHash"   // fingerprint of kind and args (ArgsHash)
 	AttrCancelled    = "cancelled"  // true on a Failed job an operator withdrew before it started
+	AttrRequest      = "request"    // hash of the enqueue request that made the job (Record.Request)
 )
 
 // DeadLetterKind is the kind of the records that keep messages that were

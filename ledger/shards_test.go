@@ -24,7 +24,7 @@ func failedJobs(t *testing.T, s *ledger.Store, now *atomic.Int64, n, argsLen int
 	args := `{"blob":"` + strings.Repeat("x", argsLen) + `"}`
 	var ids []string
 	for range n {
-		rec, _, err := s.Insert(ctx, ledger.Record{Kind: "k", Args: args, State: ledger.Enqueued, MaxAttempts: 1}, "", ledger.AllowAfterFailed)
+		rec, _, err := s.Insert(ctx, ledger.Record{Kind: "k", Args: args, State: ledger.Enqueued, MaxAttempts: 1}, "", ledger.AllowAfterFailed, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,43 +99,6 @@ func TestListingAcrossShards(t *testing.T) {
 	}
 }
 
-// itemSize is an item's size as DynamoDB bills it: each attribute's name
-// plus its value (strings and numbers by their bytes, maps and lists by
-// their members plus 3 bytes, booleans 1).
-func itemSize(item map[string]types.AttributeValue) int {
-	n := 0
-	for k, v := range item {
-		n += len(k) + valueSize(v)
-	}
-	return n
-}
-
-func valueSize(v types.AttributeValue) int {
-	switch v := v.(type) {
-	case *types.AttributeValueMemberS:
-		return len(v.Value)
-	case *types.AttributeValueMemberN:
-		return len(v.Value)
-	case *types.AttributeValueMemberBOOL:
-		return 1
-	case *types.AttributeValueMemberSS:
-		n := 0
-		for _, s := range v.Value {
-			n += len(s)
-		}
-		return n
-	case *types.AttributeValueMemberM:
-		return 3 + itemSize(v.Value)
-	case *types.AttributeValueMemberL:
-		n := 3
-		for _, x := range v.Value {
-			n += 1 + valueSize(x)
-		}
-		return n
-	}
-	return 0
-}
-
 // TestIndexEntryIsOneWriteUnit: a Failed job with 20 KB of args and a
 // 3,000-byte error is a 24 KB item (24 write units a write), but its
 // byState index entry holds only what a listing shows: under 1 KB, one
@@ -159,7 +122,7 @@ func TestIndexEntryIsOneWriteUnit(t *testing.T) {
 	if got := entry[ledger.AttrID].(*types.AttributeValueMemberS).Value; got != id {
 		t.Fatalf("index entry of %s, want %s", got, id)
 	}
-	size := itemSize(entry)
+	size := awstest.ItemSize(entry)
 	units := (size + 1023) / 1024
 	t.Logf("job item: %d bytes of args; index entry: %d bytes, %d write unit(s)", len(full.Args), size, units)
 	if units != 1 {

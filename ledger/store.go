@@ -122,6 +122,19 @@ const (
 	MaxChildren = 100
 )
 
+// InsertOptions are Insert's choices; nil is the zero value of each.
+type InsertOptions struct {
+	// ReplaceEnded overwrites the key's record when it has ended in a
+	// state the policy lets the key be taken from, holds no continuations
+	// and was not made by the same request: in the one conditional put
+	// that writes the new job (1 write unit), where moving the ended one
+	// aside under its job id takes the failed put and a 2-item transaction
+	// (5). The ended job's record is gone then: Get of its id finds
+	// nothing, listing no longer shows it. Recurring firings use it, so
+	// that every firing costs what the first does.
+	ReplaceEnded bool
+}
+
 // Insert writes a new job unless the idempotency key says otherwise. rec
 // gives the job's kind, args, state and times; Insert sets its PK, ID,
 // KeyHash, Policy, CreatedAt and UpdatedAt. With an empty key the job is
@@ -133,8 +146,9 @@ const (
 // holder is returned with created=false; a terminal holder that the policy
 // protects gives a *DuplicateJobError; a terminal holder that the policy
 // lets go is archived under its job id and replaced in one transaction (the
-// rare path, and the only one that costs more than one write).
-func (s *Store) Insert(ctx context.Context, rec Record, key string, policy DuplicatePolicy) (Record, bool, error) {
+// rare path, and the only one that costs more than one write), unless
+// opts.ReplaceEnded. opts may be nil.
+func (s *Store) Insert(ctx context.Context, rec Record, key string, policy DuplicatePolicy, opts *InsertOptions) (Record, bool, error) {
 	if !policy.Valid() {
 		return Record{}, false, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
 	}
@@ -154,9 +168,13 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 		}
 		return rec, true, nil
 	}
+	cond := keyFree(now)
+	if opts != nil && opts.ReplaceEnded {
+		cond = replaceable(now, policy.ReusableStates(), rec.Request)
+	}
 	const tries = 8
 	for range tries {
-		err := s.put(ctx, rec, keyFree(now))
+		err := s.put(ctx, rec, cond)
 		var held *heldError
 		if !errors.As(err, &held) {
 			if err != nil {

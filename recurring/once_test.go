@@ -24,11 +24,7 @@ func TestOneFiringOneRun(t *testing.T) {
 	e := awstest.New(t, nil)
 	ctx := context.Background()
 	var runs atomic.Int32
-	reg := handler.NewRegistry()
-	handler.AddWorker(reg, handler.WorkFunc[report](func(context.Context, *handler.Job[report]) error {
-		runs.Add(1)
-		return nil
-	}), nil)
+	reg := counting(&runs)
 	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
 	ft, cfg := e.Faulty()
 	c, err := enqueue.New(cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Logger: quiet})

@@ -11,7 +11,11 @@
 // SkipIfRunning (the default, NexJob's): one active instance. Each firing
 // enqueues with the idempotency key "nexjob-recurring:<id>": while the
 // previous run is active the firing is a duplicate and nothing new runs;
-// once it ended (any terminal state) the next firing starts a new job.
+// once it ended (any terminal state) the next firing starts a new job,
+// whose record replaces the ended run's in the same conditional write
+// (enqueue.Opts.ReplaceEnded: a later firing costs the 3 write units of
+// the first, with its run; the ended run's outcome stays in the logs and
+// metrics, its record is gone).
 // AllowConcurrent: each firing is its own job, keyed by the recurring id
 // and the firing's scheduled time.
 //
@@ -327,5 +331,5 @@ func Fire(ctx context.Context, c *enqueue.Client, f Firing) (enqueue.Result, err
 	if f.ScheduledTime != "" && f.ScheduledTime != scheduledTimeAttr {
 		request = "nexjob-recurring-firing:" + f.ID + "@" + f.ScheduledTime
 	}
-	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, RequestID: request, MaxAttempts: f.MaxAttempts, DuplicatePolicy: enqueue.AllowAfterFailed})
+	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, RequestID: request, MaxAttempts: f.MaxAttempts, DuplicatePolicy: enqueue.AllowAfterFailed, ReplaceEnded: true})
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsmiddleware "github.com/aws/aws-sdk-go-v2/aws/middleware"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	"github.com/aws/smithy-go/middleware"
 
@@ -105,4 +106,43 @@ func (c *Counter) Reset() {
 	c.mu.Lock()
 	c.calls = nil
 	c.mu.Unlock()
+}
+
+// ItemSize is an item's size as DynamoDB bills it: each attribute's name
+// plus its value (strings and numbers by their bytes, maps and lists by
+// their members plus 3 bytes, booleans 1). A write costs a write unit per
+// started KB of it (of the larger of before and after, for an update);
+// tests count units with it.
+func ItemSize(item map[string]types.AttributeValue) int {
+	n := 0
+	for k, v := range item {
+		n += len(k) + valueSize(v)
+	}
+	return n
+}
+
+func valueSize(v types.AttributeValue) int {
+	switch v := v.(type) {
+	case *types.AttributeValueMemberS:
+		return len(v.Value)
+	case *types.AttributeValueMemberN:
+		return len(v.Value)
+	case *types.AttributeValueMemberBOOL:
+		return 1
+	case *types.AttributeValueMemberSS:
+		n := 0
+		for _, s := range v.Value {
+			n += len(s)
+		}
+		return n
+	case *types.AttributeValueMemberM:
+		return 3 + ItemSize(v.Value)
+	case *types.AttributeValueMemberL:
+		n := 3
+		for _, x := range v.Value {
+			n += 1 + valueSize(x)
+		}
+		return n
+	}
+	return 0
 }
