@@ -60,10 +60,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/scheduler"
-	"github.com/aws/aws-sdk-go-v2/service/ssm"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/ssmparam"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/onetime"
 	"github.com/nexjob/nexjob-aws/recurring"
@@ -249,11 +249,11 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 	case p != "" && raw != "":
 		return Settings{}, &InvalidError{Var: EnvKeySecret, Reason: "set it or " + EnvKeySecretParameter + ", not both"}
 	case p != "":
-		out, err := ssm.NewFromConfig(cfg).GetParameter(ctx, &ssm.GetParameterInput{Name: aws.String(p), WithDecryption: aws.Bool(true)})
+		v, err := ssmparam.Get(ctx, cfg, p)
 		if err != nil {
 			return Settings{}, fmt.Errorf("nexjob: read the key secret from SSM parameter %s (%s): %w", p, EnvKeySecretParameter, err)
 		}
-		s.KeySecret = []byte(aws.ToString(out.Parameter.Value))
+		s.KeySecret = []byte(v)
 	case raw != "":
 		s.KeySecret = []byte(raw)
 	}

@@ -172,7 +172,7 @@ func (t *Transport) Ops() []string {
 }
 
 // Operation names the request as "Service.Operation" from its X-Amz-Target
-// header (the JSON protocols of DynamoDB and SQS), or for EventBridge
+// header (the JSON protocols of DynamoDB, SQS and SSM), or for EventBridge
 // Scheduler's REST protocol from its method and path
 // ("Scheduler.CreateSchedule").
 func Operation(req *http.Request) string {
@@ -197,6 +197,8 @@ func Operation(req *http.Request) string {
 		svc = "DynamoDB"
 	case svc == "AmazonSQS":
 		svc = "SQS"
+	case svc == "AmazonSSM":
+		svc = "SSM"
 	}
 	return svc + "." + op
 }
@@ -271,7 +273,7 @@ func throttleCode(op string) string {
 	if strings.HasPrefix(op, "SQS.") {
 		return "com.amazonaws.sqs#RequestThrottled"
 	}
-	if strings.HasPrefix(op, "Scheduler.") {
+	if strings.HasPrefix(op, "Scheduler.") || strings.HasPrefix(op, "SSM.") {
 		return "ThrottlingException"
 	}
 	return "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException"
@@ -283,6 +285,9 @@ func internalCode(op string) string {
 	}
 	if strings.HasPrefix(op, "Scheduler.") {
 		return "InternalServerException"
+	}
+	if strings.HasPrefix(op, "SSM.") {
+		return "InternalServerError"
 	}
 	return "com.amazonaws.dynamodb.v20120810#InternalServerError"
 }
