@@ -120,7 +120,8 @@ type JobQueueProps struct {
 	// MaxConcurrency caps concurrent worker invocations of the SQS event
 	// source (2 to 1000). Defaults to no cap: the mapping scales as SQS's
 	// own Lambda scaling allows (AWS documents up to 300 more concurrent
-	// invocations a minute, to 1,250 per queue by default).
+	// invocations a minute, to 1,000 batches at once per mapping in
+	// standard mode; ProvisionedPollers goes further).
 	MaxConcurrency *float64
 	// ReservedConcurrency reserves (and caps) the worker function's
 	// concurrent executions, so other functions of the account cannot
