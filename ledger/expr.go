@@ -21,15 +21,16 @@ import (
 // unused ones.
 type writeExpr struct {
 	cond   string
-	set    []string
-	remove []string
+	set    strings.Builder // "#a = :x, #b = :y": the SET clause's assignments
+	remove strings.Builder // "#c, #d"
 	names  map[string]string
 	values map[string]types.AttributeValue
 }
 
 func newWriteExpr() *writeExpr {
-	return &writeExpr{names: make(map[string]string, 12), values: make(map[string]types.AttributeValue, 10),
-		set: make([]string, 0, 10), remove: make([]string, 0, 4)}
+	e := &writeExpr{names: make(map[string]string, 12), values: make(map[string]types.AttributeValue, 10)}
+	e.set.Grow(384) // a Finish's SET clause, so that it is written in one allocation
+	return e
 }
 
 // placeholders are "#"+name of the attributes the worker's updates use,
@@ -65,15 +66,25 @@ func (e *writeExpr) i(label string, v int64) string {
 	return label
 }
 
-// assign adds "SET #attr = expr".
-func (e *writeExpr) assign(attr, expr string) { e.set = append(e.set, e.n(attr)+" = "+expr) }
+// assign adds "SET #attr = expr", expr given in pieces (written as they
+// are, no string built for it).
+func (e *writeExpr) assign(attr string, expr ...string) {
+	if e.set.Len() > 0 {
+		e.set.WriteString(", ")
+	}
+	e.set.WriteString(e.n(attr))
+	e.set.WriteString(" = ")
+	for _, x := range expr {
+		e.set.WriteString(x)
+	}
+}
 
 // stamp sets the write's nonce and shifts the two before it down (the
 // operands read the item as it was before this update).
 func (e *writeExpr) stamp(nonce string) {
 	none := e.s(":noNonce", noNonce)
-	e.assign(AttrNonce2, "if_not_exists("+e.n(AttrNonce1)+", "+none+")")
-	e.assign(AttrNonce1, "if_not_exists("+e.n(AttrNonce)+", "+none+")")
+	e.assign(AttrNonce2, "if_not_exists(", e.n(AttrNonce1), ", ", none, ")")
+	e.assign(AttrNonce1, "if_not_exists(", e.n(AttrNonce), ", ", none, ")")
 	e.assign(AttrNonce, e.s(":nonce", nonce))
 }
 
@@ -82,8 +93,8 @@ func (e *writeExpr) stamp(nonce string) {
 func (e *writeExpr) history(a Attempt) {
 	none := ":noHist"
 	e.values[none] = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{}}
-	e.assign(AttrHist2, "if_not_exists("+e.n(AttrHist1)+", "+none+")")
-	e.assign(AttrHist1, "if_not_exists("+e.n(AttrHist0)+", "+none+")")
+	e.assign(AttrHist2, "if_not_exists(", e.n(AttrHist1), ", ", none, ")")
+	e.assign(AttrHist1, "if_not_exists(", e.n(AttrHist0), ", ", none, ")")
 	m := map[string]types.AttributeValue{
 		"n":  &types.AttributeValueMemberN{Value: strconv.Itoa(a.N)},
 		"at": &types.AttributeValueMemberN{Value: strconv.FormatInt(a.At, 10)},
@@ -105,7 +116,12 @@ func stampBuilder(upd expression.UpdateBuilder, nonce string) expression.UpdateB
 }
 
 // drop adds "REMOVE #attr".
-func (e *writeExpr) drop(attr string) { e.remove = append(e.remove, e.n(attr)) }
+func (e *writeExpr) drop(attr string) {
+	if e.remove.Len() > 0 {
+		e.remove.WriteString(", ")
+	}
+	e.remove.WriteString(e.n(attr))
+}
 
 // index keeps the byState index's keys as withIndex does for job id; now
 // is the placeholder of the time.
@@ -120,19 +136,15 @@ func (e *writeExpr) index(s *Store, st State, id, now string) {
 }
 
 func (e *writeExpr) update() string {
-	var b strings.Builder
-	if len(e.set) > 0 {
-		b.WriteString("SET ")
-		b.WriteString(strings.Join(e.set, ", "))
+	switch {
+	case e.set.Len() == 0 && e.remove.Len() == 0:
+		return ""
+	case e.remove.Len() == 0:
+		return "SET " + e.set.String()
+	case e.set.Len() == 0:
+		return "REMOVE " + e.remove.String()
 	}
-	if len(e.remove) > 0 {
-		if b.Len() > 0 {
-			b.WriteByte(' ')
-		}
-		b.WriteString("REMOVE ")
-		b.WriteString(strings.Join(e.remove, ", "))
-	}
-	return b.String()
+	return "SET " + e.set.String() + " REMOVE " + e.remove.String()
 }
 
 // absent is the condition that the item does not exist yet.

@@ -49,8 +49,8 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 	e.assign(AttrState, proc)
 	e.assign(AttrLeaseUntil, e.i(":lease", now.Add(lease).UnixMilli()))
 	e.assign(AttrUpdatedAt, nowMs)
-	e.assign(AttrAttempt, at+" + "+one)
-	e.assign(AttrToken, e.n(AttrToken)+" + "+one)
+	e.assign(AttrAttempt, at, " + ", one)
+	e.assign(AttrToken, e.n(AttrToken), " + ", one)
 	e.index(s, Processing, id, nowMs)
 	nonce := NewNonce()
 	e.stamp(nonce)
@@ -156,8 +156,8 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	}
 	if f.CutOff {
 		at, co, one := e.n(AttrAttempt), e.n(AttrCutOffs), e.i(":one", 1)
-		e.assign(AttrAttempt, at+" - "+one)
-		e.assign(AttrCutOffs, "if_not_exists("+co+", "+e.i(":zero", 0)+") + "+one)
+		e.assign(AttrAttempt, at, " - ", one)
+		e.assign(AttrCutOffs, "if_not_exists(", co, ", ", e.i(":zero", 0), ") + ", one)
 	} else {
 		e.drop(AttrCutOffs)
 	}
