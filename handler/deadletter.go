@@ -68,6 +68,10 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 	case err != nil:
 		return err
 	}
+	if rec.State == ledger.Failed && rec.HookPending {
+		h.log.WarnContext(ctx, "nexjob: dead-letter hook still due; running it", "job_id", rec.ID, "kind", rec.Kind)
+		h.runHook(ctx, rec, nil)
+	}
 	receives := m.Attributes["ApproximateReceiveCount"]
 	now := h.store.Now()
 	switch {

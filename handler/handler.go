@@ -501,6 +501,10 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 	// writer's own, so another worker's finish of the same record (two
 	// messages of an orphan) never reads as ours.
 	f.Nonce = ledger.NewNonce()
+	// The hook's due mark rides on the write that makes the job Failed:
+	// a crash before the hook returns leaves it, and the message's next
+	// delivery runs the hook (notClaimable).
+	f.HookPending = f.State == ledger.Failed && h.hookOf(rec.Kind) != nil
 	ret := h.retention(rec.Kind)
 	switch f.State {
 	case ledger.Succeeded:
@@ -538,7 +542,7 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 			return false
 		}
 	case ledger.Failed:
-		h.deadLetter(ctx, out, cause)
+		h.runHook(ctx, out, cause)
 		return h.endChildren(ctx, out)
 	case ledger.Expired:
 		return h.endChildren(ctx, out)
@@ -631,11 +635,31 @@ func (h *Handler) expiry(d time.Duration) time.Time {
 
 // deadLetter calls the kind's hook (or the handler's) once; its failure or
 // panic is logged.
-func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record, cause error) {
-	hook := h.o.OnDeadLetter
-	if e, ok := h.reg.lookup(rec.Kind); ok && e.opts.OnDeadLetter != nil {
-		hook = e.opts.OnDeadLetter
+// hookOf is the dead-letter hook of kind: its own, else Options'.
+func (h *Handler) hookOf(kind string) func(context.Context, ledger.Record, error) error {
+	if e, ok := h.reg.lookup(kind); ok && e.opts.OnDeadLetter != nil {
+		return e.opts.OnDeadLetter
 	}
+	return h.o.OnDeadLetter
+}
+
+// runHook calls rec's dead-letter hook and then, if the record marks it
+// due, clears the mark. A crash between the two runs the hook again on the
+// next delivery: at least once, once unless a crash comes in between.
+func (h *Handler) runHook(ctx context.Context, rec ledger.Record, cause error) {
+	h.deadLetter(ctx, rec, cause)
+	if !rec.HookPending {
+		return
+	}
+	if err := h.store.HookDone(ctx, rec); err != nil {
+		// The hook ran; the mark stays, and a later delivery of this
+		// job's message (if any) would run it again.
+		h.log.WarnContext(ctx, "nexjob: clearing the dead-letter hook's mark failed", "job_id", rec.ID, "err", err)
+	}
+}
+
+func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record, cause error) {
+	hook := h.hookOf(rec.Kind)
 	if hook == nil {
 		return
 	}
@@ -664,6 +688,11 @@ func (h *Handler) carryForward(ctx context.Context, msg enqueue.Message, now tim
 
 // notClaimable decides the fate of a message whose job may not run now.
 func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enqueue.Message, cur ledger.Record, now time.Time) bool {
+	if cur.State == ledger.Failed && cur.HookPending {
+		// The worker that failed it died before its hook returned.
+		h.log.WarnContext(ctx, "nexjob: dead-letter hook still due; running it", "job_id", cur.ID, "kind", cur.Kind)
+		h.runHook(ctx, cur, nil)
+	}
 	switch {
 	case cur.State == ledger.Succeeded && len(cur.Children) > 0:
 		// A replay after a crash between the parent's completion and its

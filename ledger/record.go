@@ -75,6 +75,11 @@ type Record struct {
 	// Cancelled marks a Failed job that an operator withdrew before it
 	// started (Withdraw).
 	Cancelled bool `dynamodbav:"cancelled,omitempty"`
+	// HookPending marks a Failed job whose dead-letter hook has not been
+	// seen to run: the Finish that made it Failed set it, HookDone clears
+	// it once the hook returned. A worker that meets it (a crash between
+	// the two) runs the hook then.
+	HookPending bool `dynamodbav:"hookPending,omitempty"`
 }
 
 // ExpiredAt reports whether the record is past its retention at now: such a

@@ -43,6 +43,7 @@ const (
 	AttrArgsHash     = "argsHash"   // fingerprint of kind and args (ArgsHash)
 	AttrCancelled    = "cancelled"  // true on a Failed job an operator withdrew before it started
 	AttrRequest      = "request"    // hash of the enqueue request that made the job (Record.Request)
+	AttrHookPending  = "hookPending" // true on a Failed job whose dead-letter hook is still due
 )
 
 // DeadLetterKind is the kind of the records that keep messages that were

@@ -111,6 +111,9 @@ type Finish struct {
 	// given back and the cut-off counted in Record.CutOffs; any other end
 	// of a run clears that count.
 	CutOff bool
+	// HookPending, with State Failed, marks the record until HookDone:
+	// its dead-letter hook is due (Record.HookPending).
+	HookPending bool
 	// Nonce identifies this logical write across the caller's own
 	// retries of it (NewNonce). Empty: Finish picks a fresh one, and a
 	// later call cannot recognise an earlier call's applied write.
@@ -150,6 +153,10 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	e.history(Attempt{N: rec.Attempt, At: now.UnixMilli(), State: f.State, Error: truncate(f.LastError, MaxAttemptError)})
 	if !f.RunAt.IsZero() {
 		e.assign(AttrRunAt, e.i(":runAt", f.RunAt.UnixMilli()))
+	}
+	if f.HookPending && f.State == Failed {
+		e.values[":hookPending"] = &types.AttributeValueMemberBOOL{Value: true}
+		e.assign(AttrHookPending, ":hookPending")
 	}
 	if !f.ExpiresAt.IsZero() {
 		e.assign(AttrExpiresAt, e.i(":exp", TTL(f.ExpiresAt)))
@@ -237,4 +244,17 @@ func (s *Store) update(ctx context.Context, pk, id string, in exprs, nonce strin
 // hold another job by now).
 func isJob(id string) expression.ConditionBuilder {
 	return expression.Name(AttrID).Equal(expression.Value(id))
+}
+
+// HookDone clears rec's HookPending once its dead-letter hook has run:
+// one update. A record already cleared (a second worker's call, an
+// earlier try applied) is no error; a missing one is ErrNotFound.
+func (s *Store) HookDone(ctx context.Context, rec Record) error {
+	cond := expression.Name(AttrID).Equal(expression.Value(rec.ID)).And(expression.AttributeExists(expression.Name(AttrHookPending)))
+	_, err := s.updateByID(ctx, rec.ID, cond, expression.Remove(expression.Name(AttrHookPending)).Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli())))
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nil
+	}
+	return err
 }

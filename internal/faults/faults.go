@@ -104,6 +104,12 @@ type rule struct {
 
 // Transport is the fault-injecting http.RoundTripper.
 type Transport struct {
+	// Nemesis, when set (before the first request), is asked about every
+	// request no rule matched, one request at a time in the order they
+	// come: the fault to inject, or 0 for none. A seeded random nemesis
+	// makes the same choices for the same sequence of requests.
+	Nemesis func(op string) Fault
+
 	base  http.RoundTripper
 	mu    sync.Mutex
 	rules []*rule
@@ -265,6 +271,11 @@ func (t *Transport) pick(op string, body []byte) *rule {
 			close(r.done)
 		}
 		return r
+	}
+	if t.Nemesis != nil {
+		if f := t.Nemesis(op); f != 0 {
+			return &rule{Rule: Rule{Op: op, Fault: f}}
+		}
 	}
 	return nil
 }

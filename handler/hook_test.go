@@ -1,0 +1,80 @@
+package handler_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// TestHookRunsAfterACrashBeforeIt: found by the soak (seed 1, 200 jobs):
+// a worker SIGKILLed after the write that made a job Failed and before its
+// dead-letter hook returned left the job Failed with no hook ever run; the
+// message's next delivery found it Failed and was deleted. The Failed
+// write now marks the hook due (HookPending); the next delivery runs the
+// hook and clears the mark, and a later one runs nothing.
+func TestHookRunsAfterACrashBeforeIt(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	var hooks atomic.Int32
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(context.Context, *handler.Job[email]) error {
+		return errors.New("smtp down")
+	}), &handler.KindOptions{OnDeadLetter: func(context.Context, ledger.Record, error) error {
+		hooks.Add(1)
+		return nil
+	}})
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	res, err := e.Client.Enqueue(ctx, email{To: "crash@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the dying worker did: claim, then the Failed write, marked.
+	st := h.Producer().Store()
+	rec, err := st.Claim(ctx, res.ID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: "smtp down", HookPending: true, Nonce: ledger.NewNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Get(t, res.ID).HookPending {
+		t.Fatal("the Failed write did not mark the hook due")
+	}
+	e.Drain(t, h) // the job's message, delivered again
+	if n := hooks.Load(); n != 1 {
+		t.Fatalf("the hook ran %d times after the crash, want once", n)
+	}
+	if e.Get(t, res.ID).HookPending {
+		t.Fatal("the mark is still set after the hook ran")
+	}
+	// One more delivery of its message.
+	if _, err := e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(e.QueueURL), MessageBody: aws.String(enqueue.Message{V: 1, ID: res.ID, Kind: "email"}.Encode())}); err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	if n := hooks.Load(); n != 1 {
+		t.Fatalf("a later delivery ran the hook again: %d runs", n)
+	}
+
+	// The normal path: the hook runs once and the mark is gone.
+	res2, err := e.Client.Enqueue(ctx, email{To: "fails@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	got := e.Get(t, res2.ID)
+	if got.State != ledger.Failed || got.HookPending || hooks.Load() != 2 {
+		t.Fatalf("normal failure: %s, mark %v, %d hook runs in all (want Failed, cleared, 2)", got.State, got.HookPending, hooks.Load())
+	}
+}

@@ -1,0 +1,232 @@
+package soak
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// run is one run of a job as the run logs tell it.
+type run struct {
+	id         string
+	attempt    int
+	start, end int64 // unix nanoseconds; end 0: no end logged (its process was killed)
+	pid        int
+	ok         bool
+}
+
+// runs are every run logged, and every dead-letter hook call by job.
+type runs struct {
+	byJob map[string][]*run
+	dead  map[string][]int // the pids whose hook call it logged
+}
+
+func readRuns(dir string) (runs, error) {
+	out := runs{byJob: map[string][]*run{}, dead: map[string][]int{}}
+	files, err := filepath.Glob(filepath.Join(dir, "*.runs"))
+	if err != nil {
+		return out, err
+	}
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return out, err
+		}
+		open := map[string]*run{} // id/attempt/pid → its start
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			w := strings.Fields(sc.Text())
+			switch {
+			case len(w) == 3 && w[0] == "dead":
+				pid, _ := strconv.Atoi(w[2])
+				out.dead[w[1]] = append(out.dead[w[1]], pid)
+			case len(w) >= 5 && (w[0] == "start" || w[0] == "end"):
+				att, _ := strconv.Atoi(w[2])
+				at, _ := strconv.ParseInt(w[3], 10, 64)
+				pid, _ := strconv.Atoi(w[4])
+				k := w[1] + "/" + w[2] + "/" + w[4]
+				if w[0] == "start" {
+					r := &run{id: w[1], attempt: att, start: at, pid: pid}
+					open[k] = r
+					out.byJob[w[1]] = append(out.byJob[w[1]], r)
+				} else if r := open[k]; r != nil {
+					r.end, r.ok = at, len(w) > 5 && w[5] == "ok"
+				}
+			}
+		}
+		_ = f.Close()
+		if err := sc.Err(); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func scan(ctx context.Context, db *dynamodb.Client, table string) ([]ledger.Record, error) {
+	var recs []ledger.Record
+	p := dynamodb.NewScanPaginator(db, &dynamodb.ScanInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var part []ledger.Record
+		if err := attributevalue.UnmarshalListOfMaps(page.Items, &part); err != nil {
+			return nil, err
+		}
+		recs = append(recs, part...)
+	}
+	return recs, nil
+}
+
+// check reads the ledger and the run logs against the invariants; it
+// returns the violations, each with the job's history.
+func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs runs, kills []kill, rep *Report) []string {
+	var bad []string
+	fail := func(id, format string, args ...any) {
+		h := history(rs.byJob[id])
+		bad = append(bad, fmt.Sprintf("job %s: %s; runs: %s", id, fmt.Sprintf(format, args...), h))
+	}
+	recs, err := scan(ctx, dynamodb.NewFromConfig(env.Cfg), env.Table)
+	if err != nil {
+		return []string{"scan: " + err.Error()}
+	}
+	byID := map[string]ledger.Record{}
+	for _, r := range recs {
+		byID[r.ID] = r
+	}
+	rep.Jobs = len(recs)
+	killedAt := map[int]int64{}
+	for _, k := range kills {
+		killedAt[k.pid] = k.at
+	}
+
+	// Every job a producer was given has exactly one record.
+	unknown := 0
+	for _, r := range led.all {
+		if !r.created && r.err != nil && r.rejected == nil {
+			unknown++ // the call failed: its job may or may not exist
+		}
+		if !r.created {
+			continue
+		}
+		if _, ok := byID[r.id]; !ok {
+			fail(r.id, "returned by %s (%s) and not in the ledger", r.call, r.kind)
+		}
+	}
+	// Records nobody was told of: at most one per failed call.
+	extra := 0
+	for id := range byID {
+		if led.results[id] == nil {
+			extra++
+		}
+	}
+	if extra > unknown {
+		bad = append(bad, fmt.Sprintf("%d records no enqueue returned, but only %d calls failed with an outcome left open", extra, unknown))
+	}
+
+	// Duplicates and rejections name the key's holder, as the policy says.
+	for _, r := range led.all {
+		switch {
+		case r.duplicate:
+			h, ok := byID[r.id]
+			if !ok || h.KeyHash != st.HashKey(r.key) {
+				fail(r.id, "returned as the duplicate for key %q, but it does not hold that key", r.key)
+			}
+		case r.rejected != nil:
+			if r.policy.Allows(r.rejected.ExistingState) || !r.rejected.ExistingState.Terminal() {
+				fail(r.id, "rejected under %s with the holder %s: the policy lets that state go", r.policy, r.rejected.ExistingState)
+			}
+		}
+	}
+
+	// Each record ended as its runs say, with no two runs at once.
+	for _, rec := range recs {
+		jr := rs.byJob[rec.ID]
+		rep.Runs += len(jr)
+		rep.MaxRuns = max(rep.MaxRuns, len(jr))
+		if !rec.State.Terminal() {
+			fail(rec.ID, "left %s", rec.State)
+			continue
+		}
+		if rec.Kind == ledger.DeadLetterKind {
+			continue
+		}
+		okRun := false
+		for _, r := range jr {
+			okRun = okRun || (r.end != 0 && r.ok)
+		}
+		switch {
+		case rec.Cancelled:
+			if rec.State != ledger.Failed {
+				fail(rec.ID, "cancelled but %s", rec.State)
+			}
+		case rec.Kind == "soak.doomed":
+			if rec.State != ledger.Failed {
+				fail(rec.ID, "a doomed job ended %s", rec.State)
+			}
+			// Once; again only after a kill between the hook and the
+			// write that clears its mark (at least once, by design).
+			calls := rs.dead[rec.ID]
+			if len(calls) == 0 {
+				fail(rec.ID, "Failed with its dead-letter hook never run")
+			}
+			for _, pid := range calls[:max(0, len(calls)-1)] {
+				if killedAt[pid] == 0 {
+					fail(rec.ID, "its dead-letter hook ran %d times, the first in a process not killed (pid %d)", len(calls), pid)
+				}
+			}
+		case rec.ParentID != "":
+			if p, ok := byID[rec.ParentID]; ok && p.State == ledger.Succeeded && rec.State != ledger.Succeeded {
+				fail(rec.ID, "a continuation of a Succeeded parent ended %s", rec.State)
+			}
+		default:
+			if rec.State != ledger.Succeeded {
+				fail(rec.ID, "a %s job ended %s (last error %q)", rec.Kind, rec.State, rec.LastError)
+			}
+		}
+		if rec.State == ledger.Succeeded && !okRun {
+			fail(rec.ID, "Succeeded with no run that ended well")
+		}
+		if len(jr) > rec.Attempt+rec.CutOffs {
+			fail(rec.ID, "%d runs for %d attempts", len(jr), rec.Attempt)
+		}
+		// No overlap: a run with no end ended when its process was killed.
+		sorted := append([]*run(nil), jr...)
+		sort.Slice(sorted, func(a, b int) bool { return sorted[a].start < sorted[b].start })
+		for i := 1; i < len(sorted); i++ {
+			prev := sorted[i-1]
+			end := prev.end
+			if end == 0 {
+				end = killedAt[prev.pid]
+			}
+			if end == 0 || end > sorted[i].start {
+				fail(rec.ID, "run %d (pid %d) started before run %d (pid %d) ended", sorted[i].attempt, sorted[i].pid, prev.attempt, prev.pid)
+			}
+		}
+	}
+	return bad
+}
+
+func history(rs []*run) string {
+	var b strings.Builder
+	for _, r := range rs {
+		end := "killed"
+		if r.end != 0 {
+			end = fmt.Sprintf("+%dms ok=%v", (r.end-r.start)/1e6, r.ok)
+		}
+		fmt.Fprintf(&b, "[attempt %d pid %d at %d %s] ", r.attempt, r.pid, r.start, end)
+	}
+	return b.String()
+}

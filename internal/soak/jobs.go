@@ -1,0 +1,108 @@
+package soak
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// The soak's job kinds. N makes each job's args its own.
+type (
+	// OK succeeds.
+	OK struct{ N int }
+	// Flaky fails its first Fails attempts, then succeeds.
+	Flaky struct{ N, Fails int }
+	// Doomed always fails; its dead-letter hook records it.
+	Doomed struct{ N int }
+	// Slow outruns its kind's timeout on its first attempt, then succeeds.
+	Slow struct{ N int }
+)
+
+func (OK) Kind() string     { return "soak.ok" }
+func (Flaky) Kind() string  { return "soak.flaky" }
+func (Doomed) Kind() string { return "soak.doomed" }
+func (Slow) Kind() string   { return "soak.slow" }
+
+// SlowTimeout is the slow kind's timeout; its first attempt runs twice as
+// long (ending when its context does).
+const SlowTimeout = 150 * time.Millisecond
+
+// RunLog is one process's record of runs, appended to a file the checker
+// reads: "start ID ATTEMPT UNIXNANO PID", "end ID ATTEMPT UNIXNANO PID
+// OUTCOME", "dead ID PID" (a dead-letter hook's call). A killed process's
+// runs have a start and no end.
+type RunLog struct {
+	mu  sync.Mutex
+	f   *os.File
+	pid int
+}
+
+// OpenRunLog opens (appends to) the file at path.
+func OpenRunLog(path string) (*RunLog, error) {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return &RunLog{f: f, pid: os.Getpid()}, nil
+}
+
+func (l *RunLog) line(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// One write per line: a kill between two lines loses no half line.
+	_, _ = l.f.WriteString(fmt.Sprintf(format, args...) + "\n")
+}
+
+// Close closes the file.
+func (l *RunLog) Close() error { return l.f.Close() }
+
+// logged wraps a worker with start and end lines.
+func logged[T interface{ Kind() string }](l *RunLog, work func(context.Context, *handler.Job[T]) error) handler.WorkFunc[T] {
+	return func(ctx context.Context, j *handler.Job[T]) error {
+		l.line("start %s %d %d %d", j.ID, j.Attempt, time.Now().UnixNano(), l.pid)
+		err := work(ctx, j)
+		outcome := "ok"
+		if err != nil {
+			outcome = "err"
+		}
+		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
+		return err
+	}
+}
+
+// Registry is the kinds' registry every soak worker runs, logging to l.
+func Registry(l *RunLog) *handler.Registry {
+	reg := handler.NewRegistry()
+	fast := func(int) time.Duration { return 200 * time.Millisecond }
+	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[OK]) error { return nil }), &handler.KindOptions{Backoff: fast})
+	handler.AddWorker(reg, logged(l, func(_ context.Context, j *handler.Job[Flaky]) error {
+		if j.Attempt <= j.Args.Fails {
+			return errors.New("soak: flaky, not yet")
+		}
+		return nil
+	}), &handler.KindOptions{Backoff: fast})
+	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Doomed]) error {
+		return errors.New("soak: doomed")
+	}), &handler.KindOptions{Backoff: fast, OnDeadLetter: func(_ context.Context, rec ledger.Record, _ error) error {
+		l.line("dead %s %d", rec.ID, l.pid)
+		return nil
+	}})
+	handler.AddWorker(reg, logged(l, func(ctx context.Context, j *handler.Job[Slow]) error {
+		if j.Attempt > 1 {
+			return nil
+		}
+		select {
+		case <-ctx.Done(): // the kind's timeout
+			return ctx.Err()
+		case <-time.After(2 * SlowTimeout):
+			return errors.New("soak: the slow job's timeout did not end it")
+		}
+	}), &handler.KindOptions{Backoff: fast, Timeout: SlowTimeout})
+	return reg
+}

@@ -1,0 +1,204 @@
+package soak
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+func loadConfig() (aws.Config, error) { return config.LoadDefaultConfig(context.Background()) }
+
+// result is what one enqueue call (or EnqueueMany item) returned.
+type result struct {
+	call      string // "enqueue", "many", "continue"
+	kind      string
+	key       string
+	policy    ledger.DuplicatePolicy
+	id        string // the job named: created, the duplicate, the rejecting holder, the unsent one
+	created   bool
+	duplicate bool
+	rejected  *enqueue.DuplicateJobError
+	err       error
+	parent    string // a continuation's
+	cancelled bool   // the operator cancelled it
+	flakyFail int
+}
+
+// ledgerOf is what the producers were told.
+type ledgerOf struct {
+	mu      sync.Mutex
+	all     []*result
+	results map[string]*result // created jobs by id
+	n       int
+}
+
+func (l *ledgerOf) add(r *result) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	l.all = append(l.all, r)
+	if r.created {
+		l.results[r.id] = r
+	}
+}
+
+func (l *ledgerOf) calls() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n
+}
+
+// pick returns a created job id at random (nil rng: none), for
+// continuations and cancels.
+func (l *ledgerOf) pick(rng *rand.Rand, kind string) *result {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for range 8 {
+		if len(l.all) == 0 {
+			return nil
+		}
+		r := l.all[rng.IntN(len(l.all))]
+		if r.created && r.kind == kind {
+			return r
+		}
+	}
+	return nil
+}
+
+// producer enqueues its share of the mix.
+type producer struct {
+	c    *enqueue.Client
+	rng  *rand.Rand
+	led  *ledgerOf
+	keys int // the shared key pool's size: racing producers collide on purpose
+	id   int
+	seq  int
+}
+
+var policies = []ledger.DuplicatePolicy{ledger.AllowAfterFailed, ledger.RejectIfFailed, ledger.RejectAlways}
+
+func (p *producer) args(kind string) (enqueue.JobArgs, int) {
+	p.seq++
+	n := p.id*1_000_000 + p.seq
+	switch kind {
+	case "soak.flaky":
+		f := 1 + p.rng.IntN(2)
+		return Flaky{N: n, Fails: f}, f
+	case "soak.doomed":
+		return Doomed{N: n}, 0
+	case "soak.slow":
+		return Slow{N: n}, 0
+	}
+	return OK{N: n}, 0
+}
+
+func (p *producer) run(ctx context.Context, n int) {
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		x := p.rng.Float64()
+		switch {
+		case x < 0.40: // keyed, from the shared pool, any policy: re-used keys and races
+			key := fmt.Sprintf("shared-%d", p.rng.IntN(p.keys))
+			kind := []string{"soak.ok", "soak.ok", "soak.doomed", "soak.flaky"}[p.rng.IntN(4)]
+			p.one(ctx, kind, &enqueue.Opts{IdempotencyKey: key, DuplicatePolicy: policies[p.rng.IntN(3)], MaxAttempts: 3})
+		case x < 0.55:
+			p.one(ctx, "soak.ok", nil)
+		case x < 0.63:
+			p.one(ctx, "soak.flaky", &enqueue.Opts{IdempotencyKey: fmt.Sprintf("flaky-%d-%d", p.id, i), MaxAttempts: 4})
+		case x < 0.70:
+			p.one(ctx, "soak.doomed", &enqueue.Opts{MaxAttempts: 2})
+		case x < 0.75:
+			p.one(ctx, "soak.slow", &enqueue.Opts{MaxAttempts: 3})
+		case x < 0.85: // a few seconds ahead
+			p.one(ctx, "soak.ok", &enqueue.Opts{Delay: time.Duration(1+p.rng.IntN(3)) * time.Second})
+		case x < 0.93:
+			p.child(ctx)
+		default:
+			p.many(ctx)
+		}
+	}
+}
+
+func (p *producer) one(ctx context.Context, kind string, o *enqueue.Opts) {
+	a, fails := p.args(kind)
+	r := &result{call: "enqueue", kind: kind, flakyFail: fails}
+	if o != nil {
+		r.key, r.policy = o.IdempotencyKey, o.DuplicatePolicy
+	}
+	res, err := p.c.Enqueue(ctx, a, o)
+	p.led.add(record(r, res, err))
+}
+
+func (p *producer) child(ctx context.Context) {
+	parent := p.led.pick(p.rng, "soak.ok")
+	if parent == nil {
+		p.one(ctx, "soak.ok", nil)
+		return
+	}
+	a, _ := p.args("soak.ok")
+	r := &result{call: "continue", kind: "soak.ok", parent: parent.id}
+	res, err := p.c.ContinueWith(ctx, parent.id, a, nil)
+	p.led.add(record(r, res, err))
+}
+
+func (p *producer) many(ctx context.Context) {
+	items := make([]enqueue.Item, 3)
+	for i := range items {
+		a, _ := p.args("soak.ok")
+		items[i] = enqueue.Item{Args: a, Opts: &enqueue.Opts{IdempotencyKey: fmt.Sprintf("many-%d-%d-%d", p.id, p.seq, i)}}
+	}
+	out, _ := p.c.EnqueueMany(ctx, items)
+	for i, it := range out {
+		r := &result{call: "many", kind: "soak.ok", key: items[i].Opts.IdempotencyKey}
+		res := it.Result
+		if !it.Recorded && it.Err == nil {
+			it.Err = errors.New("not recorded")
+		}
+		p.led.add(record(r, res, it.Err))
+	}
+}
+
+// record fills r from an enqueue's outcome.
+func record(r *result, res enqueue.Result, err error) *result {
+	r.err = err
+	var dup *enqueue.DuplicateJobError
+	var de *enqueue.DispatchError
+	switch {
+	case err == nil:
+		r.id, r.duplicate, r.created = res.ID, res.Duplicate, !res.Duplicate
+	case errors.As(err, &dup):
+		r.rejected, r.id = dup, dup.ExistingJobID
+	case errors.As(err, &de):
+		// Recorded, not sent: the guard (or a retry of its key) sends it.
+		r.id, r.created = de.JobID, true
+	}
+	return r
+}
+
+// operate cancels scheduled jobs now and then, as an operator would.
+func operate(ctx context.Context, c *enqueue.Client, led *ledgerOf, rng *rand.Rand) {
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(100+rng.IntN(300)) * time.Millisecond):
+		}
+		r := led.pick(rng, "soak.ok")
+		if r == nil {
+			continue
+		}
+		if _, err := c.Cancel(ctx, r.id, "soak: cancelled", 0); err == nil {
+			led.mu.Lock()
+			r.cancelled = true
+			led.mu.Unlock()
+		}
+	}
+}

@@ -1,0 +1,497 @@
+// Package soak runs nexjob under random faults everywhere at once and
+// checks what must hold afterwards: a seeded chaos soak in the spirit of
+// FoundationDB's simulation and Jepsen's nemeses, against the real SDK and
+// a real backend (the default emulator in make test).
+//
+// Run starts producers, in-process workers (one with its clock a few
+// seconds ahead), worker processes that it SIGKILLs and restarts at
+// random, the DLQ consumer, the dispatch guard and an operator that
+// cancels scheduled jobs, all against one table and its queues. Every AWS
+// request of every one of them goes through a faults.Transport whose
+// Nemesis, drawn from the seed, loses replies, times out and throttles
+// through the SDK's whole retry budget; workers' receives deliver some
+// messages twice. Then the faults and kills stop, the system is given
+// until it is quiet, and Check reads the ledger, the queues and the run
+// logs against the invariants.
+//
+// # Replaying a seed
+//
+// The seed fixes the job mix, every fault choice in the order requests
+// come, and the kill times. The goroutine and process interleaving is the
+// scheduler's, so a seed replays the same choices, not the same history;
+// a failure prints the seed, the fault counts and the job's history.
+package soak
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/guard"
+	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/internal/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// Config is one soak run. Zero values take the defaults.
+type Config struct {
+	Seed      uint64
+	Jobs      int     // enqueue calls the producers make (default 300)
+	Producers int     // default 3
+	Workers   int     // in-process workers (default 2; the first runs its clock Skew ahead)
+	Children  int     // worker processes, killed and restarted (default 2)
+	FaultRate float64 // share of AWS requests faulted (default 0.03)
+	Skew      time.Duration
+	KillEvery time.Duration // mean time between kills (default 1.5 s)
+	Quiet     time.Duration // the longest wait for quiet after the faults stop (default 3 min)
+	Dir       string        // run logs (required)
+	Logf      func(format string, args ...any)
+}
+
+func (c *Config) defaults() {
+	if c.Jobs <= 0 {
+		c.Jobs = 300
+	}
+	if c.Producers <= 0 {
+		c.Producers = 3
+	}
+	if c.Workers <= 0 {
+		c.Workers = 2
+	}
+	if c.Children < 0 {
+		c.Children = 0
+	} else if c.Children == 0 {
+		c.Children = 2
+	}
+	if c.FaultRate <= 0 {
+		c.FaultRate = 0.03
+	}
+	if c.Skew == 0 {
+		c.Skew = 2 * time.Second
+	}
+	if c.KillEvery <= 0 {
+		c.KillEvery = 1500 * time.Millisecond
+	}
+	if c.Quiet <= 0 {
+		c.Quiet = 3 * time.Minute
+	}
+	if c.Logf == nil {
+		c.Logf = func(string, ...any) {}
+	}
+}
+
+// Env is the table and queues under test.
+type Env struct {
+	Cfg      aws.Config
+	Table    string
+	QueueURL string
+	DLQURL   string
+}
+
+// Report is what a run did.
+type Report struct {
+	Seed       uint64
+	Enqueues   int            // calls made (an EnqueueMany item counts as one)
+	Jobs       int            // records at the end
+	Requests   int            // AWS requests seen by the nemeses
+	Faults     map[string]int // injected, by kind
+	Kills      int
+	Duplicated int // messages delivered twice on purpose
+	Runs       int
+	MaxRuns    int // of one job
+	ToQuiet    time.Duration
+	Violations []string
+}
+
+// FaultShare is the share of requests faulted.
+func (r Report) FaultShare() float64 {
+	n := 0
+	for k, v := range r.Faults {
+		if k != "throttle burst" {
+			n += v
+		}
+	}
+	if r.Requests == 0 {
+		return 0
+	}
+	return float64(n) / float64(r.Requests)
+}
+
+func (r Report) String() string {
+	return fmt.Sprintf("soak seed=%d: %d enqueues, %d jobs, %d AWS requests, faults %v (%.1f %% of requests), %d worker kills, %d duplicate deliveries, %d runs (at most %d of one job), quiet after %s, %d violations",
+		r.Seed, r.Enqueues, r.Jobs, r.Requests, r.Faults, 100*r.FaultShare(), r.Kills, r.Duplicated, r.Runs, r.MaxRuns, r.ToQuiet.Round(time.Millisecond), len(r.Violations))
+}
+
+// Env variables of a worker process.
+const (
+	envChild = "NEXJOB_SOAK_CHILD" // the child's seed
+	envTable = "NEXJOB_SOAK_TABLE"
+	envQueue = "NEXJOB_SOAK_QUEUE"
+	envRuns  = "NEXJOB_SOAK_RUNS"
+	envRate  = "NEXJOB_SOAK_RATE"
+)
+
+// IsChild reports whether this process is a soak worker process; its
+// TestMain then calls ChildMain instead of running tests.
+func IsChild() bool { return os.Getenv(envChild) != "" }
+
+// faulty is a config whose clients go through a transport with nemesis n.
+func faulty(cfg aws.Config, n *Nemesis) aws.Config {
+	t := faults.New(nil)
+	t.Nemesis = n.Pick
+	return faults.Config(cfg, t)
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// ChildMain is a worker process: the real handler, fed by the local
+// poller, under its own nemesis, until it is killed.
+func ChildMain() {
+	seed, _ := strconv.ParseUint(os.Getenv(envChild), 10, 64)
+	rate, _ := strconv.ParseFloat(os.Getenv(envRate), 64)
+	cfg, err := loadConfig()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	l, err := OpenRunLog(os.Getenv(envRuns))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	n := NewNemesis(seed, rate)
+	fc := faulty(cfg, n)
+	h, err := handler.New(fc, os.Getenv(envTable), os.Getenv(envQueue), Registry(l), &handler.Options{Logger: quietLog(), Lease: 20 * time.Second})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	p := poller.New(&duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(seed, 7))}, os.Getenv(envQueue), h.Handle,
+		&poller.Options{WaitTime: -1, FunctionTimeout: 10 * time.Second, Logger: quietLog()})
+	_ = p.Run(context.Background())
+}
+
+// duplicating is a worker's SQS client that, now and then, sends a copy of
+// a received message back to the queue: a delivery SQS makes twice.
+type duplicating struct {
+	*sqs.Client
+	mu     sync.Mutex
+	rng    *rand.Rand
+	copies atomic.Int64
+}
+
+func (d *duplicating) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, o ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
+	out, err := d.Client.ReceiveMessage(ctx, in, o...)
+	if err != nil || len(out.Messages) == 0 {
+		return out, err
+	}
+	d.mu.Lock()
+	again := d.rng.Float64() < 0.05
+	d.mu.Unlock()
+	if again {
+		m := out.Messages[0]
+		if _, err := d.Client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: in.QueueUrl, MessageBody: m.Body}); err == nil {
+			d.copies.Add(1)
+		}
+	}
+	return out, nil
+}
+
+// Run runs one soak and checks it.
+func Run(ctx context.Context, env Env, c Config) (Report, error) {
+	c.defaults()
+	rep := Report{Seed: c.Seed, Faults: map[string]int{}}
+	root := rand.New(rand.NewPCG(c.Seed, 1))
+	var nemeses []*Nemesis
+	nemesis := func() *Nemesis {
+		n := NewNemesis(root.Uint64(), c.FaultRate)
+		nemeses = append(nemeses, n)
+		return n
+	}
+	runLog := func(name string) (*RunLog, error) { return OpenRunLog(filepath.Join(c.Dir, name+".runs")) }
+
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	var dups []*duplicating
+
+	// In-process workers, the first with its clock ahead.
+	for i := range c.Workers {
+		l, err := runLog(fmt.Sprintf("worker-%d", i))
+		if err != nil {
+			return rep, err
+		}
+		defer func() { _ = l.Close() }()
+		fc := faulty(env.Cfg, nemesis())
+		o := &handler.Options{Logger: quietLog(), Lease: 20 * time.Second}
+		if i == 0 {
+			o.Ledger.Now = func() time.Time { return time.Now().Add(c.Skew) }
+		}
+		h, err := handler.New(fc, env.Table, env.QueueURL, Registry(l), o)
+		if err != nil {
+			return rep, err
+		}
+		d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 7))}
+		dups = append(dups, d)
+		p := poller.New(d, env.QueueURL, h.Handle, &poller.Options{WaitTime: -1, FunctionTimeout: 10 * time.Second, Logger: quietLog()})
+		wg.Go(func() { _ = p.Run(ctx) })
+		if i == 0 && env.DLQURL != "" {
+			dl := poller.New(sqs.NewFromConfig(fc), env.DLQURL, h.HandleDeadLetters, &poller.Options{WaitTime: -1, Logger: quietLog()})
+			wg.Go(func() { _ = dl.Run(ctx) })
+		}
+	}
+	// The dispatch guard, on the table's stream.
+	{
+		fc := faulty(env.Cfg, nemesis())
+		g := guard.New(sqs.NewFromConfig(fc), env.QueueURL, &guard.Options{After: 2 * time.Second, Logger: quietLog()})
+		sp := guard.NewStreamPoller(dynamodb.NewFromConfig(env.Cfg), dynamodbstreams.NewFromConfig(env.Cfg), env.Table, g)
+		wg.Go(func() { _ = sp.Run(ctx) })
+	}
+
+	// Worker processes, killed and restarted until the faults stop.
+	kills := newKiller(c, env, root, &rep)
+	killDone := make(chan struct{})
+	go func() { defer close(killDone); kills.run(ctx) }()
+
+	// Producers and the operator.
+	led := &ledgerOf{results: map[string]*result{}}
+	var prod sync.WaitGroup
+	per := c.Jobs / c.Producers
+	for i := range c.Producers {
+		n := per
+		if i == c.Producers-1 {
+			n = c.Jobs - per*(c.Producers-1)
+		}
+		cl, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), RedispatchAfter: 3 * time.Second})
+		if err != nil {
+			return rep, err
+		}
+		pr := &producer{c: cl, rng: rand.New(rand.NewPCG(root.Uint64(), 3)), led: led, keys: max(8, c.Jobs/5), id: i}
+		prod.Go(func() { pr.run(ctx, n) })
+	}
+	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog()})
+	if err != nil {
+		return rep, err
+	}
+	opDone := make(chan struct{})
+	opCtx, opStop := context.WithCancel(ctx)
+	go func() { defer close(opDone); operate(opCtx, op, led, rand.New(rand.NewPCG(root.Uint64(), 5))) }()
+	prod.Wait()
+	opStop()
+	<-opDone
+	c.Logf("soak seed=%d: producers done (%d enqueues); stopping the faults and the kills", c.Seed, led.calls())
+
+	// The quiet period: no faults, no kills, until every record has ended.
+	for _, n := range nemeses {
+		n.Off()
+	}
+	kills.stop()
+	<-killDone
+	start := time.Now()
+	checkClient, err := enqueue.New(env.Cfg, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog()})
+	if err != nil {
+		return rep, err
+	}
+	st := checkClient.Store()
+	if err := waitQuiet(ctx, env, st, c.Quiet); err != nil {
+		rep.Violations = append(rep.Violations, err.Error())
+	}
+	rep.ToQuiet = time.Since(start)
+	stop()
+	wg.Wait()
+	kills.wait()
+
+	for _, n := range nemeses {
+		counts, seen := n.Counts()
+		rep.Requests += seen
+		for k, v := range counts {
+			rep.Faults[k] += v
+		}
+	}
+	for _, d := range dups {
+		rep.Duplicated += int(d.copies.Load())
+	}
+	rep.Duplicated += kills.copies()
+	rep.Enqueues = led.calls()
+	runs, err := readRuns(c.Dir)
+	if err != nil {
+		return rep, err
+	}
+	rep.Violations = append(rep.Violations, check(context.Background(), env, st, led, runs, kills.killed(), &rep)...)
+	return rep, nil
+}
+
+// waitQuiet waits until no record is active and both queues are empty,
+// twice in a row.
+func waitQuiet(ctx context.Context, env Env, st *ledger.Store, limit time.Duration) error {
+	db := dynamodb.NewFromConfig(env.Cfg)
+	q := sqs.NewFromConfig(env.Cfg)
+	var last string
+	for end, quiet := time.Now().Add(limit), 0; time.Now().Before(end); {
+		recs, err := scan(ctx, db, env.Table)
+		if err != nil {
+			return err
+		}
+		active := 0
+		for _, r := range recs {
+			if !r.State.Terminal() {
+				active++
+				last = fmt.Sprintf("%s %s (attempt %d)", r.ID, r.State, r.Attempt)
+			}
+		}
+		msgs := depth(ctx, q, env.QueueURL) + depth(ctx, q, env.DLQURL)
+		if active == 0 && msgs == 0 {
+			if quiet++; quiet == 2 {
+				return nil
+			}
+		} else {
+			quiet = 0
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("not quiet after %s: a record still active (last seen: %s) or messages left", limit, last)
+}
+
+func depth(ctx context.Context, q *sqs.Client, url string) int {
+	if url == "" {
+		return 0
+	}
+	out, err := q.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: []sqstypes.QueueAttributeName{"ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible", "ApproximateNumberOfMessagesDelayed"}})
+	if err != nil {
+		return 1
+	}
+	n := 0
+	for _, v := range out.Attributes {
+		x, _ := strconv.Atoi(v)
+		n += x
+	}
+	return n
+}
+
+// killer runs the worker processes, killing one at random times.
+type killer struct {
+	c     Config
+	env   Env
+	rng   *rand.Rand
+	rep   *Report
+	mu    sync.Mutex
+	procs []*exec.Cmd
+	kills []kill
+	done  atomic.Bool
+	all   sync.WaitGroup
+}
+
+type kill struct {
+	pid int
+	at  int64 // unix nanoseconds
+}
+
+func newKiller(c Config, env Env, root *rand.Rand, rep *Report) *killer {
+	return &killer{c: c, env: env, rng: rand.New(rand.NewPCG(root.Uint64(), 9)), rep: rep}
+}
+
+func (k *killer) spawn(i int) (*exec.Cmd, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(),
+		envChild+"="+strconv.FormatUint(k.rng.Uint64(), 10),
+		envTable+"="+k.env.Table, envQueue+"="+k.env.QueueURL,
+		envRuns+"="+filepath.Join(k.c.Dir, fmt.Sprintf("child-%d.runs", i)),
+		envRate+"="+strconv.FormatFloat(k.c.FaultRate, 'f', -1, 64))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	k.all.Add(1)
+	go func() { defer k.all.Done(); _ = cmd.Wait() }()
+	return cmd, nil
+}
+
+func (k *killer) run(ctx context.Context) {
+	k.mu.Lock()
+	for i := range k.c.Children {
+		cmd, err := k.spawn(i)
+		if err != nil {
+			k.mu.Unlock()
+			k.c.Logf("soak: start a worker process: %v", err)
+			return
+		}
+		k.procs = append(k.procs, cmd)
+	}
+	k.mu.Unlock()
+	for !k.done.Load() && ctx.Err() == nil && len(k.procs) > 0 {
+		k.mu.Lock()
+		wait := time.Duration(k.rng.ExpFloat64() * float64(k.c.KillEvery))
+		i := k.rng.IntN(len(k.procs))
+		k.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if k.done.Load() {
+			return
+		}
+		k.mu.Lock()
+		p := k.procs[i]
+		_ = p.Process.Signal(syscall.SIGKILL)
+		k.kills = append(k.kills, kill{pid: p.Process.Pid, at: time.Now().UnixNano()})
+		if cmd, err := k.spawn(i); err == nil {
+			k.procs[i] = cmd
+		}
+		k.mu.Unlock()
+	}
+}
+
+// stop ends the kills; the processes keep working through the quiet.
+func (k *killer) stop() { k.done.Store(true) }
+
+// wait kills the processes left (their runs have ended: the system is
+// quiet) and waits for them.
+func (k *killer) wait() {
+	k.mu.Lock()
+	for _, p := range k.procs {
+		_ = p.Process.Signal(syscall.SIGKILL)
+		k.kills = append(k.kills, kill{pid: p.Process.Pid, at: time.Now().UnixNano()})
+	}
+	k.mu.Unlock()
+	k.all.Wait()
+	k.rep.Kills = len(k.killed()) - len(k.procs)
+}
+
+func (k *killer) killed() []kill {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]kill(nil), k.kills...)
+}
+
+// copies is the duplicate deliveries the processes made: not counted
+// (each process keeps its own), reported as 0.
+func (k *killer) copies() int { return 0 }

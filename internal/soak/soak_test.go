@@ -1,0 +1,49 @@
+package soak_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/nexjob/nexjob-aws/internal/soak"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+)
+
+// TestMain doubles as the soak's worker processes (soak.IsChild).
+func TestMain(m *testing.M) {
+	if soak.IsChild() {
+		soak.ChildMain()
+		return
+	}
+	os.Exit(nexjobtest.Main(m))
+}
+
+func soakOnce(t *testing.T, seed uint64, jobs int) soak.Report {
+	t.Helper()
+	e := nexjobtest.New(t, nil)
+	rep, err := soak.Run(context.Background(), soak.Env{Cfg: e.Cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL},
+		soak.Config{Seed: seed, Jobs: jobs, Dir: t.TempDir(), Logf: t.Logf})
+	if err != nil {
+		t.Fatalf("seed %d: %v", seed, err)
+	}
+	t.Log(rep)
+	for _, v := range rep.Violations {
+		t.Errorf("seed %d: %s", seed, v)
+	}
+	if rep.FaultShare() < 0.01 || rep.Kills == 0 {
+		t.Errorf("seed %d: the nemesis did too little: %.2f %% of requests faulted, %d kills", seed, 100*rep.FaultShare(), rep.Kills)
+	}
+	if t.Failed() {
+		t.Logf("replay: make soak SEED=%d JOBS=%d", seed, jobs)
+	}
+	return rep
+}
+
+// TestShortSoak: three fixed seeds, a few hundred jobs each, under every
+// fault at once; make test runs it.
+func TestShortSoak(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3} {
+		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) { soakOnce(t, seed, 200) })
+	}
+}
