@@ -38,11 +38,11 @@ const (
 	AttrHist0        = "hist0"        // the last run's end (Attempt), shifted down by each Finish
 	AttrHist1        = "hist1"
 	AttrHist2        = "hist2"
-	AttrCutOffs      = "cutOffs"    // runs of the current attempt cut off by the invocation deadline
-	AttrReturns      = "dlqReturns" // times the DLQ consumer sent back a job that never started
-	AttrArgsHash     = "argsHash"   // fingerprint of kind and args (ArgsHash)
-	AttrCancelled    = "cancelled"  // true on a Failed job an operator withdrew before it started
-	AttrRequest      = "request"    // hash of the enqueue request that made the job (Record.Request)
+	AttrCutOffs      = "cutOffs"     // runs of the current attempt cut off by the invocation deadline
+	AttrReturns      = "dlqReturns"  // times the DLQ consumer sent back a job that never started
+	AttrArgsHash     = "argsHash"    // fingerprint of kind and args (ArgsHash)
+	AttrCancelled    = "cancelled"   // true on a Failed job an operator withdrew before it started
+	AttrRequest      = "request"     // hash of the enqueue request that made the job (Record.Request)
 	AttrHookPending  = "hookPending" // true on a Failed job whose dead-letter hook is still due
 )
 
