@@ -157,7 +157,12 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 		rep.Runs += len(jr)
 		rep.MaxRuns = max(rep.MaxRuns, len(jr))
 		if !rec.State.Terminal() {
-			fail(rec.ID, "left %s", rec.State)
+			told := "no producer was told of it"
+			if r := led.results[rec.ID]; r != nil {
+				told = fmt.Sprintf("%s returned it (err: %v)", r.call, r.err)
+			}
+			fail(rec.ID, "left %s: attempt %d, run at %d, created %d, updated %d, undispatched %v, key hash %q; %s",
+				rec.State, rec.Attempt, rec.RunAt, rec.CreatedAt, rec.UpdatedAt, rec.Undispatched, rec.KeyHash, told)
 			continue
 		}
 		if rec.Kind == ledger.DeadLetterKind {
@@ -178,29 +183,59 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 			}
 			// Once; again only after a kill between the hook and the
 			// write that clears its mark (at least once, by design).
+			// Once per time it became Failed (a requeue fails it again);
+			// more only after a kill between the hook and the write that
+			// clears its mark (at least once, by design).
 			calls := rs.dead[rec.ID]
-			if len(calls) == 0 {
-				fail(rec.ID, "Failed with its dead-letter hook never run")
+			want, extra := 1, 0
+			if r := led.results[rec.ID]; r != nil {
+				want, extra = 1+r.requeued, r.requeueUnknown
 			}
-			for _, pid := range calls[:max(0, len(calls)-1)] {
-				if killedAt[pid] == 0 {
-					fail(rec.ID, "its dead-letter hook ran %d times, the first in a process not killed (pid %d)", len(calls), pid)
+			killedHooks := 0
+			for _, pid := range calls {
+				if killedAt[pid] != 0 {
+					killedHooks++
 				}
+			}
+			if len(calls) < want || len(calls) > want+extra+killedHooks {
+				fail(rec.ID, "Failed %d times (requeued %d, %d requeues unknown) with its dead-letter hook run %d times (%d in killed processes)", want, want-1, extra, len(calls), killedHooks)
 			}
 		case rec.ParentID != "":
 			if p, ok := byID[rec.ParentID]; ok && p.State == ledger.Succeeded && rec.State != ledger.Succeeded {
 				fail(rec.ID, "a continuation of a Succeeded parent ended %s", rec.State)
 			}
+		case rec.State == ledger.Expired:
+			if r := led.results[rec.ID]; r == nil || !r.mayExpire {
+				fail(rec.ID, "Expired, but it had no deadline")
+			}
+			if len(jr) > 0 {
+				fail(rec.ID, "Expired after %d runs", len(jr))
+			}
 		default:
-			if rec.State != ledger.Succeeded {
+			// Kills spend attempts: a run claimed in a process killed before
+			// it reported counts as one. Such a job may end Failed as an
+			// orphan out of attempts, and only then.
+			ended := 0
+			for _, r := range jr {
+				if r.end != 0 {
+					ended++
+				}
+			}
+			orphaned := rec.State == ledger.Failed && strings.Contains(rec.LastError, "orphaned") && ended < rec.Attempt
+			if rec.State != ledger.Succeeded && !orphaned {
 				fail(rec.ID, "a %s job ended %s (last error %q)", rec.Kind, rec.State, rec.LastError)
 			}
 		}
 		if rec.State == ledger.Succeeded && !okRun {
 			fail(rec.ID, "Succeeded with no run that ended well")
 		}
-		if len(jr) > rec.Attempt+rec.CutOffs {
-			fail(rec.ID, "%d runs for %d attempts", len(jr), rec.Attempt)
+		// A requeue starts the attempts again.
+		limit := rec.Attempt + rec.CutOffs
+		if r := led.results[rec.ID]; r != nil {
+			limit += (r.requeued + r.requeueUnknown) * rec.MaxAttempts
+		}
+		if len(jr) > limit {
+			fail(rec.ID, "%d runs for %d attempts (at most %d with its requeues)", len(jr), rec.Attempt, limit)
 		}
 		// No overlap: a run with no end ended when its process was killed.
 		sorted := append([]*run(nil), jr...)

@@ -37,7 +37,9 @@ func (n *Nemesis) Off() { n.off.Store(true) }
 func (n *Nemesis) Pick(op string) faults.Fault {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.seen++
+	if !n.off.Load() {
+		n.seen++ // the share faulted is of the requests made while faults were on
+	}
 	if left := n.burst[op]; left > 0 {
 		n.burst[op] = left - 1
 		n.counts["throttle"]++
@@ -63,7 +65,8 @@ func (n *Nemesis) Pick(op string) faults.Fault {
 	return faults.Throttle
 }
 
-// Counts returns the faults injected by kind and the requests seen.
+// Counts returns the faults injected by kind and the requests seen while
+// the faults were on.
 func (n *Nemesis) Counts() (map[string]int, int) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
@@ -19,18 +20,21 @@ func loadConfig() (aws.Config, error) { return config.LoadDefaultConfig(context.
 
 // result is what one enqueue call (or EnqueueMany item) returned.
 type result struct {
-	call      string // "enqueue", "many", "continue"
-	kind      string
-	key       string
-	policy    ledger.DuplicatePolicy
-	id        string // the job named: created, the duplicate, the rejecting holder, the unsent one
-	created   bool
-	duplicate bool
-	rejected  *enqueue.DuplicateJobError
-	err       error
-	parent    string // a continuation's
-	cancelled bool   // the operator cancelled it
-	flakyFail int
+	call           string // "enqueue", "many", "continue"
+	kind           string
+	key            string
+	policy         ledger.DuplicatePolicy
+	id             string // the job named: created, the duplicate, the rejecting holder, the unsent one
+	created        bool
+	duplicate      bool
+	rejected       *enqueue.DuplicateJobError
+	err            error
+	parent         string // a continuation's
+	cancelled      bool   // the operator cancelled it
+	requeued       int    // times the operator's requeue of it succeeded
+	requeueUnknown int    // requeues whose outcome was left open
+	mayExpire      bool   // its deadline may pass before it starts
+	flakyFail      int
 }
 
 // ledgerOf is what the producers were told.
@@ -77,6 +81,7 @@ func (l *ledgerOf) pick(rng *rand.Rand, kind string) *result {
 // producer enqueues its share of the mix.
 type producer struct {
 	c    *enqueue.Client
+	db   *dynamodb.Client // for EnqueueTx's commit, through the producer's nemesis
 	rng  *rand.Rand
 	led  *ledgerOf
 	keys int // the shared key pool's size: racing producers collide on purpose
@@ -117,10 +122,16 @@ func (p *producer) run(ctx context.Context, n int) {
 			p.one(ctx, "soak.doomed", &enqueue.Opts{MaxAttempts: 2})
 		case x < 0.75:
 			p.one(ctx, "soak.slow", &enqueue.Opts{MaxAttempts: 3})
-		case x < 0.85: // a few seconds ahead
+		case x < 0.82: // a few seconds ahead
 			p.one(ctx, "soak.ok", &enqueue.Opts{Delay: time.Duration(1+p.rng.IntN(3)) * time.Second})
-		case x < 0.93:
+		case x < 0.85: // on the shared keys, with a deadline just after its run time: most expire
+			runAt := time.Now().Add(time.Second)
+			p.one(ctx, "soak.ok", &enqueue.Opts{IdempotencyKey: fmt.Sprintf("shared-%d", p.rng.IntN(p.keys)), DuplicatePolicy: policies[p.rng.IntN(3)],
+				RunAt: runAt, Deadline: runAt.Add(50 * time.Millisecond)})
+		case x < 0.91:
 			p.child(ctx)
+		case x < 0.95:
+			p.tx(ctx)
 		default:
 			p.many(ctx)
 		}
@@ -133,7 +144,41 @@ func (p *producer) one(ctx context.Context, kind string, o *enqueue.Opts) {
 	if o != nil {
 		r.key, r.policy = o.IdempotencyKey, o.DuplicatePolicy
 	}
+	if o != nil && !o.Deadline.IsZero() {
+		r.mayExpire = true
+	}
 	res, err := p.c.Enqueue(ctx, a, o)
+	p.led.add(record(r, res, err))
+}
+
+// tx enqueues in a transaction of the producer's own (EnqueueTx, the
+// commit, Settle).
+func (p *producer) tx(ctx context.Context) {
+	a, _ := p.args("soak.ok")
+	r := &result{call: "tx", kind: "soak.ok", key: fmt.Sprintf("tx-%d-%d", p.id, p.seq)}
+	tx, err := p.c.EnqueueTx(ctx, a, &enqueue.Opts{IdempotencyKey: r.key})
+	if err != nil {
+		p.led.add(record(r, enqueue.Result{}, err))
+		return
+	}
+	var commitErr error
+	if len(tx.Items) > 0 {
+		_, commitErr = p.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: tx.Items})
+	}
+	res, err := p.c.Settle(ctx, tx, commitErr)
+	var unknown *enqueue.TxUnknownError
+	for range 3 {
+		if !errors.As(err, &unknown) {
+			break
+		}
+		res, err = p.c.Settle(ctx, tx, commitErr) // as its doc says: settle again
+	}
+	if errors.Is(err, enqueue.ErrTxNotCommitted) {
+		err = nil // not created, and known not to be: no job, no open outcome
+		r.err = nil
+		p.led.add(r)
+		return
+	}
 	p.led.add(record(r, res, err))
 }
 
@@ -183,7 +228,9 @@ func record(r *result, res enqueue.Result, err error) *result {
 	return r
 }
 
-// operate cancels scheduled jobs now and then, as an operator would.
+// operate cancels jobs and requeues Failed doomed ones now and then, as an
+// operator would. A requeue whose outcome is left open counts in
+// requeueUnknown.
 func operate(ctx context.Context, c *enqueue.Client, led *ledgerOf, rng *rand.Rand) {
 	for ctx.Err() == nil {
 		select {
@@ -191,14 +238,33 @@ func operate(ctx context.Context, c *enqueue.Client, led *ledgerOf, rng *rand.Ra
 			return
 		case <-time.After(time.Duration(100+rng.IntN(300)) * time.Millisecond):
 		}
-		r := led.pick(rng, "soak.ok")
+		if rng.IntN(2) == 0 {
+			r := led.pick(rng, "soak.ok")
+			if r == nil {
+				continue
+			}
+			if _, err := c.Cancel(ctx, r.id, "soak: cancelled", 0); err == nil {
+				led.mu.Lock()
+				r.cancelled = true
+				led.mu.Unlock()
+			}
+			continue
+		}
+		r := led.pick(rng, "soak.doomed")
 		if r == nil {
 			continue
 		}
-		if _, err := c.Cancel(ctx, r.id, "soak: cancelled", 0); err == nil {
-			led.mu.Lock()
-			r.cancelled = true
-			led.mu.Unlock()
+		_, err := c.RequeueFrom(ctx, r.id, ledger.Failed)
+		led.mu.Lock()
+		var sc *enqueue.StateChangedError
+		var nf = errors.Is(err, ledger.ErrNotFound)
+		switch {
+		case err == nil:
+			r.requeued++
+		case errors.As(err, &sc) || nf:
+		default:
+			r.requeueUnknown++
 		}
+		led.mu.Unlock()
 	}
 }

@@ -281,11 +281,12 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		if i == c.Producers-1 {
 			n = c.Jobs - per*(c.Producers-1)
 		}
-		cl, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), RedispatchAfter: 3 * time.Second})
+		fc := faulty(env.Cfg, nemesis())
+		cl, err := enqueue.New(fc, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), RedispatchAfter: 3 * time.Second})
 		if err != nil {
 			return rep, err
 		}
-		pr := &producer{c: cl, rng: rand.New(rand.NewPCG(root.Uint64(), 3)), led: led, keys: max(8, c.Jobs/5), id: i}
+		pr := &producer{c: cl, db: dynamodb.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 3)), led: led, keys: max(8, c.Jobs/5), id: i}
 		prod.Go(func() { pr.run(ctx, n) })
 	}
 	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog()})
@@ -351,14 +352,15 @@ func waitQuiet(ctx context.Context, env Env, st *ledger.Store, limit time.Durati
 		if err != nil {
 			return err
 		}
-		active := 0
+		active, one := 0, ""
 		for _, r := range recs {
 			if !r.State.Terminal() {
 				active++
-				last = fmt.Sprintf("%s %s (attempt %d)", r.ID, r.State, r.Attempt)
+				one = fmt.Sprintf("%s %s (attempt %d)", r.ID, r.State, r.Attempt)
 			}
 		}
 		msgs := depth(ctx, q, env.QueueURL) + depth(ctx, q, env.DLQURL)
+		last = fmt.Sprintf("%d active records (one: %s), %d messages in the queues", active, one, msgs)
 		if active == 0 && msgs == 0 {
 			if quiet++; quiet == 2 {
 				return nil
@@ -372,7 +374,7 @@ func waitQuiet(ctx context.Context, env Env, st *ledger.Store, limit time.Durati
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("not quiet after %s: a record still active (last seen: %s) or messages left", limit, last)
+	return fmt.Errorf("not quiet after %s: %s", limit, last)
 }
 
 func depth(ctx context.Context, q *sqs.Client, url string) int {
