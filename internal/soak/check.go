@@ -30,10 +30,11 @@ type run struct {
 type runs struct {
 	byJob map[string][]*run
 	dead  map[string][]int // the pids whose hook call it logged
+	dir   string
 }
 
 func readRuns(dir string) (runs, error) {
-	out := runs{byJob: map[string][]*run{}, dead: map[string][]int{}}
+	out := runs{byJob: map[string][]*run{}, dead: map[string][]int{}, dir: dir}
 	files, err := filepath.Glob(filepath.Join(dir, "*.runs"))
 	if err != nil {
 		return out, err
@@ -96,7 +97,7 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 	var bad []string
 	fail := func(id, format string, args ...any) {
 		h := history(rs.byJob[id])
-		bad = append(bad, fmt.Sprintf("job %s: %s; runs: %s", id, fmt.Sprintf(format, args...), h))
+		bad = append(bad, fmt.Sprintf("job %s: %s; runs: %s; logs:\n%s", id, fmt.Sprintf(format, args...), h, logLines(rs.dir, id)))
 	}
 	recs, err := scan(ctx, dynamodb.NewFromConfig(env.Cfg), env.Table)
 	if err != nil {
@@ -262,6 +263,26 @@ func history(rs []*run) string {
 			end = fmt.Sprintf("+%dms ok=%v", (r.end-r.start)/1e6, r.ok)
 		}
 		fmt.Fprintf(&b, "[attempt %d pid %d at %d %s] ", r.attempt, r.pid, r.start, end)
+	}
+	return b.String()
+}
+
+// logLines are the log lines that name id, from every process's log.
+func logLines(dir, id string) string {
+	files, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+	var b strings.Builder
+	n := 0
+	for _, name := range files {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(data), "\n") {
+			if strings.Contains(line, id) && n < 30 {
+				fmt.Fprintf(&b, "    %s: %s\n", filepath.Base(name), line)
+				n++
+			}
+		}
 	}
 	return b.String()
 }

@@ -163,6 +163,16 @@ func faulty(cfg aws.Config, n *Nemesis) aws.Config {
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// logTo is a Warn-level text logger appending to path (the checker quotes
+// a violating job's lines); on error, none.
+func logTo(path string) *slog.Logger {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return quietLog()
+	}
+	return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
 // ChildMain is a worker process: the real handler, fed by the local
 // poller, under its own nemesis, until it is killed.
 func ChildMain() {
@@ -180,13 +190,14 @@ func ChildMain() {
 	}
 	n := NewNemesis(seed, rate)
 	fc := faulty(cfg, n)
-	h, err := handler.New(fc, os.Getenv(envTable), os.Getenv(envQueue), Registry(l), &handler.Options{Logger: quietLog(), Lease: 20 * time.Second})
+	log := logTo(os.Getenv(envRuns) + ".log")
+	h, err := handler.New(fc, os.Getenv(envTable), os.Getenv(envQueue), Registry(l), &handler.Options{Logger: log, Lease: 20 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	p := poller.New(&duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(seed, 7))}, os.Getenv(envQueue), h.Handle,
-		&poller.Options{WaitTime: -1, FunctionTimeout: 10 * time.Second, Logger: quietLog()})
+		&poller.Options{WaitTime: -1, FunctionTimeout: 10 * time.Second, Logger: log})
 	_ = p.Run(context.Background())
 }
 
@@ -242,7 +253,8 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		}
 		defer func() { _ = l.Close() }()
 		fc := faulty(env.Cfg, nemesis())
-		o := &handler.Options{Logger: quietLog(), Lease: 20 * time.Second}
+		wlog := logTo(filepath.Join(c.Dir, fmt.Sprintf("worker-%d.runs.log", i)))
+		o := &handler.Options{Logger: wlog, Lease: 20 * time.Second}
 		if i == 0 {
 			o.Ledger.Now = func() time.Time { return time.Now().Add(c.Skew) }
 		}
@@ -252,17 +264,17 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		}
 		d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 7))}
 		dups = append(dups, d)
-		p := poller.New(d, env.QueueURL, h.Handle, &poller.Options{WaitTime: -1, FunctionTimeout: 10 * time.Second, Logger: quietLog()})
+		p := poller.New(d, env.QueueURL, h.Handle, &poller.Options{WaitTime: -1, FunctionTimeout: 10 * time.Second, Logger: wlog})
 		wg.Go(func() { _ = p.Run(ctx) })
 		if i == 0 && env.DLQURL != "" {
-			dl := poller.New(sqs.NewFromConfig(fc), env.DLQURL, h.HandleDeadLetters, &poller.Options{WaitTime: -1, Logger: quietLog()})
+			dl := poller.New(sqs.NewFromConfig(fc), env.DLQURL, h.HandleDeadLetters, &poller.Options{WaitTime: -1, Logger: wlog})
 			wg.Go(func() { _ = dl.Run(ctx) })
 		}
 	}
 	// The dispatch guard, on the table's stream.
 	{
 		fc := faulty(env.Cfg, nemesis())
-		g := guard.New(sqs.NewFromConfig(fc), env.QueueURL, &guard.Options{After: 2 * time.Second, Logger: quietLog()})
+		g := guard.New(sqs.NewFromConfig(fc), env.QueueURL, &guard.Options{After: 2 * time.Second, Logger: logTo(filepath.Join(c.Dir, "guard.log"))})
 		sp := guard.NewStreamPoller(dynamodb.NewFromConfig(env.Cfg), dynamodbstreams.NewFromConfig(env.Cfg), env.Table, g)
 		wg.Go(func() { _ = sp.Run(ctx) })
 	}
@@ -282,7 +294,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 			n = c.Jobs - per*(c.Producers-1)
 		}
 		fc := faulty(env.Cfg, nemesis())
-		cl, err := enqueue.New(fc, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), RedispatchAfter: 3 * time.Second})
+		cl, err := enqueue.New(fc, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("producer-%d.log", i))), RedispatchAfter: 3 * time.Second})
 		if err != nil {
 			return rep, err
 		}
