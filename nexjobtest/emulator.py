@@ -12,6 +12,7 @@ Health: GET /moto-api/ ; reset: POST /moto-api/reset
 """
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -49,6 +50,21 @@ def main():
     parser.add_argument("--host", default="127.0.0.1")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if os.environ.get("NEXJOB_EMULATOR_TRACEMALLOC"):
+        # Debugging the emulator's memory: SIGUSR1 prints where it grew.
+        import tracemalloc
+
+        tracemalloc.start(25)
+
+        def dump(*_):
+            snap = tracemalloc.take_snapshot()
+            for stat in snap.statistics("traceback")[:6]:
+                print(stat, file=sys.stderr)
+                for line in [l for l in stat.traceback.format() if "moto" in l or "werkzeug" in l][-6:]:
+                    print("   ", line, file=sys.stderr)
+            sys.stderr.flush()
+
+        signal.signal(signal.SIGUSR1, dump)
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(
         args.host,

@@ -21,6 +21,7 @@ type StreamPoller struct {
 	table   string
 	g       *Guard
 	iters   map[string]*string // shard id → next iterator; nil when closed
+	arn     *string            // the table's latest stream, read once
 }
 
 // NewStreamPoller returns a poller over the table's latest stream.
@@ -44,15 +45,20 @@ func (p *StreamPoller) Run(ctx context.Context) error {
 
 // Poll reads what every shard has now and checks it.
 func (p *StreamPoller) Poll(ctx context.Context) error {
-	t, err := p.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(p.table)})
-	if err != nil {
-		return fmt.Errorf("describe table: %w", err)
+	if p.arn == nil {
+		// Once: DescribeTable on the emulator sizes every item, each poll.
+		t, err := p.db.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(p.table)})
+		if err != nil {
+			return fmt.Errorf("describe table: %w", err)
+		}
+		if t.Table.LatestStreamArn == nil {
+			return fmt.Errorf("table %s has no stream", p.table)
+		}
+		p.arn = t.Table.LatestStreamArn
 	}
-	if t.Table.LatestStreamArn == nil {
-		return fmt.Errorf("table %s has no stream", p.table)
-	}
-	d, err := p.streams.DescribeStream(ctx, &dynamodbstreams.DescribeStreamInput{StreamArn: t.Table.LatestStreamArn})
+	d, err := p.streams.DescribeStream(ctx, &dynamodbstreams.DescribeStreamInput{StreamArn: p.arn})
 	if err != nil {
+		p.arn = nil // perhaps a new stream: read the table again next time
 		return fmt.Errorf("describe stream: %w", err)
 	}
 	for _, sh := range d.StreamDescription.Shards {
@@ -60,7 +66,7 @@ func (p *StreamPoller) Poll(ctx context.Context) error {
 		it, seen := p.iters[id]
 		if !seen {
 			out, err := p.streams.GetShardIterator(ctx, &dynamodbstreams.GetShardIteratorInput{
-				StreamArn: t.Table.LatestStreamArn, ShardId: sh.ShardId, ShardIteratorType: stypes.ShardIteratorTypeTrimHorizon,
+				StreamArn: p.arn, ShardId: sh.ShardId, ShardIteratorType: stypes.ShardIteratorTypeTrimHorizon,
 			})
 			if err != nil {
 				return fmt.Errorf("shard iterator: %w", err)

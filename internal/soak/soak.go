@@ -197,7 +197,7 @@ func ChildMain() {
 		os.Exit(2)
 	}
 	p := poller.New(&duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(seed, 7))}, os.Getenv(envQueue), h.Handle,
-		&poller.Options{WaitTime: -1, FunctionTimeout: 10 * time.Second, Logger: log})
+		&poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: log})
 	_ = p.Run(context.Background())
 }
 
@@ -264,10 +264,10 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		}
 		d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 7))}
 		dups = append(dups, d)
-		p := poller.New(d, env.QueueURL, h.Handle, &poller.Options{WaitTime: -1, FunctionTimeout: 10 * time.Second, Logger: wlog})
+		p := poller.New(d, env.QueueURL, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: wlog})
 		wg.Go(func() { _ = p.Run(ctx) })
 		if i == 0 && env.DLQURL != "" {
-			dl := poller.New(sqs.NewFromConfig(fc), env.DLQURL, h.HandleDeadLetters, &poller.Options{WaitTime: -1, Logger: wlog})
+			dl := poller.New(sqs.NewFromConfig(fc), env.DLQURL, h.HandleDeadLetters, &poller.Options{WaitTime: time.Second, Logger: wlog})
 			wg.Go(func() { _ = dl.Run(ctx) })
 		}
 	}
