@@ -174,9 +174,7 @@ func (p *producer) tx(ctx context.Context) {
 		res, err = p.c.Settle(ctx, tx, commitErr) // as its doc says: settle again
 	}
 	if errors.Is(err, enqueue.ErrTxNotCommitted) {
-		err = nil // not created, and known not to be: no job, no open outcome
-		r.err = nil
-		p.led.add(r)
+		p.led.add(r) // not created, and known not to be: no job, no open outcome
 		return
 	}
 	p.led.add(record(r, res, err))

@@ -220,7 +220,7 @@ func (d *duplicating) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessage
 	d.mu.Unlock()
 	if again {
 		m := out.Messages[0]
-		if _, err := d.Client.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: in.QueueUrl, MessageBody: m.Body}); err == nil {
+		if _, err := d.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: in.QueueUrl, MessageBody: m.Body}); err == nil {
 			d.copies.Add(1)
 		}
 	}
