@@ -251,12 +251,12 @@ func (r *recorder) calls(role string) []string {
 }
 
 // action names a request's IAM action from its operation as the fault
-// transport names it ("DynamoDB.GetItem", "AmazonSSM.GetParameter",
+// transport names it ("DynamoDB.GetItem", "SSM.GetParameter",
 // "SQS.SendMessage", "Scheduler.CreateSchedule"); anything else is
 // recorded as unknown, which no policy allows.
 func action(req *http.Request) string {
 	svc, op, ok := strings.Cut(faults.Operation(req), ".")
-	prefix := map[string]string{"DynamoDB": "dynamodb", "AmazonSSM": "ssm", "SQS": "sqs", "Scheduler": "scheduler"}[svc]
+	prefix := map[string]string{"DynamoDB": "dynamodb", "SSM": "ssm", "SQS": "sqs", "Scheduler": "scheduler"}[svc]
 	if !ok || prefix == "" {
 		return fmt.Sprintf("unknown:%s %s", req.Method, req.URL.Path)
 	}
