@@ -341,6 +341,16 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		h.log.ErrorContext(ctx, "nexjob: claim failed", "job_id", msg.ID, "err", err)
 		return false
 	}
+	if rec.HookPending {
+		// Requeued while the hook of its last failure was still due (the
+		// worker that failed it died before the hook, and the requeue
+		// came before the message that would have run it): that failure's
+		// hook runs now, shown the record as it failed, before this run.
+		failed := rec
+		failed.State = ledger.Failed
+		h.log.WarnContext(ctx, "nexjob: dead-letter hook of a requeued failure still due; running it", "job_id", rec.ID, "kind", rec.Kind)
+		h.runHook(ctx, failed, nil)
+	}
 	// Every claimed job gets its consumer span, with a worker or not.
 	if h.o.TracerProvider != nil {
 		var span trace.Span

@@ -7,6 +7,16 @@ app, threaded so that SQS long polls do not block anything, but holds one
 lock around every DynamoDB request: DynamoDB is served one request at a time,
 as a conditional write must appear to be.
 
+It also replaces how moto backs up a TransactWriteItems call. moto 5.2.5
+deep-copies every table a transaction names, stream records included,
+before each transaction, and on a cancelled one swaps the copy in as the
+table. That costs the whole table per transaction, and the swap leaves
+every open stream shard iterator on the old table's stream: a reader (the
+dispatch guard) never sees another write, and each cancel leaks a whole
+copy (a soak of 2,000 jobs grew moto past 24 GB). Here a transaction backs
+up only the items it names and the stream's length, and a cancelled one
+puts those items back and drops the stream records it wrote, in place.
+
 Usage: python emulator.py --port PORT [--host 127.0.0.1]
 Health: GET /moto-api/ ; reset: POST /moto-api/reset
 """
@@ -42,6 +52,60 @@ class SerialDynamoDB:
             return list(self.app(environ, start_response))
 
 
+def patch_transactions():
+    """TransactWriteItems backs up the items it names, not the tables."""
+    import copy
+
+    from moto.dynamodb import models
+
+    real = copy.deepcopy
+
+    class NoTableCopy:
+        # moto's own backup step calls copy.deepcopy(table): hand back the
+        # table itself (its "rollback" then puts the same table back);
+        # everything else (an item's old image) is copied as before.
+        @staticmethod
+        def deepcopy(x, memo=None):
+            if isinstance(x, models.Table):
+                return x
+            return real(x, memo)
+
+    models.copy = NoTableCopy
+    original = models.DynamoDBBackend.transact_write_items
+
+    def transact_write_items(self, transact_items):
+        saved, streams = [], {}
+        for entry in transact_items:
+            try:
+                kind, op = next(iter(entry.items()))
+                table = self.tables[op["TableName"]]
+                attrs = op["Item"] if kind == "Put" else op["Key"]
+                hash_key, range_key = self.get_keys_value(table, attrs)
+            except Exception:
+                continue  # moto reports it as it would have
+            saved.append((table, hash_key, range_key, real(table.get_item(hash_key, range_key))))
+            if table.stream_shard is not None:
+                streams.setdefault(id(table), (table.stream_shard, len(table.stream_shard.items)))
+        try:
+            return original(self, transact_items)
+        except BaseException:
+            # The first backup of an item is its state before the call.
+            for table, hash_key, range_key, item in reversed(saved):
+                rows = table.items[hash_key] if range_key is not None else table.items
+                key = range_key if range_key is not None else hash_key
+                if item is None:
+                    rows.pop(key, None)
+                else:
+                    rows[key] = item
+                if range_key is not None and not table.items[hash_key]:
+                    del table.items[hash_key]
+            for shard, length in streams.values():
+                del shard.items[length:]
+            raise
+
+    models.DynamoDBBackend.transact_write_items = transact_write_items
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -65,6 +129,7 @@ def main():
             sys.stderr.flush()
 
         signal.signal(signal.SIGUSR1, dump)
+    patch_transactions()
     app = DomainDispatcherApplication(create_backend_app)
     run_simple(
         args.host,
