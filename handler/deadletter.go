@@ -54,6 +54,8 @@ func (h *Handler) HandleDeadLetters(ctx context.Context, ev events.SQSEvent) (ev
 	return resp, nil
 }
 
+var errHookGoingOn = errors.New("nexjob: the job's dead-letter hook is running elsewhere (or could not be taken over); its dead letter is looked at again later")
+
 var errRunGoingOn = errors.New("nexjob: the job is running under a live lease; its dead letter is looked at again later")
 
 func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error {
@@ -69,8 +71,9 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 		return err
 	}
 	if rec.State == ledger.Failed && rec.HookPending {
-		h.log.WarnContext(ctx, "nexjob: dead-letter hook still due; running it", "job_id", rec.ID, "kind", rec.Kind)
-		h.runHook(ctx, rec, nil)
+		if _, ok := h.takeOverHook(ctx, rec); !ok {
+			return errHookGoingOn
+		}
 	}
 	receives := m.Attributes["ApproximateReceiveCount"]
 	now := h.store.Now()

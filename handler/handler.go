@@ -346,10 +346,10 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		// worker that failed it died before the hook, and the requeue
 		// came before the message that would have run it): that failure's
 		// hook runs now, shown the record as it failed, before this run.
+		// A worker still running it holds its lease: it is left to that one.
 		failed := rec
 		failed.State = ledger.Failed
-		h.log.WarnContext(ctx, "nexjob: dead-letter hook of a requeued failure still due; running it", "job_id", rec.ID, "kind", rec.Kind)
-		h.runHook(ctx, failed, nil)
+		h.takeOverHook(ctx, failed)
 	}
 	// Every claimed job gets its consumer span, with a worker or not.
 	if h.o.TracerProvider != nil {
@@ -515,6 +515,11 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 	// a crash before the hook returns leaves it, and the message's next
 	// delivery runs the hook (notClaimable).
 	f.HookPending = f.State == ledger.Failed && h.hookOf(rec.Kind) != nil
+	if f.HookPending {
+		// This worker holds the hook until its invocation ends: a
+		// duplicate delivery meanwhile leaves it alone (ClaimHook).
+		f.HookLease, _, _ = h.lease(ctx, h.store.Now(), 0)
+	}
 	ret := h.retention(rec.Kind)
 	switch f.State {
 	case ledger.Succeeded:
@@ -653,6 +658,31 @@ func (h *Handler) hookOf(kind string) func(context.Context, ledger.Record, error
 	return h.o.OnDeadLetter
 }
 
+// takeOverHook runs the due hook of the Failed job rec that another
+// worker left (ClaimHook), shown rec. Not ok: the hook is not this
+// worker's to run now; heldUntil (unix ms) is when to look again, 0 when
+// it ran already or the claim failed (a throttle: the message's next
+// delivery tries again).
+func (h *Handler) takeOverHook(ctx context.Context, rec ledger.Record) (heldUntil int64, ok bool) {
+	lease, _, _ := h.lease(ctx, h.store.Now(), 0)
+	cur, ok, err := h.store.ClaimHook(ctx, rec, lease)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return 0, true // gone: no hook is due any more
+	case err != nil:
+		h.log.ErrorContext(ctx, "nexjob: taking over the dead-letter hook failed", "job_id", rec.ID, "err", err)
+		return 0, false
+	case !ok && cur.HookPending:
+		return cur.HookUntil, false
+	case !ok:
+		return 0, true // it ran
+	}
+	h.log.WarnContext(ctx, "nexjob: dead-letter hook still due; running it", "job_id", rec.ID, "kind", rec.Kind)
+	rec.HookPending, rec.HookUntil = true, cur.HookUntil
+	h.runHook(ctx, rec, nil)
+	return 0, true
+}
+
 // runHook calls rec's dead-letter hook and then, if the record marks it
 // due, clears the mark. A crash between the two runs the hook again on the
 // next delivery: at least once, once unless a crash comes in between.
@@ -699,9 +729,14 @@ func (h *Handler) carryForward(ctx context.Context, msg enqueue.Message, now tim
 // notClaimable decides the fate of a message whose job may not run now.
 func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enqueue.Message, cur ledger.Record, now time.Time) bool {
 	if cur.State == ledger.Failed && cur.HookPending {
-		// The worker that failed it died before its hook returned.
-		h.log.WarnContext(ctx, "nexjob: dead-letter hook still due; running it", "job_id", cur.ID, "kind", cur.Kind)
-		h.runHook(ctx, cur, nil)
+		// The worker that failed it died before its hook returned, or is
+		// running it now: then look again when its lease on the hook ends.
+		if held, ok := h.takeOverHook(ctx, cur); !ok {
+			if held > 0 {
+				h.comeBackAt(ctx, m, held, cur.ID, now)
+			}
+			return false
+		}
 	}
 	switch {
 	case cur.State == ledger.Succeeded && len(cur.Children) > 0:
@@ -722,13 +757,7 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		return h.carryForward(ctx, msg, now)
 	case cur.State == ledger.Processing && cur.LeaseUntil > now.UnixMilli():
 		// Running elsewhere: look again when the lease ends.
-		secs := int32(ledger.Millis(cur.LeaseUntil).Sub(now)/time.Second) + 1
-		_, err := h.sqs.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
-			QueueUrl: aws.String(h.queueURL), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(secs, 43200),
-		})
-		if err != nil {
-			h.log.WarnContext(ctx, "nexjob: change visibility failed", "job_id", cur.ID, "err", err)
-		}
+		h.comeBackAt(ctx, m, cur.LeaseUntil, cur.ID, now)
 		return false
 	case cur.Attempt >= cur.MaxAttempts:
 		// The last attempt's worker died (a live lease returned above): an
@@ -738,6 +767,18 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 	}
 	h.log.WarnContext(ctx, "nexjob: job not claimable", "job_id", cur.ID, "state", cur.State)
 	return false
+}
+
+// comeBackAt makes m visible again just after the unix-ms time at; a
+// failure only leaves the queue's own visibility timeout.
+func (h *Handler) comeBackAt(ctx context.Context, m events.SQSMessage, at int64, id string, now time.Time) {
+	secs := int32(ledger.Millis(at).Sub(now)/time.Second) + 1
+	_, err := h.sqs.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(h.queueURL), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(max(secs, 0), 43200),
+	})
+	if err != nil {
+		h.log.WarnContext(ctx, "nexjob: change visibility failed", "job_id", id, "err", err)
+	}
 }
 
 // notAJob keeps a message that is not a job: in the DLQ with the reason

@@ -1,8 +1,11 @@
 package handler_test
 
 import (
+	"fmt"
+
 	"context"
 	"errors"
+	"github.com/aws/aws-lambda-go/events"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,5 +133,94 @@ func failThenCrash(t *testing.T, st *ledger.Store, id string) {
 	}
 	if _, err := st.Finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: "smtp down", HookPending: true, Nonce: ledger.NewNonce()}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Seed 2 of the short soak, on CI: a worker made a job Failed and was
+// running its dead-letter hook when a duplicate delivery of the job's
+// message found the hook's mark still set and ran the hook again. The
+// Failed write now gives its worker a lease on the hook; a delivery meanwhile
+// leaves the hook alone and its message comes back; only once the lease
+// ends (its worker died) does another worker take the hook over.
+func TestADeliveryLeavesARunningHookAlone(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	var hooks atomic.Int32
+	entered, release := make(chan struct{}), make(chan struct{})
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(context.Context, *handler.Job[email]) error {
+		return errors.New("smtp down")
+	}), &handler.KindOptions{OnDeadLetter: func(context.Context, ledger.Record, error) error {
+		if hooks.Add(1) == 1 {
+			close(entered)
+			<-release
+		}
+		return nil
+	}})
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	res, err := e.Client.Enqueue(ctx, email{To: "slow-hook@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Purge(t, e.QueueURL) // its messages are handed in below
+	delivery := func(n int) events.SQSEvent {
+		return events.SQSEvent{Records: []events.SQSMessage{{
+			MessageId: fmt.Sprint("m", n), ReceiptHandle: "not-a-receipt",
+			Body: enqueue.Message{V: 1, ID: res.ID, Kind: "email"}.Encode(),
+		}}}
+	}
+	first := make(chan events.SQSEventResponse, 1)
+	go func() {
+		resp, _ := h.Handle(ctx, delivery(1))
+		first <- resp
+	}()
+	<-entered // the first worker is in the hook
+	resp, err := h.Handle(ctx, delivery(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := hooks.Load(); n != 1 {
+		t.Fatalf("the duplicate delivery ran the hook: %d runs while the first still ran", n)
+	}
+	if len(resp.BatchItemFailures) != 1 {
+		t.Fatal("the duplicate delivery was deleted while the hook it found due had not returned")
+	}
+	close(release)
+	if r := <-first; len(r.BatchItemFailures) != 0 {
+		t.Fatalf("the failing delivery was kept: %+v", r)
+	}
+	if got := e.Get(t, res.ID); got.HookPending || got.HookUntil != 0 {
+		t.Fatalf("after the hook: mark %v, lease %d; want both cleared", got.HookPending, got.HookUntil)
+	}
+	if resp, _ := h.Handle(ctx, delivery(3)); len(resp.BatchItemFailures) != 0 || hooks.Load() != 1 {
+		t.Fatalf("a delivery after the hook: kept %v, %d hook runs (want deleted, 1)", resp.BatchItemFailures, hooks.Load())
+	}
+
+	// The holder dies in the hook: its lease ends, and the next delivery
+	// takes the hook over.
+	res2, err := e.Client.Enqueue(ctx, email{To: "died-in-hook@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Purge(t, e.QueueURL)
+	st := h.Producer().Store()
+	rec, err := st.Claim(ctx, res2.ID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: "smtp down", HookPending: true, HookLease: time.Minute, Nonce: ledger.NewNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	next := events.SQSEvent{Records: []events.SQSMessage{{MessageId: "n1", ReceiptHandle: "not-a-receipt", Body: enqueue.Message{V: 1, ID: res2.ID, Kind: "email"}.Encode()}}}
+	if resp, _ := h.Handle(ctx, next); len(resp.BatchItemFailures) != 1 || hooks.Load() != 1 {
+		t.Fatalf("within the dead holder's lease: kept %v, %d hook runs (want kept, 1)", resp.BatchItemFailures, hooks.Load())
+	}
+	e.Advance(t, 2*time.Minute)
+	if resp, _ := h.Handle(ctx, next); len(resp.BatchItemFailures) != 0 || hooks.Load() != 2 {
+		t.Fatalf("after the lease: kept %v, %d hook runs (want deleted, 2)", resp.BatchItemFailures, hooks.Load())
+	}
+	if e.Get(t, res2.ID).HookPending {
+		t.Fatal("the taken-over hook ran and its mark stayed")
 	}
 }

@@ -80,6 +80,10 @@ type Record struct {
 	// it once the hook returned. A worker that meets it (a crash between
 	// the two) runs the hook then.
 	HookPending bool `dynamodbav:"hookPending,omitempty"`
+	// HookUntil (unix ms) is the end of the lease on a due hook: the
+	// worker that made the job Failed, or that took the hook over with
+	// ClaimHook, runs it until then, and no other worker does.
+	HookUntil int64 `dynamodbav:"hookUntil,omitempty"`
 }
 
 // ExpiredAt reports whether the record is past its retention at now: such a

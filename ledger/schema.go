@@ -44,6 +44,7 @@ const (
 	AttrCancelled    = "cancelled"   // true on a Failed job an operator withdrew before it started
 	AttrRequest      = "request"     // hash of the enqueue request that made the job (Record.Request)
 	AttrHookPending  = "hookPending" // true on a Failed job whose dead-letter hook is still due
+	AttrHookUntil    = "hookUntil"   // unix ms: end of the lease on the due hook (Record.HookUntil)
 )
 
 // DeadLetterKind is the kind of the records that keep messages that were

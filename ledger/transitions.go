@@ -114,6 +114,10 @@ type Finish struct {
 	// HookPending, with State Failed, marks the record until HookDone:
 	// its dead-letter hook is due (Record.HookPending).
 	HookPending bool
+	// HookLease, with HookPending, is how long the caller holds the hook
+	// (Record.HookUntil): no ClaimHook takes it over before then. Zero:
+	// any worker that meets the mark may take the hook at once.
+	HookLease time.Duration
 	// Nonce identifies this logical write across the caller's own
 	// retries of it (NewNonce). Empty: Finish picks a fresh one, and a
 	// later call cannot recognise an earlier call's applied write.
@@ -157,6 +161,9 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	if f.HookPending && f.State == Failed {
 		e.values[":hookPending"] = &types.AttributeValueMemberBOOL{Value: true}
 		e.assign(AttrHookPending, ":hookPending")
+		if f.HookLease > 0 {
+			e.assign(AttrHookUntil, e.i(":hookUntil", now.Add(f.HookLease).UnixMilli()))
+		}
 	}
 	if !f.ExpiresAt.IsZero() {
 		e.assign(AttrExpiresAt, e.i(":exp", TTL(f.ExpiresAt)))
@@ -246,15 +253,44 @@ func isJob(id string) expression.ConditionBuilder {
 	return expression.Name(AttrID).Equal(expression.Value(id))
 }
 
-// HookDone clears rec's HookPending once its dead-letter hook has run:
-// one update. A record already cleared (a second worker's call, an
-// earlier try applied) is no error; a missing one is ErrNotFound.
+// HookDone clears rec's HookPending (and its lease) once its dead-letter
+// hook has run: one update. A record already cleared (a second worker's
+// call, an earlier try applied) is no error; a missing one is ErrNotFound.
 func (s *Store) HookDone(ctx context.Context, rec Record) error {
-	cond := expression.Name(AttrID).Equal(expression.Value(rec.ID)).And(expression.AttributeExists(expression.Name(AttrHookPending)))
-	_, err := s.updateByID(ctx, rec.ID, cond, expression.Remove(expression.Name(AttrHookPending)).Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli())))
+	cond := isJob(rec.ID).And(expression.AttributeExists(expression.Name(AttrHookPending)))
+	upd := expression.Remove(expression.Name(AttrHookPending)).Remove(expression.Name(AttrHookUntil)).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli()))
+	_, err := s.updateByID(ctx, rec.ID, cond, upd)
 	var nc *NotClaimableError
 	if errors.As(err, &nc) {
 		return nil
 	}
 	return err
+}
+
+// ClaimHook takes over the due dead-letter hook of the job rec for lease:
+// one update, conditional on the hook still being due and no one's lease
+// on it running (the worker that made the job Failed holds it first, see
+// Finish.HookLease). ok reports that the caller holds it now and must run
+// it, then call HookDone; a reply lost after the update applied still
+// reads as ok. Not ok, cur is the record as found: cur.HookPending with
+// cur.HookUntil ahead means another worker is running the hook (look
+// again after HookUntil); no HookPending means it ran. A job that is
+// gone is ErrNotFound.
+//
+// Two workers that meet the mark at once (a duplicate delivery, the DLQ
+// consumer) so run the hook once between them; it runs twice only when
+// its holder dies between the hook and HookDone.
+func (s *Store) ClaimHook(ctx context.Context, rec Record, lease time.Duration) (cur Record, ok bool, err error) {
+	now := s.now().UnixMilli()
+	until := expression.Name(AttrHookUntil)
+	cond := isJob(rec.ID).And(expression.AttributeExists(expression.Name(AttrHookPending))).
+		And(expression.Or(expression.AttributeNotExists(until), until.LessThanEqual(expression.Value(now))))
+	upd := expression.Set(until, expression.Value(now+lease.Milliseconds())).Set(expression.Name(AttrUpdatedAt), expression.Value(now))
+	cur, err = s.updateByID(ctx, rec.ID, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, false, nil
+	}
+	return cur, err == nil, err
 }

@@ -33,6 +33,16 @@ type runs struct {
 	dir   string
 }
 
+// laterIn reports whether another of rs started after r in r's process.
+func laterIn(rs []*run, r *run) bool {
+	for _, o := range rs {
+		if o.pid == r.pid && o.start > r.start {
+			return true
+		}
+	}
+	return false
+}
+
 func readRuns(dir string) (runs, error) {
 	out := runs{byJob: map[string][]*run{}, dead: map[string][]int{}, dir: dir}
 	files, err := filepath.Glob(filepath.Join(dir, "*.runs"))
@@ -216,9 +226,15 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 			// Kills spend attempts: a run claimed in a process killed before
 			// it reported counts as one. Such a job may end Failed as an
 			// orphan out of attempts, and only then.
+			// A run whose end was logged is cut too when its process was
+			// killed later and it was that process's last run of the job:
+			// the kill may have come between the run's end and the write
+			// that records it (seed 2, on CI: a soak.flaky job's last
+			// attempt succeeded, its worker died before Finish, and the
+			// next delivery failed it as an orphan out of attempts).
 			ended := 0
 			for _, r := range jr {
-				if r.end != 0 {
+				if r.end != 0 && (killedAt[r.pid] == 0 || laterIn(jr, r)) {
 					ended++
 				}
 			}
