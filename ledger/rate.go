@@ -1,0 +1,231 @@
+package ledger
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Rate is a limit of Limit events per Period: in every window of length
+// Period (sliding, not calendar-aligned) at most Limit slots are taken.
+type Rate struct {
+	Limit  int
+	Period time.Duration
+}
+
+// Bounds of a Rate: a key's log holds Limit entries (about 16 bytes each,
+// so up to 60 fit in one write unit).
+const (
+	MaxRateLimit  = 1000
+	MinRatePeriod = time.Second
+	MaxRatePeriod = 24 * time.Hour
+)
+
+// Valid says what is wrong with r, or "".
+func (r Rate) Valid() string {
+	switch {
+	case r.Limit < 1 || r.Limit > MaxRateLimit:
+		return fmt.Sprintf("Limit %d is outside 1 to %d", r.Limit, MaxRateLimit)
+	case r.Period < MinRatePeriod || r.Period > MaxRatePeriod:
+		return fmt.Sprintf("Period %s is outside %s to %s", r.Period, MinRatePeriod, MaxRatePeriod)
+	}
+	return ""
+}
+
+// Attributes of a rate item (pk "r#<key hash>").
+const (
+	AttrRateLog = "rlog" // "slot.tag" entries, oldest first; slot in base-36 Unix ms
+	AttrRateVer = "rver" // incremented by every write: the log's optimistic lock
+)
+
+const ratePrefix = "r#"
+
+// ErrRateContended: Reserve lost the race for a key's log too many times
+// in a row (a key taking hundreds of slots a second). Nothing was taken.
+var ErrRateContended = errors.New("nexjob: rate log contended; try again")
+
+// RateTag is the tag a job's slots carry in a key's log: 8 characters
+// from its id, so that taking a slot again for the same job finds it.
+func RateTag(jobID string) string {
+	s := sha256.Sum256([]byte(jobID))
+	return base64.RawURLEncoding.EncodeToString(s[:6])
+}
+
+// Reserve takes the earliest slot at or after now in the log of keyHash
+// (a Store.HashKey value) that keeps r: the later of now, the last slot
+// taken, and the slot Limit entries back plus Period. It returns the slot
+// and whether it was taken: with wait false a slot later than now is not
+// taken (a rate limit refuses instead), and nothing is written.
+//
+// A tag already in the log within the last Period gets its slot back,
+// taken, with no write: a redelivered message, and a resend whose first
+// write applied but whose reply was lost (the resend fails its version
+// condition, the log is read again and shows the tag). A slot is one read
+// and one conditional PutItem of the key's item (1 write unit up to 60
+// entries), on the key's own partition; a lost race reads and tries again
+// (ErrRateContended after 20). The item expires (TTL) a Period after its
+// last slot.
+func (s *Store) Reserve(ctx context.Context, keyHash, tag string, r Rate, wait bool) (time.Time, bool, error) {
+	if msg := r.Valid(); msg != "" {
+		return time.Time{}, false, fmt.Errorf("nexjob: rate: %s", msg)
+	}
+	pk := ratePrefix + keyHash
+	for try := 0; try < 20; try++ {
+		if try > 0 {
+			if err := sleepCtx(ctx, time.Duration(rand.Int64N(int64(5*time.Millisecond)<<min(try, 6)))); err != nil {
+				return time.Time{}, false, err
+			}
+		}
+		out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{
+			TableName:      aws.String(s.table),
+			Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
+			ConsistentRead: aws.Bool(true),
+		})
+		if err != nil {
+			return time.Time{}, false, fmt.Errorf("nexjob: read rate log in %s: %w", s.table, err)
+		}
+		log, ver := decodeRateLog(out.Item)
+		now := s.now()
+		if slot, ok := log.find(tag, now.Add(-r.Period)); ok {
+			return slot, true, nil
+		}
+		slot := log.next(now, r)
+		if !wait && slot.After(now) {
+			return slot, false, nil
+		}
+		log = append(log, rateEntry{slot: slot, tag: tag})
+		if len(log) > r.Limit {
+			log = log[len(log)-r.Limit:]
+		}
+		cond := "attribute_not_exists(#pk)"
+		vals := map[string]types.AttributeValue{}
+		if ver > 0 {
+			cond = "#ver = :old"
+			vals[":old"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(ver, 10)}
+		}
+		_, err = s.db.PutItem(ctx, &dynamodb.PutItemInput{
+			TableName: aws.String(s.table),
+			Item: map[string]types.AttributeValue{
+				AttrPK:        &types.AttributeValueMemberS{Value: pk},
+				AttrRateLog:   &types.AttributeValueMemberS{Value: log.String()},
+				AttrRateVer:   &types.AttributeValueMemberN{Value: strconv.FormatInt(ver+1, 10)},
+				AttrExpiresAt: &types.AttributeValueMemberN{Value: strconv.FormatInt(slot.Add(r.Period).Unix()+1, 10)},
+			},
+			ConditionExpression:       aws.String(cond),
+			ExpressionAttributeNames:  rateNames(ver),
+			ExpressionAttributeValues: nonEmpty(vals),
+		})
+		var ccf *types.ConditionalCheckFailedException
+		switch {
+		case errors.As(err, &ccf):
+			continue // another writer, or our own resend: read again
+		case err != nil:
+			return time.Time{}, false, fmt.Errorf("nexjob: write rate log in %s: %w", s.table, err)
+		}
+		return slot, true, nil
+	}
+	return time.Time{}, false, ErrRateContended
+}
+
+func rateNames(ver int64) map[string]string {
+	if ver > 0 {
+		return map[string]string{"#ver": AttrRateVer}
+	}
+	return map[string]string{"#pk": AttrPK}
+}
+
+func nonEmpty(m map[string]types.AttributeValue) map[string]types.AttributeValue {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+type rateEntry struct {
+	slot time.Time
+	tag  string
+}
+
+// rateLog is a key's slots, oldest first (slots never go back in time).
+type rateLog []rateEntry
+
+func decodeRateLog(item map[string]types.AttributeValue) (rateLog, int64) {
+	var ver int64
+	if v, ok := item[AttrRateVer].(*types.AttributeValueMemberN); ok {
+		ver, _ = strconv.ParseInt(v.Value, 10, 64)
+	}
+	s, _ := item[AttrRateLog].(*types.AttributeValueMemberS)
+	if s == nil {
+		return nil, ver
+	}
+	var log rateLog
+	for _, f := range strings.Fields(s.Value) {
+		ms, tag, ok := strings.Cut(f, ".")
+		n, err := strconv.ParseInt(ms, 36, 64)
+		if !ok || err != nil {
+			continue // not ours to keep
+		}
+		log = append(log, rateEntry{slot: time.UnixMilli(n), tag: tag})
+	}
+	return log, ver
+}
+
+func (l rateLog) String() string {
+	var b strings.Builder
+	for i, e := range l {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(strconv.FormatInt(e.slot.UnixMilli(), 36))
+		b.WriteByte('.')
+		b.WriteString(e.tag)
+	}
+	return b.String()
+}
+
+// find is tag's latest slot if it is after since.
+func (l rateLog) find(tag string, since time.Time) (time.Time, bool) {
+	for _, e := range slices.Backward(l) {
+		if e.tag == tag {
+			return e.slot, e.slot.After(since)
+		}
+	}
+	return time.Time{}, false
+}
+
+// next is the earliest slot at or after now that keeps r: at or after the
+// last slot, and a Period after the slot Limit entries back.
+func (l rateLog) next(now time.Time, r Rate) time.Time {
+	slot := now.Truncate(time.Millisecond)
+	if n := len(l); n > 0 && l[n-1].slot.After(slot) {
+		slot = l[n-1].slot
+	}
+	if n := len(l); n >= r.Limit {
+		if t := l[n-r.Limit].slot.Add(r.Period); t.After(slot) {
+			slot = t
+		}
+	}
+	return slot
+}
