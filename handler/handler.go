@@ -442,14 +442,14 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 		h.runLog(ctx, slog.LevelInfo, "nexjob: job succeeded", rec, start)
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded}, nil)
 	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:
-		h.runLog(ctx, slog.LevelWarn, "nexjob: job cut off by the invocation deadline; attempt given back", rec, start, "cut_offs", rec.CutOffs+1)
+		h.runLog(ctx, slog.LevelWarn, "nexjob: job cut off by the invocation deadline; attempt given back", rec, start, slog.Int("cut_offs", rec.CutOffs+1))
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, CutOff: true, LastError: errCutOff.Error()}, nil)
 	case errors.Is(context.Cause(runCtx), errCutOff):
 		err = fmt.Errorf("%w %d times in a row; the attempt is spent (raise the function timeout or set KindOptions.Timeout)", errCutOff, rec.CutOffs+1)
 	case context.Cause(runCtx) != nil && runCtx.Err() != nil && ctx.Err() == nil:
 		err = redact.Capped(fmt.Errorf("%w: %w", context.Cause(runCtx), err), ledger.MaxLastError)
 	case errors.As(err, &perm):
-		h.runLog(ctx, slog.LevelWarn, "nexjob: job failed permanently", rec, start, "err", err)
+		h.runLog(ctx, slog.LevelWarn, "nexjob: job failed permanently", rec, start, slog.Any("err", err))
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
 	}
 	return h.failed(ctx, rec, err, e.backoff)
@@ -457,11 +457,13 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 
 // runLog logs the end of a run with the job's id, kind, attempt and run
 // time, building nothing when the level is off.
-func (h *Handler) runLog(ctx context.Context, level slog.Level, msg string, rec ledger.Record, start time.Time, args ...any) {
+func (h *Handler) runLog(ctx context.Context, level slog.Level, msg string, rec ledger.Record, start time.Time, extra ...slog.Attr) {
 	if !h.log.Enabled(ctx, level) {
 		return
 	}
-	h.log.Log(ctx, level, msg, append([]any{"job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt, "took", time.Since(start)}, args...)...)
+	attrs := append(make([]slog.Attr, 0, 4+len(extra)), slog.String("job_id", rec.ID), slog.String("kind", rec.Kind),
+		slog.Int("attempt", rec.Attempt), slog.Duration("took", time.Since(start)))
+	h.log.LogAttrs(ctx, level, msg, append(attrs, extra...)...)
 }
 
 // failed ends a failed attempt: Failed once attempts are exhausted, else

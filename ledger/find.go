@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -65,8 +64,8 @@ func (s *Store) Find(ctx context.Context, f Filter) ([]Record, string, error) {
 		if err != nil {
 			return nil, "", err
 		}
-		var page []Record
-		if err := attributevalue.UnmarshalListOfMaps(items, &page); err != nil {
+		page, err := decodeRecords(items)
+		if err != nil {
 			return nil, "", fmt.Errorf("nexjob: decode job records: %w", err)
 		}
 		if need := f.Limit - len(recs); len(page) > need {
@@ -127,8 +126,8 @@ func (s *Store) queryShard(ctx context.Context, f Filter, key string, start map[
 	if err != nil {
 		return nil, nil, fmt.Errorf("nexjob: list %s jobs in %s: %w", f.State, s.table, err)
 	}
-	var page []Record
-	if err := attributevalue.UnmarshalListOfMaps(out.Items, &page); err != nil {
+	page, err := decodeRecords(out.Items)
+	if err != nil {
 		return nil, nil, fmt.Errorf("nexjob: decode job records: %w", err)
 	}
 	for i := range page {
@@ -324,8 +323,8 @@ func (s *Store) Counts(ctx context.Context) (map[State]map[string]int, error) {
 		if err != nil {
 			return nil, fmt.Errorf("nexjob: scan %s: %w", s.table, err)
 		}
-		var page []Record
-		if err := attributevalue.UnmarshalListOfMaps(out.Items, &page); err != nil {
+		page, err := decodeRecords(out.Items)
+		if err != nil {
 			return nil, fmt.Errorf("nexjob: decode job records: %w", err)
 		}
 		for _, r := range page {

@@ -345,11 +345,11 @@ func (s *Store) conditionError(op string, err error) error {
 	}
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
-		var old Record
 		if len(ccf.Item) == 0 {
 			return &heldError{err: fmt.Errorf("nexjob: %s in %s: %w", op, s.table, err)}
 		}
-		if derr := attributevalue.UnmarshalMap(ccf.Item, &old); derr != nil {
+		old, derr := decodeRecord(ccf.Item)
+		if derr != nil {
 			return fmt.Errorf("nexjob: decode job record: %w", derr)
 		}
 		return &heldError{rec: old, err: fmt.Errorf("nexjob: %s in %s: %w", op, s.table, err)}
@@ -507,8 +507,8 @@ func (s *Store) getPK(ctx context.Context, pk string, consistent bool) (Record, 
 	if len(out.Item) == 0 {
 		return Record{}, false, nil
 	}
-	var rec Record
-	if err := attributevalue.UnmarshalMap(out.Item, &rec); err != nil {
+	rec, err := decodeRecord(out.Item)
+	if err != nil {
 		return Record{}, false, fmt.Errorf("nexjob: decode job record: %w", err)
 	}
 	return rec, true, nil

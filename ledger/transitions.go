@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -240,8 +239,8 @@ func (s *Store) update(ctx context.Context, pk, id string, in exprs, nonce strin
 		}
 		return Record{}, err
 	}
-	var rec Record
-	if err := attributevalue.UnmarshalMap(out.Attributes, &rec); err != nil {
+	rec, err := decodeRecord(out.Attributes)
+	if err != nil {
 		return Record{}, fmt.Errorf("nexjob: decode job record: %w", err)
 	}
 	return rec, nil
