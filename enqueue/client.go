@@ -226,6 +226,10 @@ type Opts struct {
 	// field means the package's default (AllowAfterFailed over a kind
 	// whose default is RejectAlways, say). Defaults to false.
 	NoKindDefaults bool
+	// RateLimit refuses the enqueue, with a *RateLimitedError and no job
+	// written, when its key already had Limit enqueues in the last
+	// Period (see RateLimit). Defaults to none.
+	RateLimit *RateLimit
 }
 
 // Result is the outcome of an accepted enqueue.
@@ -273,6 +277,9 @@ func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result
 // decide writes a validated record (or meets the key's holder) and says
 // whether its message is to be sent now.
 func (c *Client) decide(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, ItemResult) {
+	if err := c.admit(ctx, rec, o); err != nil {
+		return rec, false, ItemResult{Err: err}
+	}
 	got, created, err := c.insert(ctx, rec, o)
 	if err != nil {
 		return got, false, ItemResult{Err: err}
@@ -374,6 +381,9 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	}
 	if len(o.RequestID) > 512 {
 		return ledger.Record{}, invalid("RequestID", "longer than 512 bytes")
+	}
+	if err := o.RateLimit.check(); err != nil {
+		return ledger.Record{}, err
 	}
 	if o.RequestID != "" && o.IdempotencyKey == "" {
 		return ledger.Record{}, invalid("RequestID", "needs an IdempotencyKey (the request is recognised on the key's record)")

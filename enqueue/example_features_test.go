@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -116,4 +117,25 @@ func ExampleClient_WouldAccept() {
 	// RejectAlways would: reject
 	// after ReleaseKey: create true
 	// free: true
+}
+
+// Rate limit: at most two welcome emails per user per hour; the third is
+// refused, nothing written, with when a slot frees.
+func ExampleRateLimit() {
+	c, _ := exampleSetup("ratelimit")
+	ctx := context.Background()
+	perUser := &enqueue.RateLimit{Key: "welcome-user-1", Limit: 2, Period: time.Hour}
+	for i := range 3 {
+		_, err := c.Enqueue(ctx, seedjobs.WelcomeEmail{UserID: "1", Email: "a@example.com"}, &enqueue.Opts{RateLimit: perUser})
+		var limited *enqueue.RateLimitedError
+		if errors.As(err, &limited) {
+			fmt.Printf("enqueue %d refused; a slot frees in about %.0f minutes\n", i+1, time.Until(limited.RetryAt).Minutes())
+			continue
+		}
+		fmt.Printf("enqueue %d accepted: %v\n", i+1, err == nil)
+	}
+	// Output:
+	// enqueue 1 accepted: true
+	// enqueue 2 accepted: true
+	// enqueue 3 refused; a slot frees in about 60 minutes
 }

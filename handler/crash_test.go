@@ -55,9 +55,9 @@ func crashWorker() {
 		panic(err)
 	}
 	reg := handler.NewRegistry()
-	handler.AddWorker(reg, handler.WorkFunc[crashJob](func(ctx context.Context, j *handler.Job[crashJob]) error {
-		fmt.Fprintf(runs, "start %s %d %d\n", j.ID, j.Attempt, time.Now().UnixNano())
-		if j.Args.Exit {
+	run := func(id string, attempt int, exit bool, sleep int) {
+		fmt.Fprintf(runs, "start %s %d %d\n", id, attempt, time.Now().UnixNano())
+		if exit {
 			os.Exit(3) // not a panic: the process is gone, as with a runtime fatal error or an OOM kill
 		}
 		// Runs hold at the gate until the test opens it, so a kill before
@@ -65,10 +65,17 @@ func crashWorker() {
 		for !exists(os.Getenv("NEXJOB_RUNS_FILE") + ".open") {
 			time.Sleep(10 * time.Millisecond)
 		}
-		time.Sleep(time.Duration(j.Args.Sleep) * time.Millisecond)
-		fmt.Fprintf(runs, "end %s %d %d\n", j.ID, j.Attempt, time.Now().UnixNano())
+		time.Sleep(time.Duration(sleep) * time.Millisecond)
+		fmt.Fprintf(runs, "end %s %d %d\n", id, attempt, time.Now().UnixNano())
+	}
+	handler.AddWorker(reg, handler.WorkFunc[crashJob](func(ctx context.Context, j *handler.Job[crashJob]) error {
+		run(j.ID, j.Attempt, j.Args.Exit, j.Args.Sleep)
 		return nil
 	}), nil)
+	handler.AddWorker(reg, handler.WorkFunc[tenantJob](func(ctx context.Context, j *handler.Job[tenantJob]) error {
+		run(j.ID, j.Attempt, false, j.Args.Sleep)
+		return nil
+	}), &handler.KindOptions{Concurrency: tenantLimit})
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	h, err := handler.New(cfg, os.Getenv("NEXJOB_TABLE"), os.Getenv("NEXJOB_QUEUE_URL"), reg, &handler.Options{Logger: log, StopBefore: 500 * time.Millisecond})
 	if err != nil {

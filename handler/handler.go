@@ -310,7 +310,7 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		return h.carryForward(ctx, msg, now)
 	}
 	if msg.Check {
-		run, err := h.neverStarted(ctx, msg, now)
+		run, err := h.stillWaiting(ctx, msg, now)
 		if err != nil {
 			// The read failed (a throttle past the SDK's retries): the
 			// check comes back rather than vanish.
@@ -346,10 +346,20 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		// worker that failed it died before the hook, and the requeue
 		// came before the message that would have run it): that failure's
 		// hook runs now, shown the record as it failed, before this run.
-		// A worker still running it holds its lease: it is left to that one.
+		// A worker that holds its lease (running it, or killed in it) is
+		// waited for: the run is deferred, no attempt spent, until the
+		// lease ends, and then takes the hook over if it is still due
+		// (10k soak, seed 1796411833611391690: the run went on, the
+		// mark stayed for the next failure, and one hook was lost).
 		failed := rec
 		failed.State = ledger.Failed
-		h.takeOverHook(ctx, failed)
+		if held, ok := h.takeOverHook(ctx, failed); !ok {
+			at := now.Add(minConcurrencyBackoff) // the claim of the hook failed: soon
+			if held > 0 {
+				at = ledger.Millis(held + 1)
+			}
+			return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: at, Deferred: true}, nil)
+		}
 	}
 	// Every claimed job gets its consumer span, with a worker or not.
 	if h.o.TracerProvider != nil {
@@ -378,14 +388,21 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		}
 		return h.failed(ctx, rec, err, h.o.UnknownKindBackoff)
 	}
+	deferTo, slot, release := h.admit(ctx, e, rec)
+	if !deferTo.IsZero() {
+		// Flow control: no slot now. Not a run: the attempt is given back.
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: deferTo, Deferred: true, Slot: slot}, nil)
+	}
+	defer release() // after the run's end is recorded, whatever it was
 	return h.run(ctx, e, rec, deadline, cause)
 }
 
-// neverStarted answers a dispatch guard's check: is the job still waiting,
-// unstarted, past its run time? One eventually consistent read; a stale
-// answer costs at most a refused claim.
+// stillWaiting answers a dispatch guard's check: is the job waiting past
+// its run time, never started, or due again (a retry) with no run going?
+// One eventually consistent read; a stale answer costs at most a refused
+// claim.
 // A job that is gone is no error: there is nothing to run.
-func (h *Handler) neverStarted(ctx context.Context, msg enqueue.Message, now time.Time) (bool, error) {
+func (h *Handler) stillWaiting(ctx context.Context, msg enqueue.Message, now time.Time) (bool, error) {
 	rec, err := h.store.Peek(ctx, msg.ID)
 	if errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrBadID) {
 		return false, nil
@@ -394,8 +411,18 @@ func (h *Handler) neverStarted(ctx context.Context, msg enqueue.Message, now tim
 		return false, err
 	}
 	waiting := rec.State == ledger.Enqueued || rec.State == ledger.Scheduled && rec.RunAt <= now.UnixMilli()
-	if waiting && rec.Attempt == 0 {
+	switch {
+	case waiting && rec.Attempt == 0:
 		h.log.WarnContext(ctx, "nexjob: job was never sent; the guard's check runs it", "job_id", rec.ID, "kind", rec.Kind)
+		return true, nil
+	case waiting:
+		// Started, and due again with no run going: if the check started
+		// it (the job had never been sent), this message is its only one,
+		// back after a retry whose send failed or whose worker was killed
+		// between the result's write and the send. It runs (10k soak,
+		// seed 1796411833611391690: the check was deleted and the retry
+		// never ran). Otherwise the retry's own message is on its way:
+		// the claim is conditional, so one of the two runs it.
 		return true, nil
 	}
 	return false, nil
@@ -579,6 +606,9 @@ func (h *Handler) measure(ctx context.Context, out ledger.Record, f ledger.Finis
 		return
 	}
 	outcome := outcomes[out.State]
+	if f.Deferred {
+		outcome = metrics.Deferred
+	}
 	if start, ok := ctx.Value(runStartKey{}).(time.Time); ok {
 		h.o.Metrics.Run(outcome, out.Kind, out.ID, time.Since(start))
 	} else {
@@ -607,9 +637,7 @@ func (h *Handler) record(ctx context.Context, rec ledger.Record, f ledger.Finish
 			return out, err
 		}
 		h.log.WarnContext(ctx, "nexjob: recording the result failed; trying again", "job_id", rec.ID, "err", err, "in", wait)
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
+		if sleepCtx(ctx, wait) != nil {
 			return out, err
 		}
 		wait = min(2*wait, 2*time.Second)

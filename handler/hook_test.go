@@ -224,3 +224,56 @@ func TestADeliveryLeavesARunningHookAlone(t *testing.T) {
 		t.Fatal("the taken-over hook ran and its mark stayed")
 	}
 }
+
+// TestRequeuedJobWaitsForAHeldHook (10k soak, seed 1796411833611391690):
+// a worker made the job Failed and was killed in its hook, holding the
+// hook's lease; an operator requeued the job at once. The requeued run
+// waits for the lease (deferred, no attempt spent), takes the hook over,
+// then runs: each failure's hook runs once. The run went on without it,
+// the mark stayed for the next failure, and one hook was lost.
+func TestRequeuedJobWaitsForAHeldHook(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	var hooks, runs atomic.Int32
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(context.Context, *handler.Job[email]) error {
+		runs.Add(1)
+		return errors.New("smtp down")
+	}), &handler.KindOptions{OnDeadLetter: func(context.Context, ledger.Record, error) error {
+		hooks.Add(1)
+		return nil
+	}})
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	res, err := e.Client.Enqueue(ctx, email{To: "killed-in-hook@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Purge(t, e.QueueURL)
+	st := h.Producer().Store()
+	rec, err := st.Claim(ctx, res.ID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: "smtp down", HookPending: true, HookLease: time.Minute, Nonce: ledger.NewNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Client.Requeue(ctx, res.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.Purge(t, e.QueueURL) // the requeue's message is handed in below
+	msg := events.SQSEvent{Records: []events.SQSMessage{{MessageId: "r1", ReceiptHandle: "not-a-receipt", Body: enqueue.Message{V: 1, ID: res.ID, Kind: "email"}.Encode()}}}
+	if resp, _ := h.Handle(ctx, msg); len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("the deferral was kept: %+v", resp)
+	}
+	if got := e.Get(t, res.ID); runs.Load() != 0 || hooks.Load() != 0 || got.State != ledger.Scheduled || got.Attempt != 0 || !got.HookPending {
+		t.Fatalf("within the killed holder's lease: %d runs, %d hooks, %s attempt %d mark %v; want none, none, Scheduled 0 true",
+			runs.Load(), hooks.Load(), got.State, got.Attempt, got.HookPending)
+	}
+	e.Advance(t, 2*time.Minute)
+	e.Drain(t, h)
+	if got := e.Get(t, res.ID); runs.Load() != 1 || hooks.Load() != 2 || got.State != ledger.Failed || got.HookPending {
+		t.Fatalf("after the lease: %d runs, %d hooks, %s mark %v; want 1 run, 2 hooks (each failure's), Failed, cleared",
+			runs.Load(), hooks.Load(), got.State, got.HookPending)
+	}
+}

@@ -61,6 +61,12 @@ type KindOptions struct {
 	// Options.Retention (a zero field keeps them forever). Defaults to the
 	// handler's.
 	Retention *Retention
+	// Throttle limits how often this kind's jobs start per key (see
+	// Throttle). Defaults to none.
+	Throttle *Throttle
+	// Concurrency limits how many of this kind's jobs run at once per
+	// key (see Concurrency). Defaults to none.
+	Concurrency *Concurrency
 }
 
 type entry struct {
@@ -112,6 +118,7 @@ func AddWorker[T enqueue.JobArgs](r *Registry, w Worker[T], opts *KindOptions) {
 	if e.opts.Timeout < 0 {
 		panic(fmt.Sprintf("nexjob: kind %q has a negative Timeout", kind))
 	}
+	checkFlow(kind, e.opts)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.kinds[kind]; dup {

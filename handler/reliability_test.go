@@ -373,3 +373,32 @@ func TestWorkerIgnoringItsContext(t *testing.T) {
 	}
 	expect(t, r.get(t, fine), ledger.Succeeded, 1, "")
 }
+
+// TestGuardCheckRunsARetryLeftUnsent (10k soak, seed
+// 1796411833611391690): a job never sent is started by the guard's check;
+// its first run fails and the retry's send is throttled past the SDK's
+// retries, so the check message, the job's only one, comes back. It runs
+// the retry; it was deleted, and the job left Scheduled for good.
+func TestGuardCheckRunsARetryLeftUnsent(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	r := newRigWith(t, func(context.Context, *handler.Job[email]) error {
+		if runs.Add(1) == 1 {
+			return errors.New("first run fails")
+		}
+		return nil
+	}, rigConfig{faults: true, queue: fastQueue})
+	// The producer "died" after its write: a record, no message.
+	rec, _, err := r.prod.Store().Insert(context.Background(), ledger.Record{Kind: email{}.Kind(), Args: `{"To":"lost@example.com"}`, State: ledger.Enqueued, MaxAttempts: 3}, "", ledger.AllowAfterFailed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := r.ft.Add(faults.Rule{Op: "SQS.SendMessage", Fault: faults.Throttle, Times: faults.Attempts})
+	check := enqueue.Message{V: 1, ID: rec.ID, Kind: rec.Kind, RunAt: r.clock.Now().UnixMilli(), Check: true}
+	if err := r.prod.Send(context.Background(), check, 0); err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	fired(t, h, faults.Attempts)
+	expect(t, r.get(t, rec.ID), ledger.Succeeded, 2, "")
+}

@@ -97,6 +97,10 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.HookPending, err = boolean(av)
 		case AttrHookUntil:
 			r.HookUntil, err = num(av)
+		case AttrDefers:
+			r.Defers, err = integer(av)
+		case AttrSlot:
+			r.Slot, err = num(av)
 		}
 		if err != nil {
 			return Record{}, fmt.Errorf("attribute %q: %w", name, err)

@@ -46,14 +46,15 @@ func (r Rate) Valid() string {
 // Attributes of a rate item (pk "r#<key hash>").
 const (
 	AttrRateLog = "rlog" // "slot.tag" entries, oldest first; slot in base-36 Unix ms
-	AttrRateVer = "rver" // incremented by every write: the log's optimistic lock
+	AttrItemVer = "rver" // incremented by every write of a rate or concurrency item: its optimistic lock
 )
 
 const ratePrefix = "r#"
 
-// ErrRateContended: Reserve lost the race for a key's log too many times
-// in a row (a key taking hundreds of slots a second). Nothing was taken.
-var ErrRateContended = errors.New("nexjob: rate log contended; try again")
+// ErrContended: Reserve or Acquire lost the race for a key's item too
+// many times in a row (a key taking hundreds of slots a second). Nothing
+// was taken.
+var ErrContended = errors.New("nexjob: rate or concurrency key contended; try again")
 
 // RateTag is the tag a job's slots carry in a key's log: 8 characters
 // from its id, so that taking a slot again for the same job finds it.
@@ -74,17 +75,51 @@ func RateTag(jobID string) string {
 // condition, the log is read again and shows the tag). A slot is one read
 // and one conditional PutItem of the key's item (1 write unit up to 60
 // entries), on the key's own partition; a lost race reads and tries again
-// (ErrRateContended after 20). The item expires (TTL) a Period after its
+// (ErrContended after 20). The item expires (TTL) a Period after its
 // last slot.
 func (s *Store) Reserve(ctx context.Context, keyHash, tag string, r Rate, wait bool) (time.Time, bool, error) {
 	if msg := r.Valid(); msg != "" {
 		return time.Time{}, false, fmt.Errorf("nexjob: rate: %s", msg)
 	}
-	pk := ratePrefix + keyHash
+	var slot time.Time
+	var taken bool
+	err := s.versioned(ctx, ratePrefix+keyHash, "rate log", func(item map[string]types.AttributeValue, now time.Time) map[string]types.AttributeValue {
+		log := decodeRateLog(item)
+		if found, ok := log.find(tag, now.Add(-r.Period)); ok {
+			slot, taken = found, true
+			return nil
+		}
+		slot = log.next(now, r)
+		if taken = wait || !slot.After(now); !taken {
+			return nil
+		}
+		log = append(log, rateEntry{slot: slot, tag: tag})
+		if len(log) > r.Limit {
+			log = log[len(log)-r.Limit:]
+		}
+		return map[string]types.AttributeValue{
+			AttrRateLog:   &types.AttributeValueMemberS{Value: log.String()},
+			AttrExpiresAt: &types.AttributeValueMemberN{Value: strconv.FormatInt(slot.Add(r.Period).Unix()+1, 10)},
+		}
+	})
+	if err != nil {
+		return time.Time{}, false, err
+	}
+	return slot, taken, nil
+}
+
+// versioned is a read-modify-write of the small item pk (a rate log, a
+// concurrency key's holders): a consistent read, then decide (given the
+// item and the ledger's clock) returns the attributes to put, or nil to
+// write nothing, and the put is conditional on the item's version
+// (AttrItemVer) being the one read. A lost race, or a resend of our own
+// applied put whose reply was lost, fails that condition: read and decide
+// again, which then sees our own write. ErrContended after 20 lost races.
+func (s *Store) versioned(ctx context.Context, pk, what string, decide func(item map[string]types.AttributeValue, now time.Time) map[string]types.AttributeValue) error {
 	for try := 0; try < 20; try++ {
 		if try > 0 {
 			if err := sleepCtx(ctx, time.Duration(rand.Int64N(int64(5*time.Millisecond)<<min(try, 6)))); err != nil {
-				return time.Time{}, false, err
+				return err
 			}
 		}
 		out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{
@@ -93,21 +128,18 @@ func (s *Store) Reserve(ctx context.Context, keyHash, tag string, r Rate, wait b
 			ConsistentRead: aws.Bool(true),
 		})
 		if err != nil {
-			return time.Time{}, false, fmt.Errorf("nexjob: read rate log in %s: %w", s.table, err)
+			return fmt.Errorf("nexjob: read %s in %s: %w", what, s.table, err)
 		}
-		log, ver := decodeRateLog(out.Item)
-		now := s.now()
-		if slot, ok := log.find(tag, now.Add(-r.Period)); ok {
-			return slot, true, nil
+		var ver int64
+		if v, ok := out.Item[AttrItemVer].(*types.AttributeValueMemberN); ok {
+			ver, _ = strconv.ParseInt(v.Value, 10, 64)
 		}
-		slot := log.next(now, r)
-		if !wait && slot.After(now) {
-			return slot, false, nil
+		put := decide(out.Item, s.now())
+		if put == nil {
+			return nil
 		}
-		log = append(log, rateEntry{slot: slot, tag: tag})
-		if len(log) > r.Limit {
-			log = log[len(log)-r.Limit:]
-		}
+		put[AttrPK] = &types.AttributeValueMemberS{Value: pk}
+		put[AttrItemVer] = &types.AttributeValueMemberN{Value: strconv.FormatInt(ver+1, 10)}
 		cond := "attribute_not_exists(#pk)"
 		vals := map[string]types.AttributeValue{}
 		if ver > 0 {
@@ -115,15 +147,10 @@ func (s *Store) Reserve(ctx context.Context, keyHash, tag string, r Rate, wait b
 			vals[":old"] = &types.AttributeValueMemberN{Value: strconv.FormatInt(ver, 10)}
 		}
 		_, err = s.db.PutItem(ctx, &dynamodb.PutItemInput{
-			TableName: aws.String(s.table),
-			Item: map[string]types.AttributeValue{
-				AttrPK:        &types.AttributeValueMemberS{Value: pk},
-				AttrRateLog:   &types.AttributeValueMemberS{Value: log.String()},
-				AttrRateVer:   &types.AttributeValueMemberN{Value: strconv.FormatInt(ver+1, 10)},
-				AttrExpiresAt: &types.AttributeValueMemberN{Value: strconv.FormatInt(slot.Add(r.Period).Unix()+1, 10)},
-			},
+			TableName:                 aws.String(s.table),
+			Item:                      put,
 			ConditionExpression:       aws.String(cond),
-			ExpressionAttributeNames:  rateNames(ver),
+			ExpressionAttributeNames:  versionNames(ver),
 			ExpressionAttributeValues: nonEmpty(vals),
 		})
 		var ccf *types.ConditionalCheckFailedException
@@ -131,16 +158,16 @@ func (s *Store) Reserve(ctx context.Context, keyHash, tag string, r Rate, wait b
 		case errors.As(err, &ccf):
 			continue // another writer, or our own resend: read again
 		case err != nil:
-			return time.Time{}, false, fmt.Errorf("nexjob: write rate log in %s: %w", s.table, err)
+			return fmt.Errorf("nexjob: write %s in %s: %w", what, s.table, err)
 		}
-		return slot, true, nil
+		return nil
 	}
-	return time.Time{}, false, ErrRateContended
+	return ErrContended
 }
 
-func rateNames(ver int64) map[string]string {
+func versionNames(ver int64) map[string]string {
 	if ver > 0 {
-		return map[string]string{"#ver": AttrRateVer}
+		return map[string]string{"#ver": AttrItemVer}
 	}
 	return map[string]string{"#pk": AttrPK}
 }
@@ -171,14 +198,10 @@ type rateEntry struct {
 // rateLog is a key's slots, oldest first (slots never go back in time).
 type rateLog []rateEntry
 
-func decodeRateLog(item map[string]types.AttributeValue) (rateLog, int64) {
-	var ver int64
-	if v, ok := item[AttrRateVer].(*types.AttributeValueMemberN); ok {
-		ver, _ = strconv.ParseInt(v.Value, 10, 64)
-	}
+func decodeRateLog(item map[string]types.AttributeValue) rateLog {
 	s, _ := item[AttrRateLog].(*types.AttributeValueMemberS)
 	if s == nil {
-		return nil, ver
+		return nil
 	}
 	var log rateLog
 	for _, f := range strings.Fields(s.Value) {
@@ -189,7 +212,7 @@ func decodeRateLog(item map[string]types.AttributeValue) (rateLog, int64) {
 		}
 		log = append(log, rateEntry{slot: time.UnixMilli(n), tag: tag})
 	}
-	return log, ver
+	return log
 }
 
 func (l rateLog) String() string {

@@ -87,7 +87,7 @@ func TestReserveUnderFaults(t *testing.T) {
 	}
 	ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Fault: faults.Throttle, Times: faults.Attempts})
 	other := s.HashKey("other")
-	if _, _, err := s.Reserve(ctx, other, ledger.RateTag("a"), r, true); err == nil || errors.Is(err, ledger.ErrRateContended) {
+	if _, _, err := s.Reserve(ctx, other, ledger.RateTag("a"), r, true); err == nil || errors.Is(err, ledger.ErrContended) {
 		t.Fatalf("a throttle past the retries: %v, want the throttle", err)
 	}
 	if slot, _, err := s.Reserve(ctx, other, ledger.RateTag("b"), ledger.Rate{Limit: 1, Period: time.Hour}, false); err != nil || slot.After(s.Now()) {

@@ -84,6 +84,14 @@ type Record struct {
 	// worker that made the job Failed, or that took the hook over with
 	// ClaimHook, runs it until then, and no other worker does.
 	HookUntil int64 `dynamodbav:"hookUntil,omitempty"`
+	// Defers counts the claims in a row that flow control deferred (no
+	// throttle or concurrency slot free); any run's end clears it. The
+	// handler backs off on it.
+	Defers int `dynamodbav:"defers,omitempty"`
+	// Slot (unix ms) is the throttle slot the current attempt took before
+	// it was deferred (Finish.Slot): its next claim starts on it instead
+	// of taking another. Any run's end clears it.
+	Slot int64 `dynamodbav:"slot,omitempty"`
 }
 
 // ExpiredAt reports whether the record is past its retention at now: such a

@@ -45,6 +45,8 @@ const (
 	AttrRequest      = "request"     // hash of the enqueue request that made the job (Record.Request)
 	AttrHookPending  = "hookPending" // true on a Failed job whose dead-letter hook is still due
 	AttrHookUntil    = "hookUntil"   // unix ms: end of the lease on the due hook (Record.HookUntil)
+	AttrDefers       = "defers"      // runs deferred in a row by flow control (Record.Defers)
+	AttrSlot         = "slot"        // unix ms: the throttle slot a deferred run holds (Record.Slot)
 )
 
 // DeadLetterKind is the kind of the records that keep messages that were

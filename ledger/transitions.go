@@ -110,6 +110,14 @@ type Finish struct {
 	// given back and the cut-off counted in Record.CutOffs; any other end
 	// of a run clears that count.
 	CutOff bool
+	// Deferred: the run never started (flow control found no free slot:
+	// a throttle's, a concurrency key's). With State Scheduled and RunAt,
+	// the attempt is given back and nothing is added to the history or
+	// the error; the claim is undone but for its token.
+	Deferred bool
+	// Slot, with Deferred: the throttle slot the attempt took, kept on
+	// the record (Record.Slot) for its next claim. Zero keeps none.
+	Slot time.Time
 	// HookPending, with State Failed, marks the record until HookDone:
 	// its dead-letter hook is due (Record.HookPending).
 	HookPending bool
@@ -153,7 +161,9 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 		e.assign(AttrLastError, e.s(":err", truncate(f.LastError, MaxLastError)))
 		e.assign(AttrListErr, e.s(":listErr", truncate(f.LastError, MaxListError)))
 	}
-	e.history(Attempt{N: rec.Attempt, At: now.UnixMilli(), State: f.State, Error: truncate(f.LastError, MaxAttemptError)})
+	if !f.Deferred {
+		e.history(Attempt{N: rec.Attempt, At: now.UnixMilli(), State: f.State, Error: truncate(f.LastError, MaxAttemptError)})
+	}
 	if !f.RunAt.IsZero() {
 		e.assign(AttrRunAt, e.i(":runAt", f.RunAt.UnixMilli()))
 	}
@@ -167,12 +177,26 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	if !f.ExpiresAt.IsZero() {
 		e.assign(AttrExpiresAt, e.i(":exp", TTL(f.ExpiresAt)))
 	}
-	if f.CutOff {
+	switch {
+	case f.Deferred: // the cut-offs stand
+		at, d, one := e.n(AttrAttempt), e.n(AttrDefers), e.i(":one", 1)
+		e.assign(AttrAttempt, at, " - ", one)
+		e.assign(AttrDefers, "if_not_exists(", d, ", ", e.i(":zero", 0), ") + ", one)
+	case f.CutOff:
 		at, co, one := e.n(AttrAttempt), e.n(AttrCutOffs), e.i(":one", 1)
 		e.assign(AttrAttempt, at, " - ", one)
 		e.assign(AttrCutOffs, "if_not_exists(", co, ", ", e.i(":zero", 0), ") + ", one)
-	} else {
+	default:
 		e.drop(AttrCutOffs)
+	}
+	if !f.Deferred && rec.Defers > 0 {
+		e.drop(AttrDefers) // a run ended (rec is the claim's, so this is the current count)
+	}
+	switch {
+	case f.Deferred && !f.Slot.IsZero():
+		e.assign(AttrSlot, e.i(":slot", f.Slot.UnixMilli()))
+	case rec.Slot != 0:
+		e.drop(AttrSlot)
 	}
 	e.cond = e.n(AttrID) + " = " + e.s(":id", rec.ID) + " AND " + e.n(AttrToken) + " = " + e.i(":token", rec.Token) +
 		" AND " + e.n(AttrState) + " = " + e.s(":proc", string(Processing))

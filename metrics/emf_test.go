@@ -98,7 +98,7 @@ func printableASCII(s string) bool {
 func TestEMFLines(t *testing.T) {
 	var out bytes.Buffer
 	r := metrics.New(&metrics.Options{Out: &out})
-	for _, m := range []string{metrics.Enqueued, metrics.Deduplicated, metrics.Rejected, metrics.Succeeded, metrics.Failed, metrics.Retried, metrics.Expired, metrics.Orphaned, metrics.CutOff} {
+	for _, m := range []string{metrics.Enqueued, metrics.Deduplicated, metrics.Rejected, metrics.Succeeded, metrics.Failed, metrics.Retried, metrics.Expired, metrics.Orphaned, metrics.CutOff, metrics.Deferred} {
 		r.Count(m, "orders.charge", "job-1")
 	}
 	r.Run(metrics.Succeeded, "orders/charge:v2", "job-2", 1500*time.Microsecond)
@@ -106,15 +106,15 @@ func TestEMFLines(t *testing.T) {
 		r.Count(metrics.Enqueued, bad, "job-3")
 	}
 	lines := bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n"))
-	if len(lines) != 16 {
-		t.Fatalf("%d lines, want 16", len(lines))
+	if len(lines) != 17 {
+		t.Fatalf("%d lines, want 17", len(lines))
 	}
 	for i, line := range lines {
 		if err := checkEMF(line); err != nil {
 			t.Errorf("line %d: %v\n%s", i, err, line)
 		}
 	}
-	for _, line := range lines[10:] {
+	for _, line := range lines[11:] {
 		if !bytes.Contains(line, []byte(`"Kind":"invalid-kind"`)) {
 			t.Errorf("a bad kind was written as it was: %s", line)
 		}

@@ -10,7 +10,8 @@
 //
 //	Enqueued, Deduplicated, Rejected     (Count, from producers)
 //	Succeeded, Failed, Retried, Expired,
-//	Orphaned, CutOff                     (Count, from the worker and DLQ consumer)
+//	Orphaned, CutOff, Deferred           (Count, from the worker and DLQ consumer;
+//	                                      Deferred: a claim flow control sent back)
 //	RunDuration                          (Milliseconds, one per run: the run and the write of its result)
 //
 // Each line also carries the job id as a property (not a dimension, so it
@@ -60,6 +61,7 @@ const (
 	Expired      = "Expired"
 	Orphaned     = "Orphaned"
 	CutOff       = "CutOff"
+	Deferred     = "Deferred"
 	RunDuration  = "RunDuration"
 )
 
@@ -93,7 +95,7 @@ type Recorder struct {
 }
 
 // names lists the metrics in the order an EMF line declares them.
-var names = []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, RunDuration}
+var names = []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, Deferred, RunDuration}
 
 // New returns a Recorder.
 func New(opts *Options) *Recorder {

@@ -112,9 +112,13 @@ type Change struct {
 	RunAt    int64 // Unix ms, for Scheduled
 }
 
-// needsCheck: the job just became runnable with no attempt spent.
+// needsCheck: the job just became runnable with no attempt spent. Not
+// when a worker gave the attempt back (a cut-off's first attempt, a run
+// deferred by flow control): that worker re-sends the job's message
+// before it deletes the one it holds, so a failed send leaves that one
+// to come back.
 func (c Change) needsCheck() bool {
-	return c.ID != "" && c.Attempt == 0 && c.State != c.OldState &&
+	return c.ID != "" && c.Attempt == 0 && c.State != c.OldState && c.OldState != ledger.Processing &&
 		(c.State == ledger.Enqueued || c.State == ledger.Scheduled)
 }
 

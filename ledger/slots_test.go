@@ -1,0 +1,109 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// A key's slots: Limit holders at once, a holder again keeps its slot, a
+// released slot is free at once, and a holder whose lease ended frees its
+// slot by itself; another key has its own.
+func TestAcquireHoldsTheLimit(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	start := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	s, clock := clockedStore(t, e.DB, e.Table, start)
+	key := s.HashKey("tenant-1")
+	lease := func(d time.Duration) time.Time { return s.Now().Add(d) }
+	for _, h := range []string{"a.1", "b.1"} {
+		if ok, _, err := s.Acquire(ctx, key, h, 2, lease(time.Minute)); err != nil || !ok {
+			t.Fatalf("%s: ok %v err %v", h, ok, err)
+		}
+	}
+	ok, freeAt, err := s.Acquire(ctx, key, "c.1", 2, lease(time.Minute))
+	if err != nil || ok || !freeAt.Equal(start.Add(time.Minute)) {
+		t.Fatalf("a third holder: ok %v freeAt %v err %v, want refused until %v", ok, freeAt, err, start.Add(time.Minute))
+	}
+	if ok, _, err := s.Acquire(ctx, key, "a.1", 2, lease(time.Minute)); err != nil || !ok {
+		t.Fatalf("a holder again: ok %v err %v", ok, err)
+	}
+	if ok, _, err := s.Acquire(ctx, s.HashKey("tenant-2"), "c.1", 2, lease(time.Minute)); err != nil || !ok {
+		t.Fatalf("another key: ok %v err %v", ok, err)
+	}
+	if err := s.ReleaseSlot(ctx, key, "a.1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseSlot(ctx, key, "a.1"); err != nil {
+		t.Fatalf("a second release: %v", err)
+	}
+	if ok, _, err := s.Acquire(ctx, key, "c.1", 2, lease(10*time.Minute)); err != nil || !ok {
+		t.Fatalf("after a release: ok %v err %v", ok, err)
+	}
+	// b.1's holder crashed: its lease ends and its slot is free.
+	if ok, _, _ := s.Acquire(ctx, key, "d.1", 2, lease(time.Minute)); ok {
+		t.Fatal("a third holder while b.1's lease lasts")
+	}
+	clock.Add(int64(time.Minute))
+	if ok, _, err := s.Acquire(ctx, key, "d.1", 2, lease(time.Minute)); err != nil || !ok {
+		t.Fatalf("after b.1's lease ended: ok %v err %v", ok, err)
+	}
+	if err := s.ReleaseSlot(ctx, s.HashKey("never-used"), "x.1"); err != nil {
+		t.Fatalf("releasing on a key never used: %v", err)
+	}
+	if _, _, err := s.Acquire(ctx, key, "e.1", 0, lease(time.Minute)); err == nil {
+		t.Fatal("a zero limit was accepted")
+	}
+}
+
+// The put applied and its reply was lost, or timed out: the resend fails
+// its version condition, the read shows the holder: one slot, held. A
+// throttle through the SDK's retries is an error and holds nothing; a
+// release whose reply was lost is done.
+func TestAcquireUnderFaults(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	ft, cfg := e.Faulty()
+	s, err := ledger.New(dynamodb.NewFromConfig(cfg), e.Table, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := s.HashKey("k")
+	until := s.Now().Add(time.Hour)
+	for _, f := range []faults.Fault{faults.LostReply, faults.Timeout} {
+		h := ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Fault: f})
+		if ok, _, err := s.Acquire(ctx, key, f.String(), 2, until); err != nil || !ok {
+			t.Fatalf("%s: ok %v, err %v", f, ok, err)
+		}
+		if h.Fired() != 1 {
+			t.Fatalf("%s: the fault did not fire", f)
+		}
+	}
+	if ok, _, err := s.Acquire(ctx, key, "third", 2, until); err != nil || ok {
+		t.Fatalf("after two lost replies the key holds more than two: ok %v err %v", ok, err)
+	}
+	h := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply})
+	if err := s.ReleaseSlot(ctx, key, faults.LostReply.String()); err != nil || h.Fired() != 1 {
+		t.Fatalf("a release whose reply was lost: %v (fired %d)", err, h.Fired())
+	}
+	if ok, _, err := s.Acquire(ctx, key, "third", 2, until); err != nil || !ok {
+		t.Fatalf("the lost-reply release did not free the slot: ok %v err %v", ok, err)
+	}
+	ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Fault: faults.Throttle, Times: faults.Attempts})
+	other := s.HashKey("other")
+	if _, _, err := s.Acquire(ctx, other, "a", 1, until); err == nil || errors.Is(err, ledger.ErrContended) {
+		t.Fatalf("a throttle past the retries: %v, want the throttle", err)
+	}
+	if ok, _, err := s.Acquire(ctx, other, "b", 1, until); err != nil || !ok {
+		t.Fatalf("the throttled acquire holds a slot: ok %v err %v", ok, err)
+	}
+}
