@@ -101,6 +101,108 @@ func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs
 	return res, nil
 }
 
+// ContinueWhenAll adds a fan-in continuation: a job that runs once after
+// every one of parents (2 to ledger.MaxParents distinct job ids) Succeeded,
+// and ends as the first parent that Failed or Expired did otherwise. Each
+// parent's success is counted once in the child's record (a set), so a
+// parent whose completion is replayed or whose reply was lost counts
+// once. Parents that already Succeeded count at once; one that already
+// Failed or Expired gives a *ParentEndedError and nothing is written; an
+// unknown one an *InputError. Requeueing a parent does not bring back a
+// fan-in child its failure ended (requeue the child once every parent
+// Succeeded).
+//
+// Cost: one read per parent, one write for the child, one link per
+// parent, and per parent's success one update of the child (a failed
+// conditional release and the set's update; the last one moves it to
+// Enqueued: one more).
+func (c *Client) ContinueWhenAll(ctx context.Context, parents []string, args JobArgs, opts *Opts) (Result, error) {
+	ctx, span := c.startSpan(ctx, "continue_when_all", attribute.Int("nexjob.parents", len(parents)))
+	res, err := c.continueWhenAll(ctx, parents, args, opts)
+	endSpan(span, res, err)
+	return res, err
+}
+
+func (c *Client) continueWhenAll(ctx context.Context, parents []string, args JobArgs, opts *Opts) (Result, error) {
+	var o Opts
+	if opts != nil {
+		o = *opts
+	}
+	if o.Delay != 0 || !o.RunAt.IsZero() {
+		return Result{}, invalid("Delay", "a continuation runs when its parents are done; Delay and RunAt do not apply")
+	}
+	if len(parents) < 2 || len(parents) > ledger.MaxParents {
+		return Result{}, invalid("parents", fmt.Sprintf("%d parents; ContinueWhenAll takes 2 to %d (ContinueWith takes one)", len(parents), ledger.MaxParents))
+	}
+	if len(slices.Compact(slices.Sorted(slices.Values(parents)))) != len(parents) {
+		return Result{}, invalid("parents", "a parent is named twice")
+	}
+	rec, err := c.newRecord(args, &o)
+	if err != nil {
+		return Result{}, err
+	}
+	if len(rec.Args) > ledger.MaxArgsBytes-2*len(parents)*64 {
+		return Result{}, invalid("args", fmt.Sprintf("%d bytes encoded; with %d parents the limit is %d", len(rec.Args), len(parents), ledger.MaxArgsBytes-2*len(parents)*64))
+	}
+	var done []string // parents that Succeeded already
+	for _, id := range parents {
+		p, err := c.store.Get(ctx, id)
+		switch {
+		case errors.Is(err, ledger.ErrBadID) || errors.Is(err, ledger.ErrNotFound):
+			return Result{}, &InputError{Field: "parents", Reason: "no such job", Err: err}
+		case err != nil:
+			return Result{}, c.missing(err)
+		case p.State == ledger.Failed || p.State == ledger.Expired:
+			return Result{}, &ParentEndedError{ParentID: id, State: p.State}
+		case p.State == ledger.Succeeded:
+			done = append(done, id)
+		}
+	}
+	rec.State, rec.Parents = ledger.AwaitingContinuation, slices.Clone(parents)
+	got, created, err := c.insert(ctx, rec, &o)
+	if err != nil || (!created && (got.State != ledger.AwaitingContinuation || !sameSet(got.Parents, rec.Parents))) {
+		return Result{ID: got.ID, State: got.State, Duplicate: !created}, err
+	}
+	// Link to every parent not done (again, for a duplicate: a retry after
+	// a crash between the writes must not leave a parent unlinked).
+	for _, id := range parents {
+		if slices.Contains(done, id) {
+			continue
+		}
+		cur, linked, err := c.store.Link(ctx, id, got.ID)
+		switch {
+		case errors.Is(err, ledger.ErrNotFound):
+			c.unlink(ctx, got, created, ledger.Failed, "parent job vanished before the continuation was linked")
+			return Result{}, &InputError{Field: "parents", Reason: "no such job", Err: err}
+		case errors.Is(err, ledger.ErrTooManyChildren):
+			c.unlink(ctx, got, created, ledger.Failed, err.Error())
+			return Result{}, &InputError{Field: "parents", Reason: err.Error(), Err: err}
+		case err != nil:
+			return Result{}, c.missing(err)
+		case !linked && (cur.State == ledger.Failed || cur.State == ledger.Expired):
+			c.unlink(ctx, got, created, cur.State, parentEnded(cur))
+			return Result{}, &ParentEndedError{ParentID: id, State: cur.State}
+		case !linked:
+			done = append(done, id) // it succeeded meanwhile
+		}
+	}
+	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
+	for _, id := range done {
+		rel, ok, err := c.store.ReleaseFrom(ctx, got.ID, id)
+		if err != nil {
+			return res, c.missing(err)
+		}
+		res.State = rel.State
+		if ok {
+			if err := c.Dispatch(ctx, rel); err != nil {
+				return res, &DispatchError{JobID: rel.ID, Err: c.missing(err)}
+			}
+		}
+	}
+	c.log.InfoContext(ctx, "nexjob: fan-in continuation added", "job_id", got.ID, "parents", len(parents), "state", res.State, "duplicate", res.Duplicate)
+	return res, nil
+}
+
 // ReleaseContinuations enqueues and sends every child waiting on parent.
 // Each child is released by one conditional update, so replaying a
 // release (a parent's completion retried) releases nothing twice; a child
@@ -108,7 +210,7 @@ func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs
 func (c *Client) ReleaseContinuations(ctx context.Context, parent ledger.Record) error {
 	var errs []error
 	for _, id := range parent.Children {
-		rec, released, err := c.store.Release(ctx, id)
+		rec, released, err := c.store.ReleaseFrom(ctx, id, parent.ID)
 		switch {
 		case errors.Is(err, ledger.ErrNotFound):
 			continue
@@ -395,4 +497,10 @@ func (c *Client) Delete(ctx context.Context, jobID string) error {
 	}
 	c.unschedule(ctx, jobID)
 	return nil
+}
+
+// sameSet reports whether a and b hold the same strings (a DynamoDB set
+// comes back in any order).
+func sameSet(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }

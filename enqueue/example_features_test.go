@@ -139,3 +139,19 @@ func ExampleRateLimit() {
 	// enqueue 2 accepted: true
 	// enqueue 3 refused; a slot frees in about 60 minutes
 }
+
+// Fan-in: the summary email goes out once both welcome emails were sent.
+func ExampleClient_ContinueWhenAll() {
+	c, work := exampleSetup("fanin")
+	ctx := context.Background()
+	a, _ := c.Enqueue(ctx, seedjobs.WelcomeEmail{UserID: "1", Email: "a@example.com"}, nil)
+	b, _ := c.Enqueue(ctx, seedjobs.WelcomeEmail{UserID: "2", Email: "b@example.com"}, nil)
+	summary, err := c.ContinueWhenAll(ctx, []string{a.ID, b.ID}, seedjobs.WelcomeEmail{UserID: "ops", Email: "ops@example.com"}, nil)
+	fmt.Println("summary:", summary.State, err)
+	work()
+	rec, _ := c.Store().Get(ctx, summary.ID)
+	fmt.Println("summary after both:", rec.State, "parents counted:", len(rec.Released))
+	// Output:
+	// summary: AwaitingContinuation <nil>
+	// summary after both: Succeeded parents counted: 2
+}

@@ -47,8 +47,44 @@ func (s *Store) Link(ctx context.Context, parentID, childID string) (Record, boo
 // Release moves a waiting continuation to Enqueued: one update conditional
 // on it still waiting, so a child is released once however many times its
 // parent's completion is replayed. released=false means it was not waiting.
+// A fan-in child (Record.Parents) is not released by this: see ReleaseFrom.
 func (s *Store) Release(ctx context.Context, childID string) (Record, bool, error) {
-	return s.move(ctx, childID, []State{AwaitingContinuation}, Enqueued, "", time.Time{})
+	st := expression.Name(AttrState)
+	cond := isJob(childID).And(st.Equal(expression.Value(AwaitingContinuation))).And(expression.AttributeNotExists(expression.Name(AttrParents)))
+	return s.transition(ctx, childID, cond, expression.Set(st, expression.Value(Enqueued)), Enqueued, "", time.Time{})
+}
+
+// ReleaseFrom counts parentID's success for the waiting continuation
+// childID: a single-parent child is released (Release); a fan-in child
+// has parentID added to its Released set (one update; a set, so counting
+// a parent again, a replay or a resend whose reply was lost, changes
+// nothing), and is released by a second update once the set holds every
+// parent. released=false means it is not released by this call: still
+// waiting for other parents, or not waiting (the current record says).
+func (s *Store) ReleaseFrom(ctx context.Context, childID, parentID string) (Record, bool, error) {
+	rec, released, err := s.Release(ctx, childID)
+	if err != nil || released || rec.State != AwaitingContinuation || len(rec.Parents) == 0 {
+		return rec, released, err
+	}
+	st := expression.Name(AttrState)
+	cond := isJob(childID).And(st.Equal(expression.Value(AwaitingContinuation))).
+		And(expression.Contains(expression.Name(AttrParents), parentID))
+	rec, err = s.updateByID(ctx, childID, cond, expression.Add(expression.Name(AttrReleased), expression.Value(stringSet(parentID))))
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, false, nil // released meanwhile, ended, or not a parent of it
+	}
+	if err != nil {
+		return Record{}, false, err
+	}
+	for _, p := range rec.Parents {
+		if !slices.Contains(rec.Released, p) {
+			return rec, false, nil // waiting for p
+		}
+	}
+	cond = isJob(childID).And(st.Equal(expression.Value(AwaitingContinuation))).
+		And(expression.Size(expression.Name(AttrReleased)).Equal(expression.Value(len(rec.Parents))))
+	return s.transition(ctx, childID, cond, expression.Set(st, expression.Value(Enqueued)), Enqueued, "", time.Time{})
 }
 
 // Cancel ends a waiting continuation as its parent ended (Failed or

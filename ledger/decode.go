@@ -101,6 +101,10 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Defers, err = integer(av)
 		case AttrSlot:
 			r.Slot, err = num(av)
+		case AttrParents:
+			r.Parents, err = strs(av)
+		case AttrReleased:
+			r.Released, err = strs(av)
 		}
 		if err != nil {
 			return Record{}, fmt.Errorf("attribute %q: %w", name, err)

@@ -50,6 +50,10 @@ func TestDecodeRecordAgrees(t *testing.T) {
 		if b() {
 			want.Children = []string{"c" + strconv.Itoa(i), "d" + strconv.Itoa(i)}
 		}
+		if b() {
+			want.Parents = []string{"p" + strconv.Itoa(i), "q" + strconv.Itoa(i)}
+			want.Released = []string{"p" + strconv.Itoa(i)}
+		}
 		item, err := attributevalue.MarshalMap(want)
 		if err != nil {
 			t.Fatal(err)
@@ -72,7 +76,7 @@ func TestDecodeRecordAgrees(t *testing.T) {
 	}
 	// Every field was exercised: a Record field added later and not drawn
 	// above would stay zero in every record and pass unnoticed.
-	if got, want := reflect.TypeFor[Record]().NumField(), 38; got != want {
+	if got, want := reflect.TypeFor[Record]().NumField(), 40; got != want {
 		t.Fatalf("Record has %d fields, this test draws %d: draw the new ones and teach decodeRecord them", got, want)
 	}
 }

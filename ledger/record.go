@@ -92,6 +92,12 @@ type Record struct {
 	// it was deferred (Finish.Slot): its next claim starts on it instead
 	// of taking another. Any run's end clears it.
 	Slot int64 `dynamodbav:"slot,omitempty"`
+	// Parents are a fan-in continuation's parents (enqueue's
+	// ContinueWhenAll), Released those whose success has counted: it is
+	// released when Released holds every parent. A set, so a parent's
+	// release counted twice (a replay, a lost reply) counts once.
+	Parents  []string `dynamodbav:"parents,stringset,omitempty"`
+	Released []string `dynamodbav:"released,stringset,omitempty"`
 }
 
 // ExpiredAt reports whether the record is past its retention at now: such a

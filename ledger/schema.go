@@ -47,6 +47,8 @@ const (
 	AttrHookUntil    = "hookUntil"   // unix ms: end of the lease on the due hook (Record.HookUntil)
 	AttrDefers       = "defers"      // runs deferred in a row by flow control (Record.Defers)
 	AttrSlot         = "slot"        // unix ms: the throttle slot a deferred run holds (Record.Slot)
+	AttrParents      = "parents"     // string set: a fan-in continuation's parents (Record.Parents)
+	AttrReleased     = "released"    // string set: the parents that released it (Record.Released)
 )
 
 // DeadLetterKind is the kind of the records that keep messages that were

@@ -120,6 +120,9 @@ const (
 	MaxArgsBytes = maxItemBytes - reserveBytes
 	// MaxChildren bounds the continuations of one job.
 	MaxChildren = 100
+	// MaxParents bounds the parents of one fan-in continuation; their
+	// ids (twice: Parents and Released) come out of its args' room.
+	MaxParents = 16
 )
 
 // InsertOptions are Insert's choices; nil is the zero value of each.
