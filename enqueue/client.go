@@ -230,6 +230,10 @@ type Opts struct {
 	// written, when its key already had Limit enqueues in the last
 	// Period (see RateLimit). Defaults to none.
 	RateLimit *RateLimit
+	// Debounce folds a burst of enqueues with one key into one run (see
+	// Debounce). Exclusive with IdempotencyKey, Delay and RunAt. Defaults
+	// to none.
+	Debounce *Debounce
 }
 
 // Result is the outcome of an accepted enqueue.
@@ -241,6 +245,9 @@ type Result struct {
 	// Redispatched: the duplicate's job had apparently never been sent
 	// (see ClientOptions.RedispatchAfter), and this call sent it.
 	Redispatched bool
+	// Folded: a Debounce enqueue whose args went into the pending job ID
+	// (its run moved later); no new job was written.
+	Folded bool
 }
 
 // Enqueue records a job and sends it to SQS.
@@ -257,7 +264,12 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 		return Result{}, err
 	}
 	ctx, span := c.startSpan(ctx, "enqueue", attribute.String("nexjob.kind", rec.Kind))
-	res, err := c.submit(ctx, rec, &o)
+	var res Result
+	if o.Debounce != nil {
+		res, err = c.debounce(ctx, rec, &o)
+	} else {
+		res, err = c.submit(ctx, rec, &o)
+	}
 	endSpan(span, res, err)
 	return res, err
 }
@@ -330,7 +342,7 @@ func (c *Client) unsent(rec ledger.Record) bool {
 }
 
 func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, error) {
-	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy, &ledger.InsertOptions{ReplaceEnded: o.ReplaceEnded})
+	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy, &ledger.InsertOptions{ReplaceEnded: o.ReplaceEnded, ID: rec.ID})
 	var uo *ledger.UnknownOutcomeError
 	if errors.As(err, &uo) {
 		// The write may have been applied (its reply lost, the caller's
@@ -383,6 +395,9 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 		return ledger.Record{}, invalid("RequestID", "longer than 512 bytes")
 	}
 	if err := o.RateLimit.check(); err != nil {
+		return ledger.Record{}, err
+	}
+	if err := o.Debounce.check(o); err != nil {
 		return ledger.Record{}, err
 	}
 	if o.RequestID != "" && o.IdempotencyKey == "" {

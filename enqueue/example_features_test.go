@@ -155,3 +155,28 @@ func ExampleClient_ContinueWhenAll() {
 	// summary: AwaitingContinuation <nil>
 	// summary after both: Succeeded parents counted: 2
 }
+
+// Debounce: a user saving their profile five times in a row sends one
+// "profile changed" email, with the last version, 5 s after the last save.
+func ExampleDebounce() {
+	c, _ := exampleSetup("debounce")
+	ctx := context.Background()
+	opts := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "profile-changed:user-1", Period: 5 * time.Second, MaxWait: time.Minute}}
+	var first string
+	for i := range 5 {
+		res, err := c.Enqueue(ctx, seedjobs.WelcomeEmail{UserID: "1", Email: fmt.Sprintf("v%d@example.com", i)}, opts)
+		if i == 0 {
+			first = res.ID
+		}
+		fmt.Printf("save %d: folded %v into the first job %v (%v)\n", i+1, res.Folded, res.ID == first, err)
+	}
+	rec, _ := c.Store().Get(ctx, first)
+	fmt.Println("its args:", rec.Args)
+	// Output:
+	// save 1: folded false into the first job true (<nil>)
+	// save 2: folded true into the first job true (<nil>)
+	// save 3: folded true into the first job true (<nil>)
+	// save 4: folded true into the first job true (<nil>)
+	// save 5: folded true into the first job true (<nil>)
+	// its args: {"userId":"1","email":"v4@example.com"}
+}

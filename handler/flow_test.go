@@ -315,4 +315,15 @@ func TestFlowControlCosts(t *testing.T) {
 			t.Fatal("not refused")
 		}
 	})
+	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "d", Period: time.Minute}}
+	step("a debounced enqueue that starts a window", []string{get, put, put, send}, func() {
+		if res, err := c.Enqueue(ctx, costedJob{5}, db); err != nil || res.Folded {
+			t.Fatal(res, err)
+		}
+	})
+	step("a debounced enqueue folded", []string{get, upd}, func() {
+		if res, err := c.Enqueue(ctx, costedJob{6}, db); err != nil || !res.Folded {
+			t.Fatal(res, err)
+		}
+	})
 }

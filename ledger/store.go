@@ -136,6 +136,10 @@ type InsertOptions struct {
 	// nothing, listing no longer shows it. Recurring firings use it, so
 	// that every firing costs what the first does.
 	ReplaceEnded bool
+	// ID, for an unkeyed job, is its id (from NewJobID) instead of a
+	// fresh one: a caller that names the job elsewhere first (a debounce
+	// key's pointer) writes it under that name.
+	ID string
 }
 
 // Insert writes a new job unless the idempotency key says otherwise. rec
@@ -160,6 +164,9 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	}
 	now := s.now()
 	rec = s.stamp(rec, key, policy, now)
+	if key == "" && opts != nil && opts.ID != "" {
+		rec.ID, rec.PK = opts.ID, jobPrefix+opts.ID
+	}
 	if key == "" {
 		err := s.put(ctx, rec, absent())
 		var held *heldError

@@ -1,0 +1,117 @@
+package enqueue
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
+)
+
+// Debounce folds a burst of enqueues into one run: every enqueue with Key
+// while its job is pending (Scheduled, never claimed) puts its args into
+// that job and moves its run to Period after itself, but never later than
+// MaxWait after the burst's first enqueue. The job runs once, with the
+// last args. An enqueue that finds the job claimed (running, or ended)
+// starts the next window: a new job. Result.Folded says an enqueue went
+// into an existing job, Result.ID which.
+//
+// The key names a small pointer item (pk "d#<key hash>", hashed as
+// idempotency keys are) that says which job is pending; it is written
+// before the job, so a crash between the two leaves a pointer to no job,
+// and the next enqueue starts a window. Lost replies: a fold is an update
+// that recognises its own write; the pointer's put names our new job, so
+// a resend that meets it reads as applied.
+//
+// Cost: a fold is one consistent read of the pointer and one UpdateItem of
+// the job (1 write unit, +2 index: the job is Scheduled); a new window is
+// the read, a PutItem of the pointer, the job's PutItem and its send.
+// The pending job's message is not re-sent by a fold: when it comes at
+// the old run time it finds the run later and is carried forward.
+type Debounce struct {
+	Key     string        // 1 to ledger.MaxKeyLen bytes of UTF-8
+	Period  time.Duration // 1 s to MaxScheduleAhead
+	MaxWait time.Duration // 0: no bound (a burst that never pauses never runs); else 1 s to MaxScheduleAhead
+}
+
+func (d *Debounce) check(o *Opts) error {
+	switch {
+	case d == nil:
+		return nil
+	case d.Key == "" || len(d.Key) > ledger.MaxKeyLen || !utf8.ValidString(d.Key):
+		return invalid("Debounce.Key", fmt.Sprintf("must be 1 to %d bytes of UTF-8", ledger.MaxKeyLen))
+	case d.Period < time.Second || d.Period > MaxScheduleAhead:
+		return invalid("Debounce.Period", fmt.Sprintf("%s is outside 1s to %s", d.Period, MaxScheduleAhead))
+	case d.MaxWait != 0 && (d.MaxWait < time.Second || d.MaxWait > MaxScheduleAhead):
+		return invalid("Debounce.MaxWait", fmt.Sprintf("%s is outside 1s to %s", d.MaxWait, MaxScheduleAhead))
+	case o.IdempotencyKey != "" || o.Delay != 0 || !o.RunAt.IsZero():
+		return invalid("Debounce", "the debounce key decides the job and its run time: IdempotencyKey, Delay and RunAt do not apply")
+	}
+	return nil
+}
+
+// errDebounceContended: enqueues with one key kept pointing it at new
+// jobs faster than this one could fold into any (a burst racing a worker
+// that claims each new job at once). Nothing was written.
+var errDebounceContended = errors.New("nexjob: debounce key contended; try again")
+
+// debounce folds rec into its key's pending job, or starts a window.
+func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) (Result, error) {
+	d := o.Debounce
+	key := c.store.HashKey("debounce:" + d.Key)
+	for range 10 {
+		id, until, ver, err := c.store.Debounced(ctx, key)
+		if err != nil {
+			return Result{}, c.missing(err)
+		}
+		now := c.store.Now()
+		if id != "" {
+			runAt := now.Add(d.Period)
+			if !until.IsZero() && until.Before(runAt) {
+				runAt = until
+			}
+			got, folded, err := c.store.Fold(ctx, id, rec.Kind, rec.Args, runAt)
+			switch {
+			case errors.Is(err, ledger.ErrItemTooLarge):
+				return Result{}, &InputError{Field: "args", Reason: "too large for a job record", Err: err}
+			case err != nil && !errors.Is(err, ledger.ErrNotFound):
+				return Result{}, c.missing(err)
+			case folded:
+				c.log.InfoContext(ctx, "nexjob: enqueue folded into the debounced job", "job_id", got.ID, "kind", got.Kind)
+				c.metrics.Count(metrics.Deduplicated, got.Kind, got.ID)
+				return Result{ID: got.ID, Kind: got.Kind, State: got.State, Folded: true}, nil
+			case err == nil && got.Kind != rec.Kind && got.State == ledger.Scheduled && got.Attempt == 0:
+				return Result{}, &KeyKindError{ExistingJobID: got.ID, ExistingKind: got.Kind, Kind: rec.Kind}
+			}
+		}
+		// A new window: point the key at a new job, then write it.
+		rec.ID = ledger.NewJobID()
+		end := time.Time{}
+		if d.MaxWait > 0 {
+			end = now.Add(d.MaxWait)
+		}
+		ok, err := c.store.PointDebounce(ctx, key, rec.ID, windowEnd(end, now), ver)
+		if err != nil {
+			return Result{}, c.missing(err)
+		}
+		if !ok {
+			continue // another enqueue started the window: fold into its job
+		}
+		rec.State, rec.RunAt = ledger.Scheduled, now.Add(min(d.Period, cmp.Or(d.MaxWait, d.Period))).UnixMilli()
+		return c.submit(ctx, rec, o)
+	}
+	return Result{}, errDebounceContended
+}
+
+// windowEnd is the pointer's window end: MaxWait's, or (no bound) the
+// longest schedule, which the pointer's TTL follows.
+func windowEnd(end, now time.Time) time.Time {
+	if end.IsZero() {
+		return now.Add(MaxScheduleAhead)
+	}
+	return end
+}

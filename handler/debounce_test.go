@@ -1,0 +1,129 @@
+package handler_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// A burst of 50 debounced enqueues becomes one job and one run, with the
+// last args; the first starts the window, the 49 others are folded into
+// it. An enqueue after the job ran starts the next window.
+func TestDebounceFoldsABurstIntoOneRun(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var ran []string
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		ran = append(ran, j.Args.To)
+		return nil
+	}, nil)
+	ctx := context.Background()
+	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "user-7:profile-changed", Period: 2 * time.Second}}
+	var id string
+	for i := range 50 {
+		res, err := r.prod.Enqueue(ctx, email{To: fmt.Sprintf("v%d@example.com", i)}, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			id = res.ID
+			if res.Folded {
+				t.Fatal("the first enqueue was folded into something")
+			}
+			continue
+		}
+		if !res.Folded || res.ID != id {
+			t.Fatalf("enqueue %d: %+v, want folded into %s", i, res, id)
+		}
+	}
+	r.drain(t)
+	if len(ran) != 1 || ran[0] != "v49@example.com" {
+		t.Fatalf("runs %v, want one with the last args", ran)
+	}
+	expect(t, r.get(t, id), ledger.Succeeded, 1, "")
+	next, err := r.prod.Enqueue(ctx, email{To: "after@example.com"}, db)
+	if err != nil || next.Folded || next.ID == id {
+		t.Fatalf("after the run: %+v %v, want a new window", next, err)
+	}
+	r.drain(t)
+	if len(ran) != 2 || ran[1] != "after@example.com" {
+		t.Fatalf("runs %v, want a second run with the new args", ran)
+	}
+}
+
+// MaxWait bounds a burst that never pauses: folds move the run later,
+// never past MaxWait after the first enqueue. Bad Debounce options are
+// *InputErrors.
+func TestDebounceMaxWait(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	ctx := context.Background()
+	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "k", Period: time.Hour, MaxWait: 3 * time.Second}}
+	first, err := r.prod.Enqueue(ctx, email{To: "a@example.com"}, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := r.get(t, first.ID)
+	for range 3 {
+		r.clock.Advance(time.Second)
+		if res, err := r.prod.Enqueue(ctx, email{To: "b@example.com"}, db); err != nil || !res.Folded {
+			t.Fatalf("%+v %v", res, err)
+		}
+	}
+	if got := r.get(t, first.ID); got.RunAt > start.CreatedAt+3000 || got.RunAt < start.CreatedAt+2900 {
+		t.Fatalf("run at +%d ms after three folds a second apart, want MaxWait, +3000", got.RunAt-start.CreatedAt)
+	}
+	for _, bad := range []*enqueue.Opts{
+		{Debounce: &enqueue.Debounce{Key: "", Period: time.Second}},
+		{Debounce: &enqueue.Debounce{Key: "k", Period: time.Millisecond}},
+		{Debounce: &enqueue.Debounce{Key: "k", Period: time.Minute, MaxWait: time.Millisecond}},
+		{Debounce: &enqueue.Debounce{Key: "k", Period: time.Second}, IdempotencyKey: "x"},
+	} {
+		if _, err := r.prod.Enqueue(ctx, email{To: "x@example.com"}, bad); err == nil {
+			t.Errorf("%+v accepted", bad.Debounce)
+		}
+	}
+}
+
+// A fold applied with its reply lost is recognised (one job, folded); a
+// pointer's put applied with its reply lost names our job (one job, not
+// two).
+func TestDebounceUnderFaults(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	ft, cfg := r.e.Faulty()
+	prod, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "faulty", Period: time.Hour}}
+	lostPut := ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Fault: faults.LostReply})
+	first, err := prod.Enqueue(ctx, email{To: "a@example.com"}, db)
+	if err != nil || first.Folded || lostPut.Fired() != 1 {
+		t.Fatalf("with the pointer's reply lost: %+v %v (fired %d)", first, err, lostPut.Fired())
+	}
+	lostFold := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply})
+	second, err := prod.Enqueue(ctx, email{To: "b@example.com"}, db)
+	if err != nil || !second.Folded || second.ID != first.ID || lostFold.Fired() != 1 {
+		t.Fatalf("with the fold's reply lost: %+v %v (fired %d), want folded into %s", second, err, lostFold.Fired(), first.ID)
+	}
+	jobs := 0
+	for _, rec := range r.e.Records(t) {
+		if rec.ID != "" {
+			jobs++
+		}
+	}
+	if got := r.get(t, first.ID); jobs != 1 || got.Args != `{"To":"b@example.com"}` {
+		t.Fatalf("%d jobs, args %s; want one job with the last args", jobs, got.Args)
+	}
+}
