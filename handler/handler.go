@@ -309,8 +309,9 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	if msg.RunAt > now.UnixMilli() {
 		return h.carryForward(ctx, msg, now)
 	}
+	byCheck := false
 	if msg.Check {
-		run, err := h.stillWaiting(ctx, msg, now)
+		run, first, err := h.stillWaiting(ctx, msg, now)
 		if err != nil {
 			// The read failed (a throttle past the SDK's retries): the
 			// check comes back rather than vanish.
@@ -320,6 +321,7 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		if !run {
 			return true // the job's own message did its work
 		}
+		byCheck = first
 	}
 	e, known := h.reg.lookup(msg.Kind)
 	var timeout time.Duration
@@ -327,7 +329,11 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		timeout = e.opts.Timeout
 	}
 	lease, deadline, cause := h.lease(ctx, now, timeout)
-	rec, err := h.store.Claim(ctx, msg.ID, lease)
+	claim := h.store.Claim
+	if byCheck {
+		claim = h.store.ClaimByCheck
+	}
+	rec, err := claim(ctx, msg.ID, lease)
 	var nc *ledger.NotClaimableError
 	switch {
 	case errors.As(err, &nc):
@@ -397,35 +403,34 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	return h.run(ctx, e, rec, deadline, cause)
 }
 
-// stillWaiting answers a dispatch guard's check: is the job waiting past
-// its run time, never started, or due again (a retry) with no run going?
-// One eventually consistent read; a stale answer costs at most a refused
-// claim.
-// A job that is gone is no error: there is nothing to run.
-func (h *Handler) stillWaiting(ctx context.Context, msg enqueue.Message, now time.Time) (bool, error) {
+// stillWaiting answers a dispatch guard's check: run tells whether the
+// check message goes on to the claim. It does for a job waiting past its
+// run time and never started (first: its claim marks the record
+// ByCheck), and for a job that a check started before (ByCheck): that
+// message is the job's only one, back after a retry whose send failed, a
+// worker killed mid-run or between its result's write and the send, and it
+// is handled as the job's own from then on (10k soaks, seeds
+// 1796411833611391690 and 1796415236576371073: the check was deleted, and
+// the job stayed Scheduled, or Processing, for good). One eventually
+// consistent read; a stale answer costs at most a refused claim. A job
+// that is gone is no error: there is nothing to run.
+func (h *Handler) stillWaiting(ctx context.Context, msg enqueue.Message, now time.Time) (run, first bool, err error) {
 	rec, err := h.store.Peek(ctx, msg.ID)
 	if errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrBadID) {
-		return false, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	waiting := rec.State == ledger.Enqueued || rec.State == ledger.Scheduled && rec.RunAt <= now.UnixMilli()
 	switch {
+	case rec.ByCheck:
+		return true, false, nil
 	case waiting && rec.Attempt == 0:
 		h.log.WarnContext(ctx, "nexjob: job was never sent; the guard's check runs it", "job_id", rec.ID, "kind", rec.Kind)
-		return true, nil
-	case waiting:
-		// Started, and due again with no run going: if the check started
-		// it (the job had never been sent), this message is its only one,
-		// back after a retry whose send failed or whose worker was killed
-		// between the result's write and the send. It runs (10k soak,
-		// seed 1796411833611391690: the check was deleted and the retry
-		// never ran). Otherwise the retry's own message is on its way:
-		// the claim is conditional, so one of the two runs it.
-		return true, nil
+		return true, true, nil
 	}
-	return false, nil
+	return false, false, nil
 }
 
 // lease returns the claim's lease, the run's deadline and the cause its
@@ -625,20 +630,33 @@ func (h *Handler) measure(ctx context.Context, out ledger.Record, f ledger.Finis
 // message come back would run it again or call it an orphan. The retry is
 // safe: Finish recognises its own earlier write.
 func (h *Handler) record(ctx context.Context, rec ledger.Record, f ledger.Finish) (ledger.Record, error) {
+	var out ledger.Record
+	err := h.retrying(ctx, rec.LeaseUntil, "recording the result", rec.ID, func() (err error) {
+		out, err = h.store.Finish(ctx, rec, f)
+		return err
+	})
+	return out, err
+}
+
+// retrying calls write until it succeeds or fails for a reason that is
+// not passing (see transient), with backoff (100 ms doubling to 2 s),
+// while the lease ending at until (unix ms, on the ledger's clock) and the
+// context last. Each write it retries must recognise its own earlier try.
+func (h *Handler) retrying(ctx context.Context, until int64, what, id string, write func() error) error {
 	// The lease is on the ledger's clock; wait in real time.
-	until := time.Now().Add(ledger.Millis(rec.LeaseUntil).Sub(h.store.Now()))
-	if dl, ok := ctx.Deadline(); ok && dl.Before(until) {
-		until = dl
+	end := time.Now().Add(ledger.Millis(until).Sub(h.store.Now()))
+	if dl, ok := ctx.Deadline(); ok && dl.Before(end) {
+		end = dl
 	}
 	wait := 100 * time.Millisecond
 	for {
-		out, err := h.store.Finish(ctx, rec, f)
-		if err == nil || !transient(err) || time.Now().Add(wait).After(until) {
-			return out, err
+		err := write()
+		if err == nil || !transient(err) || time.Now().Add(wait).After(end) {
+			return err
 		}
-		h.log.WarnContext(ctx, "nexjob: recording the result failed; trying again", "job_id", rec.ID, "err", err, "in", wait)
+		h.log.WarnContext(ctx, "nexjob: "+what+" failed; trying again", "job_id", id, "err", err, "in", wait)
 		if sleepCtx(ctx, wait) != nil {
-			return out, err
+			return err
 		}
 		wait = min(2*wait, 2*time.Second)
 	}
@@ -721,7 +739,14 @@ func (h *Handler) runHook(ctx context.Context, rec ledger.Record, cause error) {
 	if !rec.HookPending {
 		return
 	}
-	if err := h.store.HookDone(ctx, rec); err != nil {
+	// Retried while this worker holds the hook (10k soak, seed
+	// 1796415236576371073: one throttled clear, and the next delivery ran
+	// the hook again). HookDone of a cleared mark is no error.
+	until := rec.HookUntil
+	if until == 0 {
+		until = h.store.Now().Add(5 * time.Second).UnixMilli()
+	}
+	if err := h.retrying(ctx, until, "clearing the dead-letter hook's mark", rec.ID, func() error { return h.store.HookDone(ctx, rec) }); err != nil {
 		// The hook ran; the mark stays, and a later delivery of this
 		// job's message (if any) would run it again.
 		h.log.WarnContext(ctx, "nexjob: clearing the dead-letter hook's mark failed", "job_id", rec.ID, "err", err)

@@ -1,6 +1,7 @@
 package handler_test
 
 import (
+	"bytes"
 	"fmt"
 
 	"context"
@@ -16,6 +17,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -275,5 +277,31 @@ func TestRequeuedJobWaitsForAHeldHook(t *testing.T) {
 	if got := e.Get(t, res.ID); runs.Load() != 1 || hooks.Load() != 2 || got.State != ledger.Failed || got.HookPending {
 		t.Fatalf("after the lease: %d runs, %d hooks, %s mark %v; want 1 run, 2 hooks (each failure's), Failed, cleared",
 			runs.Load(), hooks.Load(), got.State, got.HookPending)
+	}
+}
+
+// TestHookMarkClearedThroughAThrottle (10k soak, seed
+// 1796415236576371073): the write that clears the hook's mark throttled
+// past the SDK's retries is tried again while the worker holds the hook:
+// the mark is cleared and the hook runs once. It was left, and the next
+// delivery ran the hook again.
+func TestHookMarkClearedThroughAThrottle(t *testing.T) {
+	t.Parallel()
+	var hooks atomic.Int32
+	r := newRigWith(t, func(context.Context, *handler.Job[email]) error {
+		return handler.Permanent(errors.New("mailbox gone"))
+	}, rigConfig{faults: true, queue: fastQueue, hook: func(context.Context, ledger.Record, error) error {
+		hooks.Add(1)
+		return nil
+	}})
+	h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts, Match: func(b []byte) bool {
+		return bytes.Contains(b, []byte("attribute_exists")) && bytes.Contains(b, []byte(ledger.AttrHookPending))
+	}})
+	id := r.enqueue(t, email{To: "gone@example.com"}, nil)
+	r.drain(t)
+	fired(t, h, faults.Attempts)
+	got := r.get(t, id)
+	if got.State != ledger.Failed || got.HookPending || hooks.Load() != 1 {
+		t.Fatalf("%s, mark %v, %d hook runs; want Failed, cleared, 1", got.State, got.HookPending, hooks.Load())
 	}
 }

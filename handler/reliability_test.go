@@ -402,3 +402,30 @@ func TestGuardCheckRunsARetryLeftUnsent(t *testing.T) {
 	fired(t, h, faults.Attempts)
 	expect(t, r.get(t, rec.ID), ledger.Succeeded, 2, "")
 }
+
+// TestGuardCheckResumesAJobItStarted (10k soak, seed
+// 1796415236576371073): the guard's check started a job that was never
+// sent, and the worker was killed mid-run. The check message, the job's
+// only one, comes back after the lease: it takes the orphan over as the
+// job's own message would. It was deleted (the job was not "waiting"),
+// and the job stayed Processing for good.
+func TestGuardCheckResumesAJobItStarted(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, ok, rigConfig{queue: fastQueue})
+	ctx := context.Background()
+	rec, _, err := r.prod.Store().Insert(ctx, ledger.Record{Kind: email{}.Kind(), Args: `{"To":"lost@example.com"}`, State: ledger.Enqueued, MaxAttempts: 3}, "", ledger.AllowAfterFailed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The check's claim, by a worker killed before the run ended.
+	if _, err := r.prod.Store().ClaimByCheck(ctx, rec.ID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	r.clock.Advance(2 * time.Minute)
+	check := enqueue.Message{V: 1, ID: rec.ID, Kind: rec.Kind, RunAt: r.clock.Now().UnixMilli(), Check: true}
+	if err := r.prod.Send(ctx, check, 0); err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	expect(t, r.get(t, rec.ID), ledger.Succeeded, 2, "")
+}

@@ -98,6 +98,10 @@ type Record struct {
 	// release counted twice (a replay, a lost reply) counts once.
 	Parents  []string `dynamodbav:"parents,stringset,omitempty"`
 	Released []string `dynamodbav:"released,stringset,omitempty"`
+	// ByCheck marks a job the dispatch guard's check message claimed (it
+	// had never been sent): that message is the job's only one, and is
+	// handled as its own from then on (ClaimByCheck).
+	ByCheck bool `dynamodbav:"byCheck,omitempty"`
 }
 
 // ExpiredAt reports whether the record is past its retention at now: such a

@@ -49,6 +49,7 @@ const (
 	AttrSlot         = "slot"        // unix ms: the throttle slot a deferred run holds (Record.Slot)
 	AttrParents      = "parents"     // string set: a fan-in continuation's parents (Record.Parents)
 	AttrReleased     = "released"    // string set: the parents that released it (Record.Released)
+	AttrByCheck      = "byCheck"     // true once the guard's check message claimed the job (Record.ByCheck)
 )
 
 // DeadLetterKind is the kind of the records that keep messages that were

@@ -37,6 +37,18 @@ var ErrFenced = errors.New("nexjob: lease lost; a newer run owns the job")
 // A job that exists but may not run now gives a *NotClaimableError with the
 // current record; a missing job or one past its retention, ErrNotFound.
 func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Record, error) {
+	return s.claim(ctx, id, lease, false)
+}
+
+// ClaimByCheck is Claim made by the dispatch guard's check message of a
+// job that was never sent: it also marks the record (Record.ByCheck), so
+// that the check message, the job's only one, is handled as the job's own
+// from then on.
+func (s *Store) ClaimByCheck(ctx context.Context, id string, lease time.Duration) (Record, error) {
+	return s.claim(ctx, id, lease, true)
+}
+
+func (s *Store) claim(ctx context.Context, id string, lease time.Duration, byCheck bool) (Record, error) {
 	now := s.now()
 	e := newWriteExpr()
 	st, at, nowMs := e.n(AttrState), e.n(AttrAttempt), e.i(":now", now.UnixMilli())
@@ -50,6 +62,10 @@ func (s *Store) Claim(ctx context.Context, id string, lease time.Duration) (Reco
 	e.assign(AttrUpdatedAt, nowMs)
 	e.assign(AttrAttempt, at, " + ", one)
 	e.assign(AttrToken, e.n(AttrToken), " + ", one)
+	if byCheck {
+		e.values[":byCheck"] = &types.AttributeValueMemberBOOL{Value: true}
+		e.assign(AttrByCheck, ":byCheck")
+	}
 	e.index(s, Processing, id, nowMs)
 	nonce := NewNonce()
 	e.stamp(nonce)
