@@ -70,31 +70,14 @@ func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs
 	}
 	// Link (again, for a duplicate: a caller retrying after a crash between
 	// the two writes must not leave the child unlinked).
-	cur, linked, err := c.store.Link(ctx, parentID, got.ID)
-	switch {
-	case errors.Is(err, ledger.ErrNotFound):
-		c.unlink(ctx, got, created, ledger.Failed, "parent job vanished before the continuation was linked")
-		return Result{}, &InputError{Field: "parentID", Reason: "no such job", Err: err}
-	case errors.Is(err, ledger.ErrTooManyChildren):
-		c.unlink(ctx, got, created, ledger.Failed, err.Error())
-		return Result{}, &InputError{Field: "parentID", Reason: err.Error(), Err: err}
-	case err != nil:
-		return Result{}, c.missing(err)
-	case !linked && (cur.State == ledger.Failed || cur.State == ledger.Expired):
-		c.unlink(ctx, got, created, cur.State, parentEnded(cur))
-		return Result{}, &ParentEndedError{ParentID: parentID, State: cur.State}
+	succeeded, err := c.link(ctx, parentID, got, created, "parentID")
+	if err != nil {
+		return Result{}, err
 	}
 	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
-	if !linked { // the parent succeeded meanwhile
-		rel, ok, err := c.store.Release(ctx, got.ID)
-		if err != nil {
-			return res, c.missing(err)
-		}
-		res.State = rel.State
-		if ok {
-			if err := c.Dispatch(ctx, rel); err != nil {
-				return res, &DispatchError{JobID: rel.ID, Err: c.missing(err)}
-			}
+	if succeeded { // the parent succeeded meanwhile
+		if err := c.releaseFrom(ctx, &res, parentID); err != nil {
+			return res, err
 		}
 	}
 	c.log.InfoContext(ctx, "nexjob: continuation added", "job_id", got.ID, "parent_id", parentID, "state", res.State, "duplicate", res.Duplicate)
@@ -169,34 +152,18 @@ func (c *Client) continueWhenAll(ctx context.Context, parents []string, args Job
 		if slices.Contains(done, id) {
 			continue
 		}
-		cur, linked, err := c.store.Link(ctx, id, got.ID)
-		switch {
-		case errors.Is(err, ledger.ErrNotFound):
-			c.unlink(ctx, got, created, ledger.Failed, "parent job vanished before the continuation was linked")
-			return Result{}, &InputError{Field: "parents", Reason: "no such job", Err: err}
-		case errors.Is(err, ledger.ErrTooManyChildren):
-			c.unlink(ctx, got, created, ledger.Failed, err.Error())
-			return Result{}, &InputError{Field: "parents", Reason: err.Error(), Err: err}
-		case err != nil:
-			return Result{}, c.missing(err)
-		case !linked && (cur.State == ledger.Failed || cur.State == ledger.Expired):
-			c.unlink(ctx, got, created, cur.State, parentEnded(cur))
-			return Result{}, &ParentEndedError{ParentID: id, State: cur.State}
-		case !linked:
+		succeeded, err := c.link(ctx, id, got, created, "parents")
+		if err != nil {
+			return Result{}, err
+		}
+		if succeeded {
 			done = append(done, id) // it succeeded meanwhile
 		}
 	}
 	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
 	for _, id := range done {
-		rel, ok, err := c.store.ReleaseFrom(ctx, got.ID, id)
-		if err != nil {
-			return res, c.missing(err)
-		}
-		res.State = rel.State
-		if ok {
-			if err := c.Dispatch(ctx, rel); err != nil {
-				return res, &DispatchError{JobID: rel.ID, Err: c.missing(err)}
-			}
+		if err := c.releaseFrom(ctx, &res, id); err != nil {
+			return res, err
 		}
 	}
 	c.log.InfoContext(ctx, "nexjob: fan-in continuation added", "job_id", got.ID, "parents", len(parents), "state", res.State, "duplicate", res.Duplicate)
@@ -226,6 +193,46 @@ func (c *Client) ReleaseContinuations(ctx context.Context, parent ledger.Record)
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("nexjob: release continuations of %s: %w", parent.ID, errors.Join(errs...))
+	}
+	return nil
+}
+
+// link links child to parentID (Link). succeeded: the parent had
+// Succeeded already, so the caller counts its release. A link that
+// cannot be made undoes the child (unlink) and is the call's error: an
+// *InputError on field for a parent gone or full, a *ParentEndedError
+// for one that ended.
+func (c *Client) link(ctx context.Context, parentID string, child ledger.Record, created bool, field string) (succeeded bool, err error) {
+	cur, linked, err := c.store.Link(ctx, parentID, child.ID)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		c.unlink(ctx, child, created, ledger.Failed, "parent job vanished before the continuation was linked")
+		return false, &InputError{Field: field, Reason: "no such job", Err: err}
+	case errors.Is(err, ledger.ErrTooManyChildren):
+		c.unlink(ctx, child, created, ledger.Failed, err.Error())
+		return false, &InputError{Field: field, Reason: err.Error(), Err: err}
+	case err != nil:
+		return false, c.missing(err)
+	case !linked && (cur.State == ledger.Failed || cur.State == ledger.Expired):
+		c.unlink(ctx, child, created, cur.State, parentEnded(cur))
+		return false, &ParentEndedError{ParentID: parentID, State: cur.State}
+	}
+	return !linked, nil
+}
+
+// releaseFrom counts parentID's success for the child res names
+// (ReleaseFrom) and sends the child if that released it; res.State
+// follows.
+func (c *Client) releaseFrom(ctx context.Context, res *Result, parentID string) error {
+	rel, ok, err := c.store.ReleaseFrom(ctx, res.ID, parentID)
+	if err != nil {
+		return c.missing(err)
+	}
+	res.State = rel.State
+	if ok {
+		if err := c.Dispatch(ctx, rel); err != nil {
+			return &DispatchError{JobID: rel.ID, Err: c.missing(err)}
+		}
 	}
 	return nil
 }

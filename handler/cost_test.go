@@ -39,14 +39,7 @@ func TestPathCosts(t *testing.T) {
 	c := h.Producer()
 	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
 	ctx := context.Background()
-	step := func(name string, want []string, do func()) {
-		t.Helper()
-		counter.Reset()
-		do()
-		if got := counter.Calls(); !slices.Equal(got, want) {
-			t.Errorf("%s: requests\n got %v\nwant %v", name, got, want)
-		}
-	}
+	step := stepper(t, counter)
 	runOne := func() {
 		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
 			if n, _ := p.Poll(ctx); n > 0 {
@@ -84,4 +77,17 @@ func TestPathCosts(t *testing.T) {
 	fail = false
 	step("requeue", []string{upd, send}, func() { _, err = c.Requeue(ctx, failed.ID) })
 	step("requeue: runs", []string{upd, upd}, runOne)
+}
+
+// stepper returns a function that runs do and checks the requests it
+// made, counted by counter, against want.
+func stepper(t *testing.T, counter *awstest.Counter) func(name string, want []string, do func()) {
+	return func(name string, want []string, do func()) {
+		t.Helper()
+		counter.Reset()
+		do()
+		if got := counter.Calls(); !slices.Equal(got, want) {
+			t.Errorf("%s: requests\n got %v\nwant %v", name, got, want)
+		}
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -117,14 +116,7 @@ func TestFanInCosts(t *testing.T) {
 	b, _ := c.Enqueue(ctx, email{To: "b@example.com"}, nil)
 	e.Purge(t, e.QueueURL) // the parents' messages are handed in below, one at a time
 	put, upd, get, send := "DynamoDB.PutItem", "DynamoDB.UpdateItem", "DynamoDB.GetItem", "SQS.SendMessage"
-	step := func(name string, want []string, do func()) {
-		t.Helper()
-		counter.Reset()
-		do()
-		if got := counter.Calls(); !slices.Equal(got, want) {
-			t.Errorf("%s: requests\n got %v\nwant %v", name, got, want)
-		}
-	}
+	step := stepper(t, counter)
 	run := func(id string) {
 		ev := events.SQSEvent{Records: []events.SQSMessage{{MessageId: id, ReceiptHandle: "not-a-receipt", Body: enqueue.Message{V: 1, ID: id, Kind: "email"}.Encode()}}}
 		if resp, err := h.Handle(ctx, ev); err != nil || len(resp.BatchItemFailures) != 0 {

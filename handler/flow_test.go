@@ -273,14 +273,7 @@ func TestFlowControlCosts(t *testing.T) {
 	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
 	ctx := context.Background()
 	put, upd, get, send := "DynamoDB.PutItem", "DynamoDB.UpdateItem", "DynamoDB.GetItem", "SQS.SendMessage"
-	step := func(name string, want []string, do func()) {
-		t.Helper()
-		counter.Reset()
-		do()
-		if got := counter.Calls(); !slices.Equal(got, want) {
-			t.Errorf("%s: requests\n got %v\nwant %v", name, got, want)
-		}
-	}
+	step := stepper(t, counter)
 	runOne := func(args costedJob) string {
 		res, err := c.Enqueue(ctx, args, nil)
 		if err != nil {
