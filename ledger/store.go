@@ -8,7 +8,6 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -274,8 +273,7 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 	now := s.now()
 	rec = s.stamp(rec, key, policy, now)
 	if key == "" {
-		it, err := s.putItem(rec, absent())
-		return Prepared{Record: rec, Items: []types.TransactWriteItem{it}}, err
+		return Prepared{Record: rec, Items: []types.TransactWriteItem{s.putItem(rec, absent())}}, nil
 	}
 	old, held, err := s.getPK(ctx, rec.PK, true)
 	if err != nil {
@@ -283,8 +281,7 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 	}
 	switch {
 	case !held || old.ExpiredAt(now):
-		it, err := s.putItem(rec, keyFree(now))
-		return Prepared{Record: rec, Items: []types.TransactWriteItem{it}}, err
+		return Prepared{Record: rec, Items: []types.TransactWriteItem{s.putItem(rec, keyFree(now))}}, nil
 	case old.State.Active() || sameRequest(old, rec):
 		return Prepared{Record: old, Duplicate: true}, nil
 	case !policy.Allows(old.State):
@@ -331,12 +328,9 @@ var errLostRace = errors.New("nexjob: lost a conditional write race")
 
 // put writes rec under the condition cond.
 func (s *Store) put(ctx context.Context, rec Record, cond *writeExpr) error {
-	item, err := attributevalue.MarshalMap(rec)
-	if err != nil {
-		return fmt.Errorf("nexjob: encode job record: %w", err)
-	}
+	item := encodeRecord(&rec)
 	x := cond.exprs()
-	_, err = s.db.PutItem(ctx, &dynamodb.PutItemInput{
+	_, err := s.db.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.table),
 		Item:                                item,
 		ConditionExpression:                 x.cond,
@@ -409,10 +403,7 @@ func (s *Store) archiveItems(old Record, rec *Record) ([]types.TransactWriteItem
 	if rec == nil {
 		archived.KeyHash = "" // released: the job no longer owns the key
 	}
-	arch, err := s.putItem(archived, absent())
-	if err != nil {
-		return nil, err
-	}
+	arch := s.putItem(archived, absent())
 	sameCond, err := expression.NewBuilder().WithCondition(
 		expression.Name(AttrID).Equal(expression.Value(old.ID)).
 			And(expression.Name(AttrState).Equal(expression.Value(old.State))).
@@ -429,10 +420,7 @@ func (s *Store) archiveItems(old Record, rec *Record) ([]types.TransactWriteItem
 		ExpressionAttributeValues: sameCond.Values(),
 	}}
 	if rec != nil {
-		item, err := attributevalue.MarshalMap(*rec)
-		if err != nil {
-			return nil, fmt.Errorf("nexjob: encode job record: %w", err)
-		}
+		item := encodeRecord(rec)
 		second = types.TransactWriteItem{Put: &types.Put{
 			TableName: aws.String(s.table), Item: item,
 			ConditionExpression:       sameCond.Condition(),
@@ -444,18 +432,15 @@ func (s *Store) archiveItems(old Record, rec *Record) ([]types.TransactWriteItem
 }
 
 // putItem is a transaction's Put of rec under cond.
-func (s *Store) putItem(rec Record, cond *writeExpr) (types.TransactWriteItem, error) {
-	item, err := attributevalue.MarshalMap(rec)
-	if err != nil {
-		return types.TransactWriteItem{}, fmt.Errorf("nexjob: encode job record: %w", err)
-	}
+func (s *Store) putItem(rec Record, cond *writeExpr) types.TransactWriteItem {
+	item := encodeRecord(&rec)
 	x := cond.exprs()
 	return types.TransactWriteItem{Put: &types.Put{
 		TableName: aws.String(s.table), Item: item,
 		ConditionExpression:       x.cond,
 		ExpressionAttributeNames:  x.names,
 		ExpressionAttributeValues: x.values,
-	}}, nil
+	}}
 }
 
 // Get returns the job with this id, read strongly consistent. A record
