@@ -34,6 +34,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -60,6 +62,7 @@ type Admin struct {
 	dlqURL    string
 	retention handler.Retention
 	cfg       aws.Config
+	named     map[string]settings.NamedQueue
 }
 
 // New returns an Admin for the deployment the settings name (role
@@ -72,7 +75,7 @@ func New(s settings.Settings) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Admin{client: c, store: c.Store(), sqs: q, queueURL: s.QueueURL, dlqURL: s.DLQURL, retention: s.Retention, schedules: s.Schedules, cfg: s.AWS}, nil
+	return &Admin{client: c, store: c.Store(), sqs: q, queueURL: s.QueueURL, dlqURL: s.DLQURL, retention: s.Retention, schedules: s.Schedules, cfg: s.AWS, named: s.Queues}, nil
 }
 
 // ErrNoSchedules: the settings name no schedule group
@@ -157,6 +160,14 @@ type Stats struct {
 	// Queued and InFlight are the job queue's approximate counts; DLQ the
 	// dead-letter queue's (visible plus in flight), -1 without a DLQ.
 	Queued, InFlight, DLQ int
+	// Queues are the named queues' counts (NEXJOB_QUEUES), by name.
+	Queues []QueueStats
+}
+
+// QueueStats are one named queue's approximate counts, as Stats's own.
+type QueueStats struct {
+	Name                  string
+	Queued, InFlight, DLQ int
 }
 
 // Total is the number of jobs in state st, over every kind.
@@ -174,18 +185,37 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	st := Stats{Jobs: jobs, DLQ: -1}
-	if st.Queued, st.InFlight, err = a.depth(ctx, a.queueURL); err != nil {
+	main, err := a.queueStats(ctx, "", a.queueURL, a.dlqURL)
+	if err != nil {
 		return Stats{}, err
 	}
-	if a.dlqURL != "" {
-		v, f, err := a.depth(ctx, a.dlqURL)
+	st := Stats{Jobs: jobs, Queued: main.Queued, InFlight: main.InFlight, DLQ: main.DLQ}
+	for _, name := range slices.Sorted(maps.Keys(a.named)) {
+		q := a.named[name]
+		qs, err := a.queueStats(ctx, name, q.URL, q.DLQURL)
 		if err != nil {
 			return Stats{}, err
 		}
-		st.DLQ = v + f
+		st.Queues = append(st.Queues, qs)
 	}
 	return st, nil
+}
+
+// queueStats reads one queue's depth and its DLQ's (-1 without one).
+func (a *Admin) queueStats(ctx context.Context, name, url, dlqURL string) (QueueStats, error) {
+	qs := QueueStats{Name: name, DLQ: -1}
+	var err error
+	if qs.Queued, qs.InFlight, err = a.depth(ctx, url); err != nil {
+		return QueueStats{}, err
+	}
+	if dlqURL != "" {
+		v, f, err := a.depth(ctx, dlqURL)
+		if err != nil {
+			return QueueStats{}, err
+		}
+		qs.DLQ = v + f
+	}
+	return qs, nil
 }
 
 func (a *Admin) depth(ctx context.Context, url string) (visible, inFlight int, err error) {

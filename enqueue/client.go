@@ -116,11 +116,21 @@ type ClientOptions struct {
 	// FarAfter is the delay beyond which Far is used. Defaults to
 	// MaxSQSDelay (15 minutes): nearer delays stay SQS delays.
 	FarAfter time.Duration
+	// Queues names the named queues (name → queue URL) that Opts.Queue
+	// and a kind's Defaults.Queue may choose, each with its own worker
+	// event source, MaxConcurrency and DLQ in the construct (a bulk
+	// import on one cannot starve payments on another). A job's every
+	// message goes to its queue. Defaults to none: every job on the job
+	// queue. Every role that sends jobs (producers, the worker, the guard,
+	// the operator's tools) needs the same map: settings read it from
+	// NEXJOB_QUEUES.
+	Queues map[string]string
 }
 
 // FarScheduler sends a message at a later time: *onetime.Client.
 type FarScheduler interface {
-	Schedule(ctx context.Context, name string, at time.Time, body string) error
+	// Schedule sends body to the named queue ("" the job queue) at at.
+	Schedule(ctx context.Context, name string, at time.Time, queue, body string) error
 	Unschedule(ctx context.Context, name string) error
 }
 
@@ -139,6 +149,7 @@ type Client struct {
 	xray      propagation.TextMapPropagator
 	far       FarScheduler
 	farAfter  time.Duration
+	queues    map[string]string // named queue → URL
 }
 
 // New returns a Client for the ledger table and the job queue. It does no
@@ -150,6 +161,11 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	}
 	if queueURL == "" {
 		return nil, errors.New("nexjob: enqueue needs the job queue URL")
+	}
+	for name, url := range o.Queues {
+		if !kinds.Valid(name) || url == "" {
+			return nil, fmt.Errorf("nexjob: named queue %q: the name must be %s and the URL set", name, kinds.Rule)
+		}
 	}
 	if o.DynamoDB == nil {
 		o.DynamoDB = dynamodb.NewFromConfig(cfg)
@@ -177,8 +193,24 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), xray: o.XRay, far: o.Far, farAfter: farAfter}, nil
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), xray: o.XRay, far: o.Far, farAfter: farAfter, queues: o.Queues}, nil
 }
+
+// QueueURL is the URL of the named queue ("" the job queue), or an error
+// matching ErrUnknownQueue when the client's Queues do not name it.
+func (c *Client) QueueURL(name string) (string, error) {
+	if name == "" {
+		return c.queueURL, nil
+	}
+	if url, ok := c.queues[name]; ok {
+		return url, nil
+	}
+	return "", fmt.Errorf("%w: %q", ErrUnknownQueue, name)
+}
+
+// Queues are the client's named queues (name → URL), the job queue not
+// among them.
+func (c *Client) Queues() map[string]string { return c.queues }
 
 // Store returns the ledger the client writes to.
 func (c *Client) Store() *ledger.Store { return c.store }
@@ -230,6 +262,12 @@ type Opts struct {
 	// written, when its key already had Limit enqueues in the last
 	// Period (see RateLimit). Defaults to none.
 	RateLimit *RateLimit
+	// Queue sends the job to this named queue (one of
+	// ClientOptions.Queues) instead of the job queue, and every later
+	// message of it too. A name the client does not know is an
+	// *InputError (ErrUnknownQueue), nothing written. Defaults to the
+	// kind's Defaults.Queue, else the job queue.
+	Queue string
 	// Debounce folds a burst of enqueues with one key into one run (see
 	// Debounce). Exclusive with IdempotencyKey, Delay and RunAt. Defaults
 	// to none.
@@ -403,6 +441,9 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	if o.RequestID != "" && o.IdempotencyKey == "" {
 		return ledger.Record{}, invalid("RequestID", "needs an IdempotencyKey (the request is recognised on the key's record)")
 	}
+	if _, err := c.QueueURL(o.Queue); err != nil {
+		return ledger.Record{}, &InputError{Field: "Queue", Reason: fmt.Sprintf("no queue named %q among ClientOptions.Queues", o.Queue), Err: err}
+	}
 	if !o.DuplicatePolicy.Valid() {
 		return ledger.Record{}, invalid("DuplicatePolicy", fmt.Sprintf("unknown value %d", int(o.DuplicatePolicy)))
 	}
@@ -420,7 +461,7 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	if err != nil {
 		return ledger.Record{}, err
 	}
-	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts, ArgsHash: ledger.ArgsHash(kind, string(raw))}
+	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts, ArgsHash: ledger.ArgsHash(kind, string(raw)), Queue: o.Queue}
 	if o.RequestID != "" {
 		rec.Request = c.store.HashKey("request\x00" + o.RequestID)
 	}
@@ -488,7 +529,7 @@ func (c *Client) Dispatch(ctx context.Context, rec ledger.Record) error {
 
 // message is the job's SQS message and the delay until it is due.
 func (c *Client) message(rec ledger.Record) (Message, time.Duration) {
-	msg := Message{V: 1, ID: rec.ID, Kind: rec.Kind}
+	msg := Message{V: 1, ID: rec.ID, Kind: rec.Kind, Queue: rec.Queue}
 	var delay time.Duration
 	if rec.State == ledger.Scheduled && rec.RunAt != 0 {
 		msg.RunAt = rec.RunAt
@@ -508,14 +549,20 @@ func (c *Client) delaySeconds(delay time.Duration) int32 {
 // one-time schedule that sends it at its time. The worker uses it to
 // carry a long schedule forward.
 func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
+	url, err := c.QueueURL(msg.Queue)
+	if err != nil {
+		// A worker or guard not told of a queue a producer uses: the
+		// message comes back (or the job is marked unsent) until it is.
+		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
+	}
 	if c.far != nil && delay > c.farAfter {
-		if err := c.far.Schedule(ctx, onetime.Name(msg.ID, msg.Check), c.store.Now().Add(delay), msg.Encode()); err != nil {
+		if err := c.far.Schedule(ctx, onetime.Name(msg.ID, msg.Check), c.store.Now().Add(delay), msg.Queue, msg.Encode()); err != nil {
 			return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
 		}
 		return nil
 	}
 	out, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
-		QueueUrl:                aws.String(c.queueURL),
+		QueueUrl:                aws.String(url),
 		MessageBody:             aws.String(msg.Encode()),
 		DelaySeconds:            c.delaySeconds(delay),
 		MessageAttributes:       traceAttributes(ctx),

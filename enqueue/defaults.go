@@ -7,8 +7,8 @@ import (
 )
 
 // KindDefaults is an optional method of an args type: its kind's defaults,
-// as River's InsertOpts. Enqueue takes MaxAttempts, DuplicatePolicy and
-// PayloadMismatch from it where the Opts leave them at their zero value;
+// as River's InsertOpts. Enqueue takes MaxAttempts, DuplicatePolicy,
+// PayloadMismatch and Queue from it where the Opts leave them at their zero value;
 // the worker (handler.AddWorker) takes Timeout and Retention where the
 // KindOptions leave them unset.
 //
@@ -32,6 +32,8 @@ type Defaults struct {
 	Timeout time.Duration
 	// Retention of the kind's terminal records (handler.KindOptions.Retention).
 	Retention *ledger.Retention
+	// Queue is the kind's named queue (Opts.Queue).
+	Queue string
 }
 
 // effective is the Opts an enqueue of args runs with, for Enqueue,
@@ -63,5 +65,8 @@ func applyDefaults(args JobArgs, o *Opts) {
 	}
 	if o.PayloadMismatch == IgnorePayload {
 		o.PayloadMismatch = def.PayloadMismatch
+	}
+	if o.Queue == "" {
+		o.Queue = def.Queue
 	}
 }

@@ -31,6 +31,10 @@ func duplicateFrom(d *ledger.DuplicateJobError) *DuplicateJobError {
 	return &DuplicateJobError{ExistingJobID: d.ExistingJobID, ExistingState: d.ExistingState, ExistingKind: d.ExistingKind, Policy: d.Policy, Key: d.Key, KeyHash: d.KeyHash}
 }
 
+// ErrUnknownQueue: a queue name that ClientOptions.Queues does not hold.
+// Enqueue refuses it as an *InputError (Field "Queue"), nothing written.
+var ErrUnknownQueue = errors.New("nexjob: unknown queue")
+
 // ErrInvalidInput matches every *InputError with errors.Is.
 var ErrInvalidInput = errors.New("nexjob: invalid input")
 

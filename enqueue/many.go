@@ -87,21 +87,26 @@ func (c *Client) EnqueueMany(ctx context.Context, items []Item) ([]ItemResult, e
 	}
 	wg.Wait()
 
-	var batch []int
-	flush := func() {
-		c.sendBatch(ctx, batch, recs, out)
-		batch = batch[:0]
-	}
+	// Batches of ten of one queue each (a batch request names one queue).
+	var queues []string
+	batches := map[string][]int{}
 	for i := range items {
 		if !toSend[i] {
 			continue
 		}
-		if batch = append(batch, i); len(batch) == 10 {
-			flush()
+		q := recs[i].Queue
+		if _, seen := batches[q]; !seen {
+			queues = append(queues, q)
+		}
+		if batches[q] = append(batches[q], i); len(batches[q]) == 10 {
+			c.sendBatch(ctx, batches[q], recs, out)
+			batches[q] = batches[q][:0]
 		}
 	}
-	if len(batch) > 0 {
-		flush()
+	for _, q := range queues {
+		if len(batches[q]) > 0 {
+			c.sendBatch(ctx, batches[q], recs, out)
+		}
 	}
 	// A duplicate of a job this batch sent (two items of one key) is sent
 	// only if that job's message was: the same DispatchError otherwise.
@@ -140,8 +145,8 @@ func (c *Client) record(ctx context.Context, it Item) (ledger.Record, bool, Item
 	return c.decide(ctx, rec, &o)
 }
 
-// sendBatch sends the jobs at idx in one SendMessageBatch and records each
-// outcome in out.
+// sendBatch sends the jobs at idx, all of one queue, in one
+// SendMessageBatch and records each outcome in out.
 func (c *Client) sendBatch(ctx context.Context, idx []int, recs []ledger.Record, out []ItemResult) {
 	b, ok := c.sqs.(batchSender)
 	var near []int
@@ -155,7 +160,14 @@ func (c *Client) sendBatch(ctx context.Context, idx []int, recs []ledger.Record,
 	if idx = near; len(idx) == 0 {
 		return
 	}
-	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(c.queueURL)}
+	url, err := c.QueueURL(recs[idx[0]].Queue)
+	if err != nil {
+		for _, i := range idx {
+			c.sent(ctx, recs[i], &out[i], fmt.Errorf("nexjob: send job %s: %w", recs[i].ID, err))
+		}
+		return
+	}
+	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(url)}
 	attrs := traceAttributes(ctx)
 	for _, i := range idx {
 		msg, delay := c.message(recs[i])

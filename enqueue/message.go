@@ -18,6 +18,9 @@ type Message struct {
 	// Check marks the dispatch guard's message: at RunAt the worker looks
 	// whether the job was ever started and runs it if not.
 	Check bool `json:"check,omitempty"`
+	// Queue is the job's named queue ("" the job queue): a message sent
+	// on (a retry, a carried-forward schedule) goes where it came from.
+	Queue string `json:"queue,omitempty"`
 }
 
 // MaxBodyBytes bounds what DecodeMessage accepts; a job message is < 200 bytes.
@@ -90,6 +93,11 @@ func decodeCanonical(body string) (Message, bool) {
 	}
 	if after, ok := strings.CutPrefix(rest, `,"check":true`); ok {
 		m.Check, rest = true, after
+	}
+	if after, ok := strings.CutPrefix(rest, `,"queue":"`); ok {
+		if m.Queue, rest, ok = plainString(after); !ok || m.Queue == "" {
+			return Message{}, false
+		}
 	}
 	return m, rest == "}"
 }

@@ -134,6 +134,10 @@ type Options struct {
 	// is carried so too. Defaults to none: hops.
 	Far      enqueue.FarScheduler
 	FarAfter time.Duration
+	// Queues are the named queues (enqueue.ClientOptions.Queues): a
+	// retry, a carried-forward schedule or a continuation of a job on one
+	// goes back to it. Defaults to none.
+	Queues map[string]string
 }
 
 // Handler runs the jobs of SQS batches. Its Handle method is the Lambda
@@ -192,7 +196,7 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 		o.UnknownKindBackoff = DefaultBackoff
 	}
 	p, err := enqueue.New(cfg, table, queueURL, &enqueue.ClientOptions{
-		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay, XRay: o.XRay, Far: o.Far, FarAfter: o.FarAfter,
+		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay, XRay: o.XRay, Far: o.Far, FarAfter: o.FarAfter, Queues: o.Queues,
 	})
 	if err != nil {
 		return nil, err

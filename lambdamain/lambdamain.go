@@ -96,7 +96,7 @@ func Guard(opts *Options) {
 	if err != nil {
 		fail(log, err)
 	}
-	g := guard.New(sqs.NewFromConfig(s.AWS), s.QueueURL, &guard.Options{After: s.GuardAfter, Logger: log, Far: s.FarScheduler()})
+	g := guard.New(sqs.NewFromConfig(s.AWS), s.QueueURL, &guard.Options{After: s.GuardAfter, Logger: log, Far: s.FarScheduler(), Queues: s.QueueURLs()})
 	start(opts, log, g.HandleStream)
 }
 

@@ -105,6 +105,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Parents, err = strs(av)
 		case AttrReleased:
 			r.Released, err = strs(av)
+		case AttrQueue:
+			r.Queue, err = str(av)
 		case AttrByCheck:
 			r.ByCheck, err = boolean(av)
 		}

@@ -102,6 +102,11 @@ type Record struct {
 	// had never been sent): that message is the job's only one, and is
 	// handled as its own from then on (ClaimByCheck).
 	ByCheck bool `dynamodbav:"byCheck,omitempty"`
+	// Queue is the named queue the job's messages go to (enqueue's
+	// Opts.Queue); "" is the default job queue. Every send of the job (the
+	// first, a retry, a carried-forward schedule, a requeue, the guard's
+	// check) goes to it.
+	Queue string `dynamodbav:"queue,omitempty"`
 }
 
 // ExpiredAt reports whether the record is past its retention at now: such a

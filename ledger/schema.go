@@ -50,6 +50,7 @@ const (
 	AttrParents      = "parents"     // string set: a fan-in continuation's parents (Record.Parents)
 	AttrReleased     = "released"    // string set: the parents that released it (Record.Released)
 	AttrByCheck      = "byCheck"     // true once the guard's check message claimed the job (Record.ByCheck)
+	AttrQueue        = "queue"       // the job's named queue, absent for the default one (Record.Queue)
 )
 
 // DeadLetterKind is the kind of the records that keep messages that were

@@ -51,10 +51,13 @@ package nexjobtest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -109,6 +112,11 @@ type Options struct {
 	// clock, so Advance makes it due within a hop. Defaults to
 	// DefaultMaxDelay.
 	MaxDelay time.Duration
+	// Queues names named queues (enqueue.Opts.Queue) to create beside the
+	// job queue, each with its DLQ, as the construct's NamedQueues do: the
+	// Env's Client, Handlers and Setenv know them, and Drain feeds them
+	// all. Defaults to none.
+	Queues []string
 }
 
 // DefaultMaxDelay is the test kit's longest SQS delay: a job an hour
@@ -133,6 +141,9 @@ type Env struct {
 	Table    string
 	QueueURL string
 	DLQURL   string
+	// Queues are the named queues' URLs by name (Options.Queues), and
+	// QueueDLQs their DLQs'.
+	Queues, QueueDLQs map[string]string
 	// Client enqueues into this Env.
 	Client   *enqueue.Client
 	ledger   ledger.Options
@@ -177,10 +188,20 @@ func New(t testing.TB, opts *Options) *Env {
 	t.Cleanup(func() {
 		ctx := context.Background()
 		_, _ = e.DB.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(name)})
-		_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(e.QueueURL)})
-		_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(e.DLQURL)})
+		for _, url := range append([]string{e.QueueURL, e.DLQURL}, append(slices.Collect(maps.Values(e.Queues)), slices.Collect(maps.Values(e.QueueDLQs))...)...) {
+			_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(url)})
+		}
 	})
-	if e.Client, err = enqueue.New(cfg, name, e.QueueURL, &enqueue.ClientOptions{Ledger: e.ledger, MaxDelay: e.maxDelay}); err != nil {
+	for _, q := range o.Queues {
+		if e.Queues == nil {
+			e.Queues, e.QueueDLQs = map[string]string{}, map[string]string{}
+		}
+		spec.Name = name + "-" + q
+		if e.Queues[q], e.QueueDLQs[q], err = provision.Queues(ctx, e.SQS, spec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e.Client, err = enqueue.New(cfg, name, e.QueueURL, &enqueue.ClientOptions{Ledger: e.ledger, MaxDelay: e.maxDelay, Queues: e.Queues}); err != nil {
 		t.Fatal(err)
 	}
 	return e
@@ -193,6 +214,17 @@ func (e *Env) Setenv(t testing.TB) {
 	t.Helper()
 	for k, v := range map[string]string{settings.EnvTable: e.Table, settings.EnvQueueURL: e.QueueURL, settings.EnvDLQURL: e.DLQURL} {
 		t.Setenv(k, v)
+	}
+	if len(e.Queues) > 0 {
+		qs := map[string]settings.NamedQueue{}
+		for name, url := range e.Queues {
+			qs[name] = settings.NamedQueue{URL: url, DLQURL: e.QueueDLQs[name]}
+		}
+		b, err := json.Marshal(qs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv(settings.EnvQueues, string(b))
 	}
 }
 
@@ -211,6 +243,9 @@ func (e *Env) Handler(t testing.TB, reg *handler.Registry, opts *handler.Options
 	if o.MaxDelay == 0 {
 		o.MaxDelay = e.maxDelay
 	}
+	if o.Queues == nil {
+		o.Queues = e.Queues
+	}
 	h, err := handler.New(e.Cfg, e.Table, e.QueueURL, reg, &o)
 	if err != nil {
 		t.Fatal(err)
@@ -218,22 +253,29 @@ func (e *Env) Handler(t testing.TB, reg *handler.Registry, opts *handler.Options
 	return h
 }
 
-// Drain feeds the job queue to h.Handle, as Lambda's event source mapping
-// does, until nothing is left to run: no message visible or in flight and
+// Drain feeds the job queue (and the named queues) to h.Handle, as
+// Lambda's event source mappings do, until nothing is left to run: no message visible or in flight and
 // no job Scheduled within DrainHorizon of h's clock. A job due later (a 1-hour delay, a 10-minute backoff) is left
 // Scheduled, its message hopping every MaxDelay: Advance the clock past
 // it and Drain again, and it runs in seconds. Drain fails the test if the
 // queue has not drained within a minute.
 func (e *Env) Drain(t testing.TB, h *handler.Handler) {
 	t.Helper()
-	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
+	var ps []*poller.Poller
+	for _, url := range e.queueURLs() {
+		ps = append(ps, poller.New(e.SQS, url, h.Handle, &poller.Options{WaitTime: -1}))
+	}
 	now := h.Producer().Store().Now
 	// Quiet twice in a row: SQS's counts are read one after another, so a
 	// message that turns visible between them is in neither once.
 	for end, quiet := time.Now().Add(time.Minute), 0; time.Now().Before(end); {
-		n, err := p.Poll(context.Background())
-		if err != nil {
-			t.Fatal(err)
+		n := 0
+		for _, p := range ps {
+			got, err := p.Poll(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += got
 		}
 		if n == 0 && e.visible(t) == 0 && !e.runnable(t, now()) {
 			if quiet++; quiet == 2 {
@@ -249,24 +291,35 @@ func (e *Env) Drain(t testing.TB, h *handler.Handler) {
 	t.Fatalf("queue %s did not drain in a minute (%d messages left)", e.QueueURL, e.QueueDepth(t, e.QueueURL))
 }
 
-// visible counts the job queue's messages visible or in flight (not the
+// queueURLs are the job queue's URL and the named queues', in name order.
+func (e *Env) queueURLs() []string {
+	urls := []string{e.QueueURL}
+	for _, name := range slices.Sorted(maps.Keys(e.Queues)) {
+		urls = append(urls, e.Queues[name])
+	}
+	return urls
+}
+
+// visible counts the queues' messages visible or in flight (not the
 // delayed ones: hops of jobs not yet due).
 func (e *Env) visible(t testing.TB) int {
 	t.Helper()
-	a, err := e.SQS.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
-		QueueUrl: aws.String(e.QueueURL),
-		AttributeNames: []sqstypes.QueueAttributeName{
-			sqstypes.QueueAttributeNameApproximateNumberOfMessages,
-			sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
-		},
-	})
-	if err != nil {
-		t.Fatalf("queue attributes: %v", err)
-	}
 	n := 0
-	for _, v := range a.Attributes {
-		i, _ := strconv.Atoi(v)
-		n += i
+	for _, url := range e.queueURLs() {
+		a, err := e.SQS.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{
+			QueueUrl: aws.String(url),
+			AttributeNames: []sqstypes.QueueAttributeName{
+				sqstypes.QueueAttributeNameApproximateNumberOfMessages,
+				sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+			},
+		})
+		if err != nil {
+			t.Fatalf("queue attributes: %v", err)
+		}
+		for _, v := range a.Attributes {
+			i, _ := strconv.Atoi(v)
+			n += i
+		}
 	}
 	return n
 }

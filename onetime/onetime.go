@@ -44,6 +44,9 @@ type Options struct {
 	// RoleARN is the role Scheduler assumes to send to the queue
 	// (sqs:SendMessage on it only). Required.
 	RoleARN string
+	// QueueARNs are the named queues' ARNs (name → ARN), the targets of
+	// schedules for jobs on them. Defaults to none.
+	QueueARNs map[string]string
 }
 
 // Scheduler is the part of *scheduler.Client this package uses.
@@ -77,11 +80,18 @@ func Name(jobID string, check bool) string {
 	return "nj-" + jobID
 }
 
-// Schedule makes (or moves) the schedule name to send body to the queue
-// at at (rounded up to the second, UTC).
-func (c *Client) Schedule(ctx context.Context, name string, at time.Time, body string) error {
+// Schedule makes (or moves) the schedule name to send body at at
+// (rounded up to the second, UTC) to the named queue, "" the job queue.
+func (c *Client) Schedule(ctx context.Context, name string, at time.Time, queue, body string) error {
+	arn := c.o.QueueARN
+	if queue != "" {
+		var ok bool
+		if arn, ok = c.o.QueueARNs[queue]; !ok {
+			return fmt.Errorf("nexjob: schedule %s: no ARN for the named queue %q (Options.QueueARNs)", name, queue)
+		}
+	}
 	expr := "at(" + at.UTC().Add(time.Second-1).Truncate(time.Second).Format("2006-01-02T15:04:05") + ")"
-	target := &types.Target{Arn: aws.String(c.o.QueueARN), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body)}
+	target := &types.Target{Arn: aws.String(arn), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body)}
 	window := &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff}
 	_, err := c.s.CreateSchedule(ctx, &scheduler.CreateScheduleInput{
 		Name: aws.String(name), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(expr),

@@ -24,6 +24,7 @@
 //	NEXJOB_SCHEDULE_GROUP        the EventBridge Scheduler group of recurring jobs and far jobs' one-time schedules (optional)
 //	NEXJOB_FAR_ROLE_ARN          far jobs: the role Scheduler assumes to send to the job queue (with the group: one-time schedules)
 //	NEXJOB_QUEUE_ARN             far jobs: the job queue's ARN, the one-time schedules' target
+//	NEXJOB_QUEUES                named queues (enqueue.Opts.Queue), JSON: {"bulk":{"url":"…","arn":"…","dlq":"…"}}; arn needed with far jobs, dlq optional
 //	NEXJOB_SCHEDULE_TARGET_ARN   recurring jobs: the target function's ARN
 //	NEXJOB_SCHEDULER_ROLE_ARN    recurring jobs: the role Scheduler assumes to invoke it
 //
@@ -50,6 +51,7 @@ package settings
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -63,6 +65,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/internal/ssmparam"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/onetime"
@@ -87,6 +90,7 @@ const (
 	EnvSchedulerRole      = "NEXJOB_SCHEDULER_ROLE_ARN"
 	EnvFarRole            = "NEXJOB_FAR_ROLE_ARN"
 	EnvQueueARN           = "NEXJOB_QUEUE_ARN"
+	EnvQueues             = "NEXJOB_QUEUES"
 )
 
 // Role is what the process is: each reads the variables it needs.
@@ -108,13 +112,13 @@ const (
 func Vars(r Role) []string {
 	switch r {
 	case Guard:
-		return []string{EnvQueueURL, EnvGuardAfter}
+		return []string{EnvQueueURL, EnvGuardAfter, EnvQueues}
 	case Worker, Operator:
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues}
 	case Dashboard:
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvDashboardWrite}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvDashboardWrite, EnvQueues}
 	}
-	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates, EnvIndexShards}
+	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues}
 }
 
 // NeedsKeySecret says whether role r hashes idempotency keys, and so reads
@@ -154,6 +158,51 @@ type Settings struct {
 	// to (package onetime); empty without NEXJOB_FAR_ROLE_ARN: far jobs
 	// hop through SQS delays then.
 	Far onetime.Options
+	// Queues are the named queues (NEXJOB_QUEUES), by name.
+	Queues map[string]NamedQueue
+}
+
+// NamedQueue is one named queue of a deployment, as NEXJOB_QUEUES names
+// it (the construct writes it).
+type NamedQueue struct {
+	URL    string `json:"url"`
+	ARN    string `json:"arn,omitempty"` // the far jobs' schedules' target
+	DLQURL string `json:"dlq,omitempty"`
+}
+
+// QueueURLs are the named queues' URLs by name (enqueue's
+// ClientOptions.Queues), nil when there are none.
+func (s Settings) QueueURLs() map[string]string {
+	if len(s.Queues) == 0 {
+		return nil
+	}
+	m := make(map[string]string, len(s.Queues))
+	for name, q := range s.Queues {
+		m[name] = q.URL
+	}
+	return m
+}
+
+// parseQueues reads NEXJOB_QUEUES.
+func parseQueues(v string, far bool) (map[string]NamedQueue, error) {
+	if strings.TrimSpace(v) == "" {
+		return nil, nil
+	}
+	var qs map[string]NamedQueue
+	if err := json.Unmarshal([]byte(v), &qs); err != nil {
+		return nil, &InvalidError{Var: EnvQueues, Reason: `want JSON such as {"bulk":{"url":"https://…","arn":"arn:aws:sqs:…"}}`}
+	}
+	for name, q := range qs {
+		switch {
+		case !kinds.Valid(name):
+			return nil, &InvalidError{Var: EnvQueues, Reason: fmt.Sprintf("queue name %q: must be %s", name, kinds.Rule)}
+		case q.URL == "":
+			return nil, &InvalidError{Var: EnvQueues, Reason: fmt.Sprintf("queue %q has no url", name)}
+		case far && q.ARN == "":
+			return nil, &InvalidError{Var: EnvQueues, Reason: fmt.Sprintf("queue %q has no arn, which far jobs' schedules target (%s is set)", name, EnvFarRole)}
+		}
+	}
+	return qs, nil
 }
 
 // MissingError: a variable the role needs is not set.
@@ -219,6 +268,15 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 		}
 	}
 	var err error
+	if s.Queues, err = parseQueues(getenv(EnvQueues), s.Far.RoleARN != ""); err != nil {
+		return Settings{}, err
+	}
+	for name, q := range s.Queues {
+		if s.Far.QueueARNs == nil {
+			s.Far.QueueARNs = map[string]string{}
+		}
+		s.Far.QueueARNs[name] = q.ARN
+	}
 	if s.Retention, err = ParseRetention(getenv(EnvRetention)); err != nil {
 		return Settings{}, err
 	}
@@ -308,7 +366,7 @@ func (s Settings) LedgerOptions() ledger.Options {
 
 // ClientOptions are the enqueue client's options these settings imply.
 func (s Settings) ClientOptions() *enqueue.ClientOptions {
-	return &enqueue.ClientOptions{Ledger: s.LedgerOptions(), Far: s.FarScheduler()}
+	return &enqueue.ClientOptions{Ledger: s.LedgerOptions(), Far: s.FarScheduler(), Queues: s.QueueURLs()}
 }
 
 // FarScheduler is the far jobs' one-time schedules client these settings
@@ -341,6 +399,9 @@ func (s Settings) Client(opts *enqueue.ClientOptions) (*enqueue.Client, error) {
 	if o.Far == nil {
 		o.Far = s.FarScheduler()
 	}
+	if o.Queues == nil {
+		o.Queues = s.QueueURLs()
+	}
 	return enqueue.New(s.AWS, s.Table, s.QueueURL, &o)
 }
 
@@ -359,6 +420,9 @@ func (s Settings) HandlerOptions(base *handler.Options) *handler.Options {
 	o.Retention = &r
 	if o.Far == nil {
 		o.Far = s.FarScheduler()
+	}
+	if o.Queues == nil {
+		o.Queues = s.QueueURLs()
 	}
 	now := o.Ledger.Now
 	o.Ledger = s.LedgerOptions()

@@ -46,6 +46,9 @@ func TestMissingAndInvalid(t *testing.T) {
 		{"guard after", region, settings.Guard, with(settings.EnvGuardAfter, "soon"), settings.EnvGuardAfter},
 		{"two secrets", region, settings.Producer, with(settings.EnvKeySecretParameter, "/p"), ""},
 		{"role", region, settings.Role("cron"), base, settings.EnvRole},
+		{"queues json", region, settings.Producer, with(settings.EnvQueues, "bulk=https://sqs/b"), settings.EnvQueues},
+		{"queue name", region, settings.Producer, with(settings.EnvQueues, `{"bulk imports":{"url":"https://sqs/b"}}`), settings.EnvQueues},
+		{"queue url", region, settings.Worker, with(settings.EnvQueues, `{"bulk":{"dlq":"https://sqs/b-dlq"}}`), settings.EnvQueues},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := tc.env
@@ -83,6 +86,9 @@ func TestValues(t *testing.T) {
 	if s.Retention != want || !s.IndexAllStates || string(s.KeySecret) != "k" || s.DLQURL != "dlq" {
 		t.Fatalf("%+v", s)
 	}
+	if s.QueueURLs() != nil {
+		t.Fatalf("no NEXJOB_QUEUES: queues %v", s.QueueURLs())
+	}
 	o := s.HandlerOptions(&handler.Options{Concurrency: 3})
 	if o.Concurrency != 3 || o.DLQURL != "dlq" || *o.Retention != want || !o.Ledger.IndexAllStates || string(o.Ledger.KeySecret) != "k" {
 		t.Fatalf("handler options %+v", o)
@@ -90,6 +96,30 @@ func TestValues(t *testing.T) {
 	back, err := settings.ParseRetention(settings.FormatRetention(want))
 	if err != nil || back != want {
 		t.Fatalf("round trip: %+v %v", back, err)
+	}
+}
+
+// TestNamedQueues: NEXJOB_QUEUES reaches the enqueue client, the handler
+// and the far jobs' schedules; with far jobs on, a named queue needs its
+// ARN (the schedules' target).
+func TestNamedQueues(t *testing.T) {
+	vars := map[string]string{
+		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q",
+		settings.EnvQueues: `{"bulk":{"url":"https://sqs/b","arn":"arn:aws:sqs:eu-west-1:1:b","dlq":"https://sqs/b-dlq"}}`,
+		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvScheduleGroup: "g", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
+	}
+	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Queues["bulk"].DLQURL != "https://sqs/b-dlq" || s.ClientOptions().Queues["bulk"] != "https://sqs/b" ||
+		s.HandlerOptions(nil).Queues["bulk"] != "https://sqs/b" || s.Far.QueueARNs["bulk"] != "arn:aws:sqs:eu-west-1:1:b" {
+		t.Fatalf("%+v", s)
+	}
+	vars[settings.EnvQueues] = `{"bulk":{"url":"https://sqs/b"}}`
+	var ie *settings.InvalidError
+	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || ie.Var != settings.EnvQueues {
+		t.Fatalf("far jobs and a queue without its ARN: %v, want an InvalidError on %s", err, settings.EnvQueues)
 	}
 }
 

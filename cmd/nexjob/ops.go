@@ -224,7 +224,20 @@ func (o *ops) stats(ctx context.Context) error {
 		dlq = fmt.Sprintf("%d messages", st.DLQ)
 	}
 	fmt.Fprintf(o.stdout, "\njob queue: %d waiting, %d in flight; dead-letter queue: %s\n", st.Queued, st.InFlight, dlq)
-	return nil
+	if len(st.Queues) == 0 {
+		return nil
+	}
+	fmt.Fprintln(o.stdout)
+	tw = tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE\tWAITING\tIN FLIGHT\tDEAD LETTERS\t")
+	for _, q := range st.Queues {
+		dlq := "none configured"
+		if q.DLQ >= 0 {
+			dlq = fmt.Sprint(q.DLQ)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t\n", clean(q.Name), q.Queued, q.InFlight, dlq)
+	}
+	return tw.Flush()
 }
 
 func (o *ops) schedules(ctx context.Context) error {

@@ -97,3 +97,42 @@ func TestFarCheckIsScheduled(t *testing.T) {
 		t.Fatalf("the check's schedule: %s %q %v, want %s", aws.ToString(got.ScheduleExpression), aws.ToString(got.Target.Input), err, want)
 	}
 }
+
+// TestCheckGoesToTheJobsQueue: a job on a named queue gets its check on
+// that queue (the stream image's queue attribute), in a batch of its own;
+// a queue the guard was not told of falls back to the job queue, where a
+// worker runs the check all the same.
+func TestCheckGoesToTheJobsQueue(t *testing.T) {
+	e := nexjobtest.New(t, &nexjobtest.Options{Queues: []string{"bulk"}})
+	g := guard.New(e.SQS, e.QueueURL, &guard.Options{MaxDelay: 1, Queues: e.Queues})
+	changes := []guard.Change{
+		{ID: "main", Kind: "k", State: ledger.Enqueued},
+		{ID: "bulk", Kind: "k", State: ledger.Enqueued, Queue: "bulk"},
+		{ID: "unknown", Kind: "k", State: ledger.Enqueued, Queue: "gone"},
+	}
+	if err := g.Check(context.Background(), changes); err != nil {
+		t.Fatal(err)
+	}
+	read := func(url string, n int) map[string]string {
+		got := map[string]string{}
+		for end := time.Now().Add(time.Minute); len(got) < n && time.Now().Before(end); {
+			for _, m := range e.Messages(t, url) {
+				msg, err := enqueue.DecodeMessage(aws.ToString(m.Body))
+				if err != nil || !msg.Check {
+					t.Fatalf("%q: %v", aws.ToString(m.Body), err)
+				}
+				got[msg.ID] = msg.Queue
+			}
+			if len(got) < n {
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		return got
+	}
+	if got := read(e.Queues["bulk"], 1); len(got) != 1 || got["bulk"] != "bulk" {
+		t.Fatalf("the bulk queue got %v, want the bulk job's check (queue bulk)", got)
+	}
+	if got := read(e.QueueURL, 2); len(got) != 2 || got["main"] != "" || got["unknown"] != "" {
+		t.Fatalf("the job queue got %v, want main's and unknown's checks (queue \"\")", got)
+	}
+}

@@ -72,6 +72,11 @@ type Options struct {
 	// message. Defaults to none: the check's message is carried forward by
 	// the worker.
 	Far enqueue.FarScheduler
+	// Queues are the named queues (name → URL, enqueue's
+	// ClientOptions.Queues): a job's check goes to the job's queue. A
+	// check for a queue not named here goes to the job queue, where the
+	// worker runs it all the same. Defaults to none.
+	Queues map[string]string
 }
 
 // Guard sends check messages for jobs the stream shows becoming runnable.
@@ -109,7 +114,8 @@ type Change struct {
 	State    ledger.State
 	OldState ledger.State // "" for an insert
 	Attempt  int
-	RunAt    int64 // Unix ms, for Scheduled
+	RunAt    int64  // Unix ms, for Scheduled
+	Queue    string // the job's named queue, "" for the job queue
 }
 
 // needsCheck: the job just became runnable with no attempt spent. Not
@@ -137,13 +143,16 @@ func (g *Guard) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (even
 // Check sends a check message for every change that needs one.
 func (g *Guard) Check(ctx context.Context, changes []Change) error {
 	now := g.o.Now()
-	var batch []sqstypes.SendMessageBatchRequestEntry
-	flush := func() error {
+	// A batch of checks per queue URL: a batch request names one queue.
+	var urls []string
+	batches := map[string][]sqstypes.SendMessageBatchRequestEntry{}
+	flush := func(url string) error {
+		batch := batches[url]
 		if len(batch) == 0 {
 			return nil
 		}
-		out, err := g.sqs.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(g.queueURL), Entries: batch})
-		batch = batch[:0]
+		out, err := g.sqs.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(url), Entries: batch})
+		batches[url] = batch[:0]
 		if err != nil {
 			return fmt.Errorf("nexjob guard: send checks: %w", err)
 		}
@@ -170,27 +179,39 @@ func (g *Guard) Check(ctx context.Context, changes []Change) error {
 		}
 		due := max(now.UnixMilli(), c.RunAt)
 		checkAt := ledger.Millis(due).Add(g.o.After)
-		msg := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: checkAt.UnixMilli(), Check: true}
+		url, named := g.o.Queues[c.Queue]
+		if !named {
+			url, c.Queue = g.queueURL, ""
+		}
+		msg := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: checkAt.UnixMilli(), Check: true, Queue: c.Queue}
 		if g.o.Far != nil && checkAt.Sub(now) > g.o.MaxDelay {
 			// Idempotent: a retried batch moves the same schedule.
-			if err := g.o.Far.Schedule(ctx, onetime.Name(c.ID, true), checkAt, msg.Encode()); err != nil {
+			if err := g.o.Far.Schedule(ctx, onetime.Name(c.ID, true), checkAt, c.Queue, msg.Encode()); err != nil {
 				return fmt.Errorf("nexjob guard: schedule a check: %w", err)
 			}
 			continue
 		}
 		delay := min(checkAt.Sub(now), g.o.MaxDelay)
-		batch = append(batch, sqstypes.SendMessageBatchRequestEntry{
-			Id:           aws.String(strconv.Itoa(len(batch))),
+		if _, seen := batches[url]; !seen {
+			urls = append(urls, url)
+		}
+		batches[url] = append(batches[url], sqstypes.SendMessageBatchRequestEntry{
+			Id:           aws.String(strconv.Itoa(len(batches[url]))),
 			MessageBody:  aws.String(msg.Encode()),
 			DelaySeconds: int32((delay + time.Second - 1) / time.Second),
 		})
-		if len(batch) == 10 {
-			if err := flush(); err != nil {
+		if len(batches[url]) == 10 {
+			if err := flush(url); err != nil {
 				return err
 			}
 		}
 	}
-	return flush()
+	for _, url := range urls {
+		if err := flush(url); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ChangeFromImages reads a Lambda stream record's images. Attributes of
@@ -231,5 +252,6 @@ func changeFrom(newImg, oldImg attrs) Change {
 		ID: str(newImg, ledger.AttrID), Kind: str(newImg, ledger.AttrKind),
 		State: ledger.State(str(newImg, ledger.AttrState)), OldState: ledger.State(str(oldImg, ledger.AttrState)),
 		Attempt: int(num(ledger.AttrAttempt)), RunAt: max(num(ledger.AttrRunAt), 0),
+		Queue: str(newImg, ledger.AttrQueue),
 	}
 }
