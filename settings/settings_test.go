@@ -105,7 +105,7 @@ func TestValues(t *testing.T) {
 func TestNamedQueues(t *testing.T) {
 	vars := map[string]string{
 		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q",
-		settings.EnvQueues: `{"bulk":{"url":"https://sqs/b","arn":"arn:aws:sqs:eu-west-1:1:b","dlq":"https://sqs/b-dlq"}}`,
+		settings.EnvQueues:  `{"bulk":{"url":"https://sqs/b","arn":"arn:aws:sqs:eu-west-1:1:b","dlq":"https://sqs/b-dlq"}}`,
 		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvScheduleGroup: "g", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
 	}
 	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
