@@ -10,10 +10,12 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/examples/seedjobs"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/provision"
 )
 
 // Batch enqueue: one conditional write per item, messages in batches of
@@ -179,4 +181,32 @@ func ExampleDebounce() {
 	// save 4: folded true into the first job true (<nil>)
 	// save 5: folded true into the first job true (<nil>)
 	// its args: {"userId":"1","email":"v4@example.com"}
+}
+
+// Named queues: a bulk import goes to a queue of its own, so its backlog
+// (and, deployed, its event source's MaxConcurrency) never holds back the
+// jobs on the job queue. A name the client was not given is refused,
+// nothing written.
+func ExampleOpts_queue() {
+	ctx := context.Background()
+	cfg, _ := config.LoadDefaultConfig(ctx)
+	name := fmt.Sprintf("example-queues-%d", time.Now().UnixNano())
+	if err := provision.Table(ctx, dynamodb.NewFromConfig(cfg), name); err != nil {
+		panic(err)
+	}
+	q := sqs.NewFromConfig(cfg)
+	jobs, _, _ := provision.Queues(ctx, q, provision.QueueSpec{Name: name})
+	bulk, _, _ := provision.Queues(ctx, q, provision.QueueSpec{Name: name + "-bulk"})
+	c, _ := enqueue.New(cfg, name, jobs, &enqueue.ClientOptions{Queues: map[string]string{"bulk": bulk}, Logger: quietLog})
+
+	res, err := c.Enqueue(ctx, seedjobs.WelcomeEmail{UserID: "8", Email: "h@example.com"}, &enqueue.Opts{Queue: "bulk"})
+	fmt.Println("enqueued:", err == nil, res.State)
+	rec, _ := c.Store().Get(ctx, res.ID)
+	fmt.Println("its queue:", rec.Queue)
+	_, err = c.Enqueue(ctx, seedjobs.WelcomeEmail{UserID: "9"}, &enqueue.Opts{Queue: "imports"})
+	fmt.Println("unknown queue refused:", errors.Is(err, enqueue.ErrUnknownQueue))
+	// Output:
+	// enqueued: true Enqueued
+	// its queue: bulk
+	// unknown queue refused: true
 }

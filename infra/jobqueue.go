@@ -26,8 +26,10 @@ package infra
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -46,6 +48,7 @@ import (
 	"github.com/aws/jsii-runtime-go"
 
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
 	"github.com/nexjob/nexjob-aws/settings"
@@ -176,6 +179,37 @@ type JobQueueProps struct {
 	NoFarSchedules *bool
 	// Environment is added to every function's (settings of your own).
 	Environment *map[string]*string
+	// NamedQueues adds queues that jobs choose by name (enqueue.Opts.Queue,
+	// a kind's Defaults.Queue), each with its own DLQ, its own event
+	// source on the worker with its own MaxConcurrency, batch size and
+	// batching window, and a DLQ alarm: a bulk import on one cannot take
+	// the concurrency that payments on another need. Every function and
+	// Settings(role) get NEXJOB_QUEUES; the grants cover every queue.
+	// Defaults to none.
+	NamedQueues []NamedQueueProps
+}
+
+// NamedQueueProps configure one named queue.
+type NamedQueueProps struct {
+	// Name, as jobs name it (letters, digits, "-", "_", ".", ":"; at most
+	// 64). Required.
+	Name *string
+	// MaxConcurrency caps the worker invocations this queue's event
+	// source runs at once (2 to 1000). Defaults to no cap (the queue then
+	// isolates only its backlog, not its share of the worker's
+	// concurrency).
+	MaxConcurrency *float64
+	// BatchSize of its event source. Defaults to JobQueueProps.BatchSize.
+	BatchSize *float64
+	// MaxBatchingWindow of its event source. Defaults to none.
+	MaxBatchingWindow awscdk.Duration
+}
+
+// NamedQueue is one named queue as deployed.
+type NamedQueue struct {
+	Queue           awssqs.Queue
+	DeadLetterQueue awssqs.Queue
+	DLQDepthAlarm   awscloudwatch.Alarm
 }
 
 // WebDashboardProps configure the dashboard function.
@@ -226,6 +260,7 @@ type JobQueue struct {
 	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
 	SchedulerRole      awsiam.Role                // assumed by Scheduler to invoke the target
 	FarRole            awsiam.Role                // assumed by Scheduler to send far jobs' messages (nil with NoFarSchedules)
+	NamedQueues        map[string]*NamedQueue     // by name (JobQueueProps.NamedQueues)
 	keySecret          awsssm.IStringParameter
 	keySecretKey       awskms.IKey
 	env                map[string]*string // every function's settings
@@ -302,6 +337,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		DeadLetterQueue:   &awssqs.DeadLetterQueue{Queue: q.DeadLetterQueue, MaxReceiveCount: p.MaxReceiveCount},
 	})
 
+	named := q.namedQueues(c, p)
 	env := map[string]*string{
 		settings.EnvTable:          q.Table.TableName(),
 		settings.EnvQueueURL:       q.Queue.QueueUrl(),
@@ -314,6 +350,9 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		env[settings.EnvKeySecretParameter] = p.KeySecretParameter
 		q.keySecret = awsssm.StringParameter_FromStringParameterName(c, jsii.String("KeySecret"), p.KeySecretParameter)
 		q.keySecretKey = p.KeySecretKey
+	}
+	if named != nil {
+		env[settings.EnvQueues] = named
 	}
 	if p.NoFarSchedules == nil || !*p.NoFarSchedules {
 		q.farSchedules(c, env)
@@ -344,7 +383,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	// and schedules, hides messages of running jobs, moves non-jobs to the
 	// DLQ.
 	q.Table.Grant(q.Worker, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
-	q.Queue.Grant(q.Worker, jsii.String("sqs:SendMessage"), jsii.String("sqs:ChangeMessageVisibility"))
+	q.grantQueues(q.Worker, "sqs:SendMessage", "sqs:ChangeMessageVisibility")
 	q.DeadLetterQueue.Grant(q.Worker, jsii.String("sqs:SendMessage"))
 	q.Worker.AddEventSource(awslambdaeventsources.NewSqsEventSource(q.Queue, &awslambdaeventsources.SqsEventSourceProps{
 		BatchSize:               p.BatchSize,
@@ -353,15 +392,30 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		MaxBatchingWindow:       p.MaxBatchingWindow,
 		ProvisionedPollerConfig: p.ProvisionedPollers,
 	}))
+	for _, np := range p.NamedQueues {
+		nq := q.NamedQueues[*np.Name]
+		batch := np.BatchSize
+		if batch == nil {
+			batch = p.BatchSize
+		}
+		q.Worker.AddEventSource(awslambdaeventsources.NewSqsEventSource(nq.Queue, &awslambdaeventsources.SqsEventSourceProps{
+			BatchSize:               batch,
+			ReportBatchItemFailures: jsii.Bool(true),
+			MaxConcurrency:          np.MaxConcurrency,
+			MaxBatchingWindow:       np.MaxBatchingWindow,
+		}))
+	}
 
 	// The DLQ consumer: records why (UpdateItem, PutItem for non-jobs),
 	// reads, and releases continuations from hooks (SendMessage).
 	q.Table.Grant(q.DeadLetter, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"))
-	q.Queue.Grant(q.DeadLetter, jsii.String("sqs:SendMessage"))
-	q.DeadLetter.AddEventSource(awslambdaeventsources.NewSqsEventSource(q.DeadLetterQueue, &awslambdaeventsources.SqsEventSourceProps{
-		BatchSize:               jsii.Number(10),
-		ReportBatchItemFailures: jsii.Bool(true),
-	}))
+	q.grantQueues(q.DeadLetter, "sqs:SendMessage")
+	for _, dlq := range q.deadLetterQueues() {
+		q.DeadLetter.AddEventSource(awslambdaeventsources.NewSqsEventSource(dlq, &awslambdaeventsources.SqsEventSourceProps{
+			BatchSize:               jsii.Number(10),
+			ReportBatchItemFailures: jsii.Bool(true),
+		}))
+	}
 
 	if q.Guard != nil {
 		// The dispatch guard: reads the table's stream (scoped to this stream,
@@ -369,7 +423,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		// check messages. The filter keeps every other change from invoking it.
 		q.Table.GrantStream(q.Guard, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
 			jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
-		q.Queue.Grant(q.Guard, jsii.String("sqs:SendMessage"))
+		q.grantQueues(q.Guard, "sqs:SendMessage")
 		q.grantFarActions(q.Guard, "scheduler:CreateSchedule", "scheduler:UpdateSchedule") // far jobs' checks
 		// A batch that fails all its retries is not dropped silently: its
 		// stream position goes to a queue of its own, and an alarm says so
@@ -534,7 +588,7 @@ func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) 
 			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
 		}),
 	})
-	q.Queue.Grant(q.FarRole, jsii.String("sqs:SendMessage"))
+	q.grantQueues(q.FarRole, "sqs:SendMessage")
 	env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
 	env[settings.EnvFarRole] = q.FarRole.RoleArn()
 	env[settings.EnvQueueARN] = q.Queue.QueueArn()
@@ -594,7 +648,7 @@ func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
 func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:DescribeTable"))
-	q.Queue.Grant(grantee, jsii.String("sqs:SendMessage"), jsii.String("sqs:GetQueueAttributes"))
+	q.grantQueues(grantee, "sqs:SendMessage", "sqs:GetQueueAttributes")
 	q.grantKeySecret(grantee)
 	q.grantFar(grantee)
 }
@@ -609,7 +663,7 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.GrantRead(grantee)
 	q.Table.Grant(grantee, jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
-	q.Queue.Grant(grantee, jsii.String("sqs:SendMessage"))
+	q.grantQueues(grantee, "sqs:SendMessage")
 	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:DeleteMessage"))
 	q.grantFar(grantee) // a redriven far job is scheduled again; delete removes its schedule
 }
@@ -652,9 +706,67 @@ func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 		})
 	}
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
-	q.Queue.Grant(grantee, jsii.String("sqs:GetQueueAttributes"))
+	q.grantQueues(grantee, "sqs:GetQueueAttributes")
 	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:ReceiveMessage"), jsii.String("sqs:GetQueueAttributes"))
+	for _, nq := range q.NamedQueues {
+		nq.DeadLetterQueue.Grant(grantee, jsii.String("sqs:GetQueueAttributes")) // stats
+	}
 	q.grantKeySecret(grantee)
+}
+
+// namedQueues makes the named queues, each with its DLQ and its DLQ's
+// alarm, and returns NEXJOB_QUEUES (nil with none).
+func (q *JobQueue) namedQueues(c constructs.Construct, p JobQueueProps) *string {
+	if len(p.NamedQueues) == 0 {
+		return nil
+	}
+	q.NamedQueues = map[string]*NamedQueue{}
+	doc := map[string]any{}
+	for _, np := range p.NamedQueues {
+		name := ""
+		if np.Name != nil {
+			name = *np.Name
+		}
+		if !kinds.Valid(name) {
+			panic(fmt.Sprintf("nexjob infra: named queue %q: the name must be %s", name, kinds.Rule))
+		}
+		if _, dup := q.NamedQueues[name]; dup {
+			panic(fmt.Sprintf("nexjob infra: named queue %q twice", name))
+		}
+		id := "Queue-" + name
+		dlq := awssqs.NewQueue(c, jsii.String(id+"-DLQ"), &awssqs.QueueProps{
+			Encryption: awssqs.QueueEncryption_SQS_MANAGED, EnforceSSL: jsii.Bool(true),
+			RetentionPeriod:   awscdk.Duration_Days(jsii.Number(14)),
+			VisibilityTimeout: awscdk.Duration_Seconds(jsii.Number(6 * deadLetterTimeoutSeconds)),
+		})
+		nq := &NamedQueue{DeadLetterQueue: dlq, Queue: awssqs.NewQueue(c, jsii.String(id), &awssqs.QueueProps{
+			Encryption: awssqs.QueueEncryption_SQS_MANAGED, EnforceSSL: jsii.Bool(true),
+			VisibilityTimeout: awscdk.Duration_Seconds(jsii.Number(6 * *p.FunctionTimeout.ToSeconds(nil))),
+			DeadLetterQueue:   &awssqs.DeadLetterQueue{Queue: dlq, MaxReceiveCount: p.MaxReceiveCount},
+		})}
+		nq.DLQDepthAlarm = depthAlarm(c, dlq, id+"-DLQDepth", "nexjob: messages in the dead-letter queue of the named queue "+name)
+		q.NamedQueues[name] = nq
+		doc[name] = map[string]any{"url": nq.Queue.QueueUrl(), "arn": nq.Queue.QueueArn(), "dlq": dlq.QueueUrl()}
+	}
+	return awscdk.Stack_Of(c).ToJsonString(doc, nil)
+}
+
+// grantQueues grants actions on the job queue and every named queue.
+func (q *JobQueue) grantQueues(grantee awsiam.IGrantable, actions ...string) {
+	q.Queue.Grant(grantee, *jsii.Strings(actions...)...)
+	for _, name := range slices.Sorted(maps.Keys(q.NamedQueues)) {
+		q.NamedQueues[name].Queue.Grant(grantee, *jsii.Strings(actions...)...)
+	}
+}
+
+// deadLetterQueues are the job queue's DLQ and the named queues', in name
+// order.
+func (q *JobQueue) deadLetterQueues() []awssqs.Queue {
+	dlqs := []awssqs.Queue{q.DeadLetterQueue}
+	for _, name := range slices.Sorted(maps.Keys(q.NamedQueues)) {
+		dlqs = append(dlqs, q.NamedQueues[name].DeadLetterQueue)
+	}
+	return dlqs
 }
 
 // newFunction builds one arm64 provided.al2023 function with its own role

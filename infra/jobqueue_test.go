@@ -312,14 +312,9 @@ func TestJobQueueNeedsCode(t *testing.T) {
 // role), the guard left out, the settings on every function, the key
 // secret's parameter readable by the functions and by producers.
 func TestJobQueueOneBinaryNoGuard(t *testing.T) {
-	code := t.TempDir()
-	if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
-	stack := awscdk.NewStack(app, jsii.String("One"), nil)
+	stack, code := oneBinaryStack(t, "One")
 	q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{
-		Code: infra.BootstrapCode(code), NoGuard: jsii.Bool(true), IndexAllStates: jsii.Bool(true),
+		Code: code, NoGuard: jsii.Bool(true), IndexAllStates: jsii.Bool(true),
 		Retention:          &infra.Retention{Failed: awscdk.Duration_Days(jsii.Number(90))},
 		KeySecretParameter: jsii.String("/orders/key-secret"),
 	})

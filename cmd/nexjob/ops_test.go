@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ import (
 	"github.com/nexjob/nexjob-aws/internal/awstest"
 	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
@@ -509,5 +511,35 @@ func TestSchedules(t *testing.T) {
 	}
 	if _, _, err := r.cliAt(t, nil, false, "", "schedules"); !errors.Is(err, admin.ErrNoSchedules) {
 		t.Fatalf("with no group: %v", err)
+	}
+}
+
+// TestStatsShowsEachQueue: nexjob stats prints a line per named queue
+// (NEXJOB_QUEUES) with its own counts.
+func TestStatsShowsEachQueue(t *testing.T) {
+	e := nexjobtest.New(t, &nexjobtest.Options{Queues: []string{"bulk", "payments"}})
+	for i := range 3 {
+		if _, err := e.Client.Enqueue(context.Background(), report{Name: fmt.Sprint(i)}, &enqueue.Opts{Queue: "bulk"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	qs, _ := json.Marshal(map[string]settings.NamedQueue{
+		"bulk":     {URL: e.Queues["bulk"], DLQURL: e.QueueDLQs["bulk"]},
+		"payments": {URL: e.Queues["payments"]},
+	})
+	env := map[string]string{settings.EnvTable: e.Table, settings.EnvQueueURL: e.QueueURL, settings.EnvDLQURL: e.DLQURL, settings.EnvQueues: string(qs)}
+	var out bytes.Buffer
+	c := &cli{stdout: &out, stderr: &out, getenv: func(k string) string { return env[k] }}
+	if err := c.run(context.Background(), []string{"stats"}); err != nil {
+		t.Fatalf("stats: %v\n%s", err, out.String())
+	}
+	lines := map[string]string{}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			lines[f[0]] = strings.Join(f, " ")
+		}
+	}
+	if lines["bulk"] != "bulk 3 0 0" || lines["payments"] != "payments 0 0 none configured" || !strings.Contains(out.String(), "job queue: 0 waiting") {
+		t.Fatalf("stats:\n%s\nwant bulk with 3 waiting and an empty DLQ, payments with none", out.String())
 	}
 }
