@@ -351,9 +351,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.keySecret = awsssm.StringParameter_FromStringParameterName(c, jsii.String("KeySecret"), p.KeySecretParameter)
 		q.keySecretKey = p.KeySecretKey
 	}
-	if named != nil {
-		env[settings.EnvQueues] = named
-	}
+	env[settings.EnvQueues] = named
 	if p.NoFarSchedules == nil || !*p.NoFarSchedules {
 		q.farSchedules(c, env)
 	}
@@ -715,10 +713,11 @@ func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 }
 
 // namedQueues makes the named queues, each with its DLQ and its DLQ's
-// alarm, and returns NEXJOB_QUEUES (nil with none).
+// alarm, and returns NEXJOB_QUEUES ("{}" with none: every function gets
+// every variable its role reads).
 func (q *JobQueue) namedQueues(c constructs.Construct, p JobQueueProps) *string {
 	if len(p.NamedQueues) == 0 {
-		return nil
+		return jsii.String("{}")
 	}
 	q.NamedQueues = map[string]*NamedQueue{}
 	doc := map[string]any{}

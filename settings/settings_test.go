@@ -116,6 +116,10 @@ func TestNamedQueues(t *testing.T) {
 		s.HandlerOptions(nil).Queues["bulk"] != "https://sqs/b" || s.Far.QueueARNs["bulk"] != "arn:aws:sqs:eu-west-1:1:b" {
 		t.Fatalf("%+v", s)
 	}
+	none := map[string]string{settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q", settings.EnvQueues: "{}"}
+	if s, err := settings.FromEnv(context.Background(), region, settings.Worker, env(none)); err != nil || s.QueueURLs() != nil {
+		t.Fatalf(`NEXJOB_QUEUES "{}" (the construct's with none): %v %v, want no named queues`, s.QueueURLs(), err)
+	}
 	vars[settings.EnvQueues] = `{"bulk":{"url":"https://sqs/b"}}`
 	var ie *settings.InvalidError
 	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || ie.Var != settings.EnvQueues {
