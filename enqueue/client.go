@@ -146,6 +146,7 @@ type Client struct {
 	redisp    time.Duration
 	metrics   *metrics.Recorder
 	tracer    trace.Tracer
+	tracing   bool // a TracerProvider was given
 	xray      propagation.TextMapPropagator
 	far       FarScheduler
 	farAfter  time.Duration
@@ -193,7 +194,7 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), xray: o.XRay, far: o.Far, farAfter: farAfter, queues: o.Queues}, nil
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), tracing: o.TracerProvider != nil, xray: o.XRay, far: o.Far, farAfter: farAfter, queues: o.Queues}, nil
 }
 
 // QueueURL is the URL of the named queue ("" the job queue), or an error
@@ -339,7 +340,7 @@ func (c *Client) decide(ctx context.Context, rec ledger.Record, o *Opts) (ledger
 		if err := checkHolder(rec, got, o); err != nil {
 			return got, false, ItemResult{Err: err}
 		}
-		c.log.InfoContext(ctx, "nexjob: enqueue deduplicated", "job_id", got.ID, "kind", got.Kind, "state", got.State)
+		c.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: enqueue deduplicated", slog.String("job_id", got.ID), slog.String("kind", got.Kind), slog.String("state", string(got.State)))
 		c.metrics.Count(metrics.Deduplicated, got.Kind, got.ID)
 		if !c.unsent(got) {
 			res.Sent = true

@@ -3,6 +3,7 @@ package enqueue
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 
@@ -215,7 +216,7 @@ func (c *Client) sent(ctx context.Context, rec ledger.Record, r *ItemResult, err
 		}
 	}
 	if !r.Duplicate {
-		c.log.InfoContext(ctx, "nexjob: enqueued", "job_id", rec.ID, "kind", rec.Kind, "state", rec.State)
+		c.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: enqueued", slog.String("job_id", rec.ID), slog.String("kind", rec.Kind), slog.String("state", string(rec.State)))
 		c.metrics.Count(metrics.Enqueued, rec.Kind, rec.ID)
 	}
 }

@@ -54,6 +54,11 @@ func messaging(queueURL, operation, operationType string) []attribute.KeyValue {
 // enqueue_many, continue_with, requeue): "send <queue>", with the
 // messaging attributes, nexjob.operation and attrs.
 func (c *Client) startSpan(ctx context.Context, op string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if !c.tracing {
+		// Off: no span and no attributes built. A caller's own span in ctx
+		// is still what the message carries (traceAttributes).
+		return ctx, noop.Span{}
+	}
 	all := append(messaging(c.queueURL, "send", "send"), attribute.String("nexjob.operation", op))
 	return c.tracer.Start(ctx, SpanName("send", c.queueURL), trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(append(all, attrs...)...))
 }

@@ -3,6 +3,7 @@ package handler_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -126,5 +127,69 @@ func TestDebounceUnderFaults(t *testing.T) {
 	}
 	if got := r.get(t, first.ID); jobs != 1 || got.Args != `{"To":"b@example.com"}` {
 		t.Fatalf("%d jobs, args %s; want one job with the last args", jobs, got.Args)
+	}
+}
+
+// TestDebounceThrottledPastTheRetries: each of a debounced enqueue's
+// writes throttled past the SDK's retries (the pointer's put, the job's
+// put after it, a fold) fails the call with an error, never a silent
+// success, and the caller's retry of the same enqueue leaves exactly one
+// pending job with the last args, which runs once.
+func TestDebounceThrottledPastTheRetries(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var ran []string
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		ran = append(ran, j.Args.To)
+		return nil
+	}, nil)
+	ft, cfg := r.e.Faulty()
+	prod, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quiet, Ledger: ledger.Options{Now: r.clock.Now}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	window := func(key string) *enqueue.Opts {
+		return &enqueue.Opts{Debounce: &enqueue.Debounce{Key: key, Period: 2 * time.Second}}
+	}
+	for i, c := range []struct {
+		key  string
+		rule faults.Rule
+	}{
+		{"a", faults.Rule{Op: "DynamoDB.PutItem", Fault: faults.Throttle, Times: faults.Attempts}},          // a new window's pointer
+		{"b", faults.Rule{Op: "DynamoDB.PutItem", Skip: 1, Fault: faults.Throttle, Times: faults.Attempts}}, // its job, after the pointer
+		{"b", faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts}},       // a fold into b's job
+	} {
+		h := ft.Add(c.rule)
+		to := fmt.Sprintf("try%d@example.com", i)
+		if res, err := prod.Enqueue(ctx, email{To: to}, window(c.key)); err == nil || h.Fired() != faults.Attempts {
+			t.Fatalf("write %d throttled past the retries: %+v, %v (fired %d), want an error", i, res, err, h.Fired())
+		}
+		h.Remove()
+		if _, err := prod.Enqueue(ctx, email{To: to}, window(c.key)); err != nil {
+			t.Fatalf("write %d: the caller's retry: %v", i, err)
+		}
+	}
+	pending := map[string]string{}
+	for _, rec := range r.e.Records(t) {
+		if rec.ID != "" && rec.State == ledger.Scheduled {
+			if _, dup := pending[rec.Args]; dup {
+				t.Fatalf("two pending jobs with args %s", rec.Args)
+			}
+			pending[rec.Args] = rec.ID
+		}
+	}
+	if len(pending) != 2 || pending[`{"To":"try0@example.com"}`] == "" || pending[`{"To":"try2@example.com"}`] == "" {
+		t.Fatalf("pending jobs %v, want a's (try0) and b's with the last args (try2)", pending)
+	}
+	r.clock.Advance(3 * time.Second)
+	r.drain(t)
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(ran)
+	if !slices.Equal(ran, []string{"try0@example.com", "try2@example.com"}) {
+		t.Fatalf("runs %v, want one per window, each with its last args", ran)
 	}
 }

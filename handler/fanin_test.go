@@ -137,3 +137,40 @@ func TestFanInCosts(t *testing.T) {
 		t.Fatalf("child %s", got.State)
 	}
 }
+
+// TestFanInCountThrottledPastTheRetries: a parent's count into the
+// child's set throttled past the SDK's retries (the parent already
+// Succeeded) is not lost: the parent's message comes back, its delivery
+// counts it, and the child runs once, after every parent, each parent
+// having run once.
+func TestFanInCountThrottledPastTheRetries(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, ok, rigConfig{faults: true, queue: fastQueue})
+	ctx := context.Background()
+	var parents []string
+	for i := range 3 {
+		parents = append(parents, r.enqueue(t, email{To: fmt.Sprintf("parent-%d@example.com", i)}, nil))
+	}
+	child, err := r.prod.ContinueWhenAll(ctx, parents, email{To: "child@example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	throttled := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts, Match: func(b []byte) bool {
+		return bytes.Contains(b, []byte(`"released"`)) && bytes.Contains(b, []byte(parents[1]))
+	}})
+	r.drain(t)
+	if throttled.Fired() != faults.Attempts {
+		t.Fatalf("the count's throttle fired %d times", throttled.Fired())
+	}
+	for _, p := range parents {
+		expect(t, r.get(t, p), ledger.Succeeded, 1, "")
+		if n := r.runs(p); n != 1 {
+			t.Fatalf("parent %s ran %d times", p, n)
+		}
+	}
+	got := r.get(t, child.ID)
+	expect(t, got, ledger.Succeeded, 1, "")
+	if n := r.runs(child.ID); n != 1 || len(got.Released) != 3 {
+		t.Fatalf("the child ran %d times with %d parents counted; want once, 3", n, len(got.Released))
+	}
+}

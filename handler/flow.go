@@ -171,10 +171,11 @@ func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (defer
 				}
 				return now.Add(wait), slot, release
 			}
+			id := rec.ID // not rec: a closure over it moved every admit's record to the heap
 			release = func() {
 				if err := h.store.ReleaseSlot(context.WithoutCancel(ctx), hash, holder); err != nil {
 					// The slot frees itself when the claim's lease ends.
-					h.log.WarnContext(ctx, "nexjob: freeing the concurrency slot failed", "job_id", rec.ID, "err", err)
+					h.log.WarnContext(ctx, "nexjob: freeing the concurrency slot failed", "job_id", id, "err", err)
 				}
 			}
 		}

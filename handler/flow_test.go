@@ -198,8 +198,10 @@ func (throttledPair) Kind() string { return "throttled-pair" }
 // Flow control's writes under faults: the deferral's finish applied with
 // its reply lost (its resend is recognised: one message, no attempt
 // spent), and a throttle slot's PutItem throttled past the SDK's retries
-// (the job is deferred, not lost, and takes its slot when it comes back).
-// Every job runs once, on attempt 1, and the starts keep the rate.
+// (the job is deferred, not lost, and takes its slot when it comes back),
+// and a later deferral's finish throttled past the SDK's retries (retried
+// while the claim holds, or its message comes back). Every job runs once,
+// on attempt 1, and the starts keep the rate.
 func TestFlowControlUnderFaults(t *testing.T) {
 	t.Parallel()
 	e := awstest.New(t, nil)
@@ -231,14 +233,16 @@ func TestFlowControlUnderFaults(t *testing.T) {
 	has := func(s string) func([]byte) bool { return func(b []byte) bool { return bytes.Contains(b, []byte(s)) } }
 	lost := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: has(`"defers"`), Fault: faults.LostReply})
 	throttled := ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Match: has(ledger.RateTag(ids[2] + ".1")), Fault: faults.Throttle, Times: faults.Attempts})
+	// The next deferral's finish throttled past the SDK's retries.
+	throttledDefer := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: has(`"defers"`), Fault: faults.Throttle, Times: faults.Attempts})
 	e.Drain(t, h)
 	for _, id := range ids {
 		if rec := e.Get(t, id); rec.State != ledger.Succeeded || rec.Attempt != 1 || runs[id] != 1 {
 			t.Fatalf("job %s: %s attempt %d after %d runs, want Succeeded on attempt 1 after 1", id, rec.State, rec.Attempt, runs[id])
 		}
 	}
-	if lost.Fired() != 1 || throttled.Fired() == 0 {
-		t.Fatalf("faults fired: lost reply %d, throttle %d", lost.Fired(), throttled.Fired())
+	if lost.Fired() != 1 || throttled.Fired() == 0 || throttledDefer.Fired() != faults.Attempts {
+		t.Fatalf("faults fired: lost reply %d, throttle %d, deferral throttled %d", lost.Fired(), throttled.Fired(), throttledDefer.Fired())
 	}
 	slices.SortFunc(starts, time.Time.Compare)
 	for k := range starts {

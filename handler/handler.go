@@ -362,18 +362,8 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		claim = h.store.ClaimByCheck
 	}
 	rec, err := claim(ctx, msg.ID, lease)
-	var nc *ledger.NotClaimableError
-	switch {
-	case errors.As(err, &nc):
-		return h.notClaimable(ctx, m, msg, nc.Current, now)
-	case errors.Is(err, ledger.ErrNotFound):
-		h.log.WarnContext(ctx, "nexjob: message for a job that is gone", "job_id", msg.ID, "kind", msg.Kind)
-		return true
-	case errors.Is(err, ledger.ErrBadID):
-		return h.notAJob(ctx, m, err)
-	case err != nil:
-		h.log.ErrorContext(ctx, "nexjob: claim failed", "job_id", msg.ID, "err", err)
-		return false
+	if err != nil {
+		return h.unclaimed(ctx, m, msg, now, err)
 	}
 	if rec.HookPending {
 		// Requeued while the hook of its last failure was still due (the
@@ -429,6 +419,23 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	}
 	defer release() // after the run's end is recorded, whatever it was
 	return h.run(ctx, e, rec, deadline, cause)
+}
+
+// unclaimed handles a message whose claim failed and reports whether it
+// may be deleted.
+func (h *Handler) unclaimed(ctx context.Context, m events.SQSMessage, msg enqueue.Message, now time.Time, err error) bool {
+	var nc *ledger.NotClaimableError
+	switch {
+	case errors.As(err, &nc):
+		return h.notClaimable(ctx, m, msg, nc.Current, now)
+	case errors.Is(err, ledger.ErrNotFound):
+		h.log.WarnContext(ctx, "nexjob: message for a job that is gone", "job_id", msg.ID, "kind", msg.Kind)
+		return true
+	case errors.Is(err, ledger.ErrBadID):
+		return h.notAJob(ctx, m, err)
+	}
+	h.log.ErrorContext(ctx, "nexjob: claim failed", "job_id", msg.ID, "err", err)
+	return false
 }
 
 // stillWaiting answers a dispatch guard's check: run tells whether the
@@ -496,11 +503,17 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "run failed")
 	}
-	var perm *PermanentError
-	switch {
-	case err == nil:
+	if err == nil {
 		h.runLog(ctx, slog.LevelInfo, "nexjob: job succeeded", rec, start)
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded}, nil)
+	}
+	return h.runFailed(ctx, e, rec, runCtx, err, start)
+}
+
+// runFailed ends a run that returned err (or was cut off).
+func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, runCtx context.Context, err error, start time.Time) bool {
+	var perm *PermanentError
+	switch {
 	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:
 		h.runLog(ctx, slog.LevelWarn, "nexjob: job cut off by the invocation deadline; attempt given back", rec, start, slog.Int("cut_offs", rec.CutOffs+1))
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, CutOff: true, LastError: errCutOff.Error()}, nil)

@@ -21,18 +21,25 @@ import (
 // unused ones.
 type writeExpr struct {
 	cond   string
-	set    strings.Builder // "#a = :x, #b = :y": the SET clause's assignments
+	set    strings.Builder // "SET #a = :x, #b = :y": the SET clause (update appends the REMOVE clause to it)
 	remove strings.Builder // "#c, #d"
 	names  map[string]string
 	values map[string]types.AttributeValue
 }
 
-func newWriteExpr() *writeExpr {
-	// Sized for a Finish (17 names, 11 values): a map that grows
-	// mid-write copies itself.
-	e := &writeExpr{names: make(map[string]string, 18), values: make(map[string]types.AttributeValue, 12)}
-	e.set.Grow(384) // a Finish's SET clause, so that it is written in one allocation
+// newWriteExpr is an update's expressions, sized by the caller for its
+// names and values (a map that grows mid-write copies itself; one sized
+// far over its use costs its empty slots) and for its update expression
+// (one allocation when it fits).
+func newWriteExpr(names, values, size int) *writeExpr {
+	e := &writeExpr{names: make(map[string]string, names), values: make(map[string]types.AttributeValue, values)}
+	e.set.Grow(size)
 	return e
+}
+
+// newCondExpr is a put's condition: a few names and values, no clauses.
+func newCondExpr() *writeExpr {
+	return &writeExpr{names: make(map[string]string, 4), values: make(map[string]types.AttributeValue, 4)}
 }
 
 // placeholders are "#"+name of the attributes the worker's updates use,
@@ -73,6 +80,8 @@ func (e *writeExpr) i(label string, v int64) string {
 func (e *writeExpr) assign(attr string, expr ...string) {
 	if e.set.Len() > 0 {
 		e.set.WriteString(", ")
+	} else {
+		e.set.WriteString("SET ")
 	}
 	e.set.WriteString(e.n(attr))
 	e.set.WriteString(" = ")
@@ -137,21 +146,25 @@ func (e *writeExpr) index(s *Store, st State, id, now string) {
 	e.drop(AttrListAt)
 }
 
+// update is the update expression; it ends the writing of e (the REMOVE
+// clause goes into the SET clause's builder, so that the expression is
+// not copied again).
 func (e *writeExpr) update() string {
 	switch {
-	case e.set.Len() == 0 && e.remove.Len() == 0:
-		return ""
 	case e.remove.Len() == 0:
-		return "SET " + e.set.String()
+		return e.set.String()
 	case e.set.Len() == 0:
 		return "REMOVE " + e.remove.String()
 	}
-	return "SET " + e.set.String() + " REMOVE " + e.remove.String()
+	e.set.WriteString(" REMOVE ")
+	e.set.WriteString(e.remove.String())
+	e.remove.Reset()
+	return e.set.String()
 }
 
 // absent is the condition that the item does not exist yet.
 func absent() *writeExpr {
-	e := newWriteExpr()
+	e := newCondExpr()
 	e.cond = "attribute_not_exists(" + e.n(AttrPK) + ")"
 	return e
 }
