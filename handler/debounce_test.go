@@ -19,14 +19,8 @@ import (
 // it. An enqueue after the job ran starts the next window.
 func TestDebounceFoldsABurstIntoOneRun(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var ran []string
-	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
-		mu.Lock()
-		defer mu.Unlock()
-		ran = append(ran, j.Args.To)
-		return nil
-	}, nil)
+	var seen recipients
+	r := newRig(t, seen.work, nil)
 	ctx := context.Background()
 	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "user-7:profile-changed", Period: 2 * time.Second}}
 	var id string
@@ -47,7 +41,7 @@ func TestDebounceFoldsABurstIntoOneRun(t *testing.T) {
 		}
 	}
 	r.drain(t)
-	if len(ran) != 1 || ran[0] != "v49@example.com" {
+	if ran := seen.got(); len(ran) != 1 || ran[0] != "v49@example.com" {
 		t.Fatalf("runs %v, want one with the last args", ran)
 	}
 	expect(t, r.get(t, id), ledger.Succeeded, 1, "")
@@ -56,7 +50,7 @@ func TestDebounceFoldsABurstIntoOneRun(t *testing.T) {
 		t.Fatalf("after the run: %+v %v, want a new window", next, err)
 	}
 	r.drain(t)
-	if len(ran) != 2 || ran[1] != "after@example.com" {
+	if ran := seen.got(); len(ran) != 2 || ran[1] != "after@example.com" {
 		t.Fatalf("runs %v, want a second run with the new args", ran)
 	}
 }
@@ -137,14 +131,8 @@ func TestDebounceUnderFaults(t *testing.T) {
 // pending job with the last args, which runs once.
 func TestDebounceThrottledPastTheRetries(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var ran []string
-	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
-		mu.Lock()
-		defer mu.Unlock()
-		ran = append(ran, j.Args.To)
-		return nil
-	}, nil)
+	var seen recipients
+	r := newRig(t, seen.work, nil)
 	ft, cfg := r.e.Faulty()
 	prod, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quiet, Ledger: ledger.Options{Now: r.clock.Now}})
 	if err != nil {
@@ -186,10 +174,28 @@ func TestDebounceThrottledPastTheRetries(t *testing.T) {
 	}
 	r.clock.Advance(3 * time.Second)
 	r.drain(t)
-	mu.Lock()
-	defer mu.Unlock()
+	ran := seen.got()
 	slices.Sort(ran)
 	if !slices.Equal(ran, []string{"try0@example.com", "try2@example.com"}) {
 		t.Fatalf("runs %v, want one per window, each with its last args", ran)
 	}
+}
+
+// recipients records the To of every run, in order.
+type recipients struct {
+	mu  sync.Mutex
+	ran []string
+}
+
+func (r *recipients) work(_ context.Context, j *handler.Job[email]) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ran = append(r.ran, j.Args.To)
+	return nil
+}
+
+func (r *recipients) got() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ran)
 }

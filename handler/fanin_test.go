@@ -42,17 +42,7 @@ func TestFanInRunsOnceAfterEveryParent(t *testing.T) {
 	if lostFinish.Fired() != 1 || lostCount.Fired() != 1 {
 		t.Fatalf("faults fired: finish %d, count %d", lostFinish.Fired(), lostCount.Fired())
 	}
-	for _, p := range parents {
-		expect(t, r.get(t, p), ledger.Succeeded, 1, "")
-		if n := r.runs(p); n != 1 {
-			t.Fatalf("parent %s ran %d times", p, n)
-		}
-	}
-	got := r.get(t, child.ID)
-	expect(t, got, ledger.Succeeded, 1, "")
-	if n := r.runs(child.ID); n != 1 || len(got.Released) != 5 {
-		t.Fatalf("the child ran %d times with %d parents counted; want once, 5", n, len(got.Released))
-	}
+	ranOnceAfterAll(t, r, parents, child.ID)
 }
 
 // A parent that fails ends the fan-in child as it ended, unrun; bad
@@ -162,15 +152,22 @@ func TestFanInCountThrottledPastTheRetries(t *testing.T) {
 	if throttled.Fired() != faults.Attempts {
 		t.Fatalf("the count's throttle fired %d times", throttled.Fired())
 	}
+	ranOnceAfterAll(t, r, parents, child.ID)
+}
+
+// ranOnceAfterAll: every parent Succeeded after one run, and the fan-in
+// child Succeeded after one run with every parent counted.
+func ranOnceAfterAll(t *testing.T, r *rig, parents []string, child string) {
+	t.Helper()
 	for _, p := range parents {
 		expect(t, r.get(t, p), ledger.Succeeded, 1, "")
 		if n := r.runs(p); n != 1 {
 			t.Fatalf("parent %s ran %d times", p, n)
 		}
 	}
-	got := r.get(t, child.ID)
+	got := r.get(t, child)
 	expect(t, got, ledger.Succeeded, 1, "")
-	if n := r.runs(child.ID); n != 1 || len(got.Released) != 3 {
-		t.Fatalf("the child ran %d times with %d parents counted; want once, 3", n, len(got.Released))
+	if n := r.runs(child); n != 1 || len(got.Released) != len(parents) {
+		t.Fatalf("the child ran %d times with %d parents counted; want once, %d", n, len(got.Released), len(parents))
 	}
 }
