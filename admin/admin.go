@@ -378,6 +378,24 @@ func (a *Admin) DeadLetters(ctx context.Context, max int) ([]DeadLetter, error) 
 	return dls, nil
 }
 
+// OnQueue is the Admin for the named queue name (NEXJOB_QUEUES): its
+// DeadLetters and Redrive read that queue's DLQ (a redriven job goes
+// back to its own queue, as every send of it does). "" gives a itself,
+// on the job queue's DLQ. A name the settings do not hold is an error
+// matching enqueue.ErrUnknownQueue.
+func (a *Admin) OnQueue(name string) (*Admin, error) {
+	if name == "" {
+		return a, nil
+	}
+	q, ok := a.named[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q is not among NEXJOB_QUEUES", enqueue.ErrUnknownQueue, name)
+	}
+	b := *a
+	b.queueURL, b.dlqURL = q.URL, q.DLQURL
+	return &b, nil
+}
+
 // ErrNoDLQ: the settings name no dead-letter queue (NEXJOB_DLQ_URL).
 var ErrNoDLQ = errors.New("nexjob: no dead-letter queue configured (set NEXJOB_DLQ_URL)")
 

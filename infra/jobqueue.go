@@ -662,7 +662,7 @@ func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.GrantRead(grantee)
 	q.Table.Grant(grantee, jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
 	q.grantQueues(grantee, "sqs:SendMessage")
-	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:DeleteMessage"))
+	q.grantDLQs(grantee, "sqs:DeleteMessage")
 	q.grantFar(grantee) // a redriven far job is scheduled again; delete removes its schedule
 }
 
@@ -705,10 +705,7 @@ func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 	}
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
 	q.grantQueues(grantee, "sqs:GetQueueAttributes")
-	q.DeadLetterQueue.Grant(grantee, jsii.String("sqs:ReceiveMessage"), jsii.String("sqs:GetQueueAttributes"))
-	for _, nq := range q.NamedQueues {
-		nq.DeadLetterQueue.Grant(grantee, jsii.String("sqs:GetQueueAttributes")) // stats
-	}
+	q.grantDLQs(grantee, "sqs:ReceiveMessage", "sqs:GetQueueAttributes")
 	q.grantKeySecret(grantee)
 }
 
@@ -755,6 +752,14 @@ func (q *JobQueue) grantQueues(grantee awsiam.IGrantable, actions ...string) {
 	q.Queue.Grant(grantee, *jsii.Strings(actions...)...)
 	for _, name := range slices.Sorted(maps.Keys(q.NamedQueues)) {
 		q.NamedQueues[name].Queue.Grant(grantee, *jsii.Strings(actions...)...)
+	}
+}
+
+// grantDLQs grants actions on the job queue's DLQ and every named
+// queue's.
+func (q *JobQueue) grantDLQs(grantee awsiam.IGrantable, actions ...string) {
+	for _, dlq := range q.deadLetterQueues() {
+		dlq.Grant(grantee, *jsii.Strings(actions...)...)
 	}
 }
 

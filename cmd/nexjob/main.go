@@ -49,7 +49,7 @@ usage: nexjob COMMAND [flags] [args]
   requeue --state S [--kind K] [--since D] [--limit N]
                                       requeue every match, with a progress bar
   delete ID...                        remove jobs' records (frees their keys)
-  redrive                             move the DLQ's messages back into work
+  redrive [--from NAME]               move the DLQ's (or named queue NAME's DLQ's) messages back into work
                                       (requeue, delete and redrive ask first on a terminal:
                                       --yes skips the question, --dry-run changes nothing)
   dashboard [--addr 127.0.0.1:8080] [--write] [--allow-host NAME] [--allow-remote]
@@ -101,6 +101,7 @@ func (u usageError) Error() string { return string(u) + " (nexjob help lists the
 // flags is every flag any command takes; each command reads its own.
 type flags struct {
 	table, queue, dlq   string
+	from                string // redrive: the named queue whose DLQ
 	state, kind, reason string
 	since, until, addr  string
 	limit               int
@@ -124,6 +125,7 @@ func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	fs.StringVar(&f.table, "table", "", "ledger table")
 	fs.StringVar(&f.queue, "queue", "", "job queue URL")
 	fs.StringVar(&f.dlq, "dlq", "", "dead-letter queue URL")
+	fs.StringVar(&f.from, "from", "", "redrive: the DLQ of this named queue (NEXJOB_QUEUES)")
 	fs.StringVar(&f.state, "state", "", "job state")
 	fs.StringVar(&f.kind, "kind", "", "job kind")
 	fs.StringVar(&f.since, "since", "", "changed at most this long ago (24h) or since this RFC 3339 time")

@@ -382,8 +382,12 @@ func (o *ops) requeueAll(ctx context.Context, f *flags) error {
 }
 
 func (o *ops) redrive(ctx context.Context, f *flags) error {
+	a, err := o.a.OnQueue(f.from)
+	if err != nil {
+		return err
+	}
 	if f.dryRun {
-		letters, err := o.a.DeadLetters(ctx, 10) // a peek: visibility 0, nothing hidden
+		letters, err := a.DeadLetters(ctx, 10) // a peek: visibility 0, nothing hidden
 		if err != nil {
 			return err
 		}
@@ -400,7 +404,7 @@ func (o *ops) redrive(ctx context.Context, f *flags) error {
 	if err := o.askBulk(f, "redrive the dead-letter queue's messages"); err != nil {
 		return err
 	}
-	rep, err := o.a.Redrive(ctx, o.bar("redrive"))
+	rep, err := a.Redrive(ctx, o.bar("redrive"))
 	if err != nil {
 		return err
 	}

@@ -543,3 +543,44 @@ func TestStatsShowsEachQueue(t *testing.T) {
 		t.Fatalf("stats:\n%s\nwant bulk with 3 waiting and an empty DLQ, payments with none", out.String())
 	}
 }
+
+// TestRedriveFromANamedQueue: redrive --from NAME reads that named
+// queue's DLQ, and the job goes back to its own queue, not the job queue;
+// a name not among NEXJOB_QUEUES is refused.
+func TestRedriveFromANamedQueue(t *testing.T) {
+	e := nexjobtest.New(t, &nexjobtest.Options{Queues: []string{"bulk"}})
+	ctx := context.Background()
+	res, err := e.Client.Enqueue(ctx, report{Name: "r"}, &enqueue.Opts{Queue: "bulk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its message reached the bulk queue's DLQ (as after maxReceiveCount).
+	got, err := e.SQS.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: aws.String(e.Queues["bulk"]), WaitTimeSeconds: 1})
+	if err != nil || len(got.Messages) != 1 {
+		t.Fatalf("receive the job's message: %v %d", err, len(got.Messages))
+	}
+	if _, err := e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(e.QueueDLQs["bulk"]), MessageBody: got.Messages[0].Body}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.SQS.DeleteMessage(ctx, &sqs.DeleteMessageInput{QueueUrl: aws.String(e.Queues["bulk"]), ReceiptHandle: got.Messages[0].ReceiptHandle}); err != nil {
+		t.Fatal(err)
+	}
+	qs, _ := json.Marshal(map[string]settings.NamedQueue{"bulk": {URL: e.Queues["bulk"], DLQURL: e.QueueDLQs["bulk"]}})
+	env := map[string]string{settings.EnvTable: e.Table, settings.EnvQueueURL: e.QueueURL, settings.EnvDLQURL: e.DLQURL, settings.EnvQueues: string(qs)}
+	run := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		c := &cli{stdout: &out, stderr: &out, getenv: func(k string) string { return env[k] }}
+		err := c.run(ctx, args)
+		return out.String(), err
+	}
+	if out, err := run("redrive", "--from", "imports", "--yes"); !errors.Is(err, enqueue.ErrUnknownQueue) {
+		t.Fatalf("redrive --from an unknown queue: %v\n%s", err, out)
+	}
+	out, err := run("redrive", "--from", "bulk", "--yes")
+	if err != nil || !strings.Contains(out, "redrove 1 of 1 dead-letter messages") {
+		t.Fatalf("redrive --from bulk: %v\n%s", err, out)
+	}
+	if got := [3]int{e.QueueDepth(t, e.Queues["bulk"]), e.QueueDepth(t, e.QueueDLQs["bulk"]), e.QueueDepth(t, e.QueueURL)}; got != [3]int{1, 0, 0} {
+		t.Fatalf("bulk queue, its DLQ, the job queue: %v, want [1 0 0] (job %s back on its own queue)", got, res.ID)
+	}
+}

@@ -3,6 +3,7 @@ package soak
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -84,6 +85,7 @@ func readRuns(dir string) (runs, error) {
 	return out, nil
 }
 
+// scan reads every job record of the table.
 func scan(ctx context.Context, db *dynamodb.Client, table string) ([]ledger.Record, error) {
 	var recs []ledger.Record
 	p := dynamodb.NewScanPaginator(db, &dynamodb.ScanInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true)})
@@ -96,7 +98,13 @@ func scan(ctx context.Context, db *dynamodb.Client, table string) ([]ledger.Reco
 		if err := attributevalue.UnmarshalListOfMaps(page.Items, &part); err != nil {
 			return nil, err
 		}
-		recs = append(recs, part...)
+		for _, r := range part {
+			// Flow control's items (rate logs, concurrency slots) share
+			// the table and have no job id: jobs only.
+			if r.ID != "" {
+				recs = append(recs, r)
+			}
+		}
 	}
 	return recs, nil
 }
@@ -126,14 +134,18 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 	// Every job a producer was given has exactly one record.
 	unknown := 0
 	for _, r := range led.all {
-		if !r.created && r.err != nil && r.rejected == nil {
+		if !r.created && r.err != nil && r.rejected == nil && !r.limited {
 			unknown++ // the call failed: its job may or may not exist
 		}
 		if !r.created {
 			continue
 		}
-		if _, ok := byID[r.id]; !ok {
+		rec, ok := byID[r.id]
+		if !ok {
 			fail(r.id, "returned by %s (%s) and not in the ledger", r.call, r.kind)
+		}
+		if ok && !r.duplicate && rec.Queue != r.queue {
+			fail(r.id, "sent to queue %q, but its record says %q", r.queue, rec.Queue)
 		}
 	}
 	// Records nobody was told of: at most one per failed call.
@@ -266,6 +278,48 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 			if end == 0 || end > sorted[i].start {
 				fail(rec.ID, "run %d (pid %d) started before run %d (pid %d) ended", sorted[i].attempt, sorted[i].pid, prev.attempt, prev.pid)
 			}
+		}
+	}
+	bad = append(bad, concurrencyViolations(recs, rs)...)
+	return bad
+}
+
+// concurrencyViolations: no more than LimitPerTenant runs of one tenant's
+// Limited jobs at once (the runs whose end was logged: a killed run's
+// slot is held until its lease ends, and its end is not known).
+func concurrencyViolations(recs []ledger.Record, rs runs) []string {
+	type edge struct {
+		at    int64
+		delta int
+	}
+	byTenant := map[string][]edge{}
+	for _, rec := range recs {
+		if rec.Kind != (Limited{}).Kind() {
+			continue
+		}
+		var a Limited
+		if err := json.Unmarshal([]byte(rec.Args), &a); err != nil {
+			continue
+		}
+		for _, r := range rs.byJob[rec.ID] {
+			if r.end != 0 {
+				byTenant[a.Tenant] = append(byTenant[a.Tenant], edge{r.start, 1}, edge{r.end, -1})
+			}
+		}
+	}
+	var bad []string
+	for tenant, edges := range byTenant {
+		// Ends before starts at the same instant: back to back is no overlap.
+		sort.Slice(edges, func(i, j int) bool {
+			return edges[i].at < edges[j].at || edges[i].at == edges[j].at && edges[i].delta < edges[j].delta
+		})
+		n, most := 0, 0
+		for _, e := range edges {
+			n += e.delta
+			most = max(most, n)
+		}
+		if most > LimitPerTenant {
+			bad = append(bad, fmt.Sprintf("tenant %s: %d runs of its limited jobs at once; the limit is %d", tenant, most, LimitPerTenant))
 		}
 	}
 	return bad

@@ -22,12 +22,33 @@ type (
 	Doomed struct{ N int }
 	// Slow outruns its kind's timeout on its first attempt, then succeeds.
 	Slow struct{ N int }
+	// Limited runs at most LimitPerTenant at once per Tenant (per-key
+	// concurrency), each run a little while, so that runs would overlap.
+	Limited struct {
+		N      int
+		Tenant string
+	}
+	// Throttled starts at most ThrottlePerSecond a second per Tenant.
+	Throttled struct {
+		N      int
+		Tenant string
+	}
 )
 
 func (OK) Kind() string     { return "soak.ok" }
 func (Flaky) Kind() string  { return "soak.flaky" }
 func (Doomed) Kind() string { return "soak.doomed" }
 func (Slow) Kind() string   { return "soak.slow" }
+
+func (Limited) Kind() string   { return "soak.limited" }
+func (Throttled) Kind() string { return "soak.throttled" }
+
+// The flow-control kinds' limits.
+const (
+	LimitPerTenant    = 2
+	ThrottlePerSecond = 5
+	limitedRun        = 30 * time.Millisecond
+)
 
 // SlowTimeout is the slow kind's timeout; its first attempt runs twice as
 // long (ending when its context does).
@@ -104,5 +125,18 @@ func Registry(l *RunLog) *handler.Registry {
 			return errors.New("soak: the slow job's timeout did not end it")
 		}
 	}), &handler.KindOptions{Backoff: fast, Timeout: SlowTimeout})
+	handler.AddWorker(reg, logged(l, func(ctx context.Context, j *handler.Job[Limited]) error {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(limitedRun):
+			return nil
+		}
+	}), &handler.KindOptions{Backoff: fast, Concurrency: &handler.Concurrency{
+		Key: handler.ArgsKey(func(a Limited) string { return a.Tenant }), Limit: LimitPerTenant, MaxBackoff: 2 * time.Second,
+	}})
+	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Throttled]) error { return nil }), &handler.KindOptions{Backoff: fast, Throttle: &handler.Throttle{
+		Key: handler.ArgsKey(func(a Throttled) string { return a.Tenant }), Limit: ThrottlePerSecond, Period: time.Second,
+	}})
 	return reg
 }

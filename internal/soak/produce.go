@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +36,8 @@ type result struct {
 	requeueUnknown int    // requeues whose outcome was left open
 	mayExpire      bool   // its deadline may pass before it starts
 	flakyFail      int
+	queue          string // the named queue it was sent to
+	limited        bool   // refused by its rate limit: known not written
 }
 
 // ledgerOf is what the producers were told.
@@ -53,6 +56,24 @@ func (l *ledgerOf) add(r *result) {
 	if r.created {
 		l.results[r.id] = r
 	}
+}
+
+// flow counts the calls that used flow control, by feature.
+func (l *ledgerOf) flow() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := map[string]int{}
+	for _, r := range l.all {
+		switch {
+		case r.limited:
+			n["rate-limited refused"]++
+		case r.queue != "":
+			n["on "+r.queue]++
+		case r.kind == (Limited{}).Kind() || r.kind == (Throttled{}).Kind():
+			n[strings.TrimPrefix(r.kind, "soak.")]++
+		}
+	}
+	return n
 }
 
 func (l *ledgerOf) calls() int {
@@ -87,6 +108,7 @@ type producer struct {
 	keys int // the shared key pool's size: racing producers collide on purpose
 	id   int
 	seq  int
+	bulk bool // the named queue Bulk is there
 }
 
 var policies = []ledger.DuplicatePolicy{ledger.AllowAfterFailed, ledger.RejectIfFailed, ledger.RejectAlways}
@@ -102,6 +124,10 @@ func (p *producer) args(kind string) (enqueue.JobArgs, int) {
 		return Doomed{N: n}, 0
 	case "soak.slow":
 		return Slow{N: n}, 0
+	case "soak.limited":
+		return Limited{N: n, Tenant: fmt.Sprintf("t%d", p.rng.IntN(3))}, 0
+	case "soak.throttled":
+		return Throttled{N: n, Tenant: fmt.Sprintf("t%d", p.rng.IntN(3))}, 0
 	}
 	return OK{N: n}, 0
 }
@@ -114,8 +140,17 @@ func (p *producer) run(ctx context.Context, n int) {
 			key := fmt.Sprintf("shared-%d", p.rng.IntN(p.keys))
 			kind := []string{"soak.ok", "soak.ok", "soak.doomed", "soak.flaky"}[p.rng.IntN(4)]
 			p.one(ctx, kind, &enqueue.Opts{IdempotencyKey: key, DuplicatePolicy: policies[p.rng.IntN(3)], MaxAttempts: 3})
-		case x < 0.55:
+		case x < 0.46:
 			p.one(ctx, "soak.ok", nil)
+		case x < 0.50 && p.bulk: // on the named queue: a doomed or flaky job's retries and hook stay there
+			kind := []string{"soak.ok", "soak.flaky", "soak.doomed"}[p.rng.IntN(3)]
+			p.one(ctx, kind, &enqueue.Opts{Queue: Bulk, MaxAttempts: 3})
+		case x < 0.52:
+			p.one(ctx, "soak.limited", &enqueue.Opts{MaxAttempts: 3})
+		case x < 0.54:
+			p.one(ctx, "soak.throttled", &enqueue.Opts{MaxAttempts: 3})
+		case x < 0.55: // rate-limited per tenant: over the limit, refused with nothing written
+			p.one(ctx, "soak.ok", &enqueue.Opts{RateLimit: &enqueue.RateLimit{Key: fmt.Sprintf("rl-%d", p.rng.IntN(2)), Limit: 2, Period: time.Second}})
 		case x < 0.63:
 			p.one(ctx, "soak.flaky", &enqueue.Opts{IdempotencyKey: fmt.Sprintf("flaky-%d-%d", p.id, i), MaxAttempts: 4})
 		case x < 0.70:
@@ -142,7 +177,7 @@ func (p *producer) one(ctx context.Context, kind string, o *enqueue.Opts) {
 	a, fails := p.args(kind)
 	r := &result{call: "enqueue", kind: kind, flakyFail: fails}
 	if o != nil {
-		r.key, r.policy = o.IdempotencyKey, o.DuplicatePolicy
+		r.key, r.policy, r.queue = o.IdempotencyKey, o.DuplicatePolicy, o.Queue
 	}
 	if o != nil && !o.Deadline.IsZero() {
 		r.mayExpire = true
@@ -214,7 +249,10 @@ func record(r *result, res enqueue.Result, err error) *result {
 	r.err = err
 	var dup *enqueue.DuplicateJobError
 	var de *enqueue.DispatchError
+	var rl *enqueue.RateLimitedError
 	switch {
+	case errors.As(err, &rl):
+		r.limited = true
 	case err == nil:
 		r.id, r.duplicate, r.created = res.ID, res.Duplicate, !res.Duplicate
 	case errors.As(err, &dup):

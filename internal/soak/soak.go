@@ -105,7 +105,30 @@ type Env struct {
 	Table    string
 	QueueURL string
 	DLQURL   string
+	// BulkURL and BulkDLQURL are the named queue "bulk" (enqueue.Opts.Queue)
+	// and its DLQ: part of the mix goes there, and every worker polls it
+	// too. Empty: the mix stays on the job queue.
+	BulkURL, BulkDLQURL string
 }
+
+// queues are the named queues of env (enqueue.ClientOptions.Queues).
+func (env Env) queues() map[string]string {
+	if env.BulkURL == "" {
+		return nil
+	}
+	return map[string]string{Bulk: env.BulkURL}
+}
+
+// jobQueues are the URLs of the queues every worker polls.
+func (env Env) jobQueues() []string {
+	if env.BulkURL == "" {
+		return []string{env.QueueURL}
+	}
+	return []string{env.QueueURL, env.BulkURL}
+}
+
+// Bulk is the soak's named queue.
+const Bulk = "bulk"
 
 // Report is what a run did.
 type Report struct {
@@ -120,6 +143,9 @@ type Report struct {
 	MaxRuns    int // of one job
 	ToQuiet    time.Duration
 	Violations []string
+	// Flow counts the mix's flow-control calls: jobs on the named queue,
+	// limited and throttled jobs, rate-limited enqueues refused.
+	Flow map[string]int
 }
 
 // FaultShare is the share of requests faulted.
@@ -137,8 +163,8 @@ func (r Report) FaultShare() float64 {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("soak seed=%d: %d enqueues, %d jobs, %d AWS requests, faults %v (%.1f %% of requests), %d worker kills, %d duplicate deliveries, %d runs (at most %d of one job), quiet after %s, %d violations",
-		r.Seed, r.Enqueues, r.Jobs, r.Requests, r.Faults, 100*r.FaultShare(), r.Kills, r.Duplicated, r.Runs, r.MaxRuns, r.ToQuiet.Round(time.Millisecond), len(r.Violations))
+	return fmt.Sprintf("soak seed=%d: %d enqueues, %d jobs, %d AWS requests, faults %v (%.1f %% of requests), %d worker kills, %d duplicate deliveries, %d runs (at most %d of one job), quiet after %s, flow control %v, %d violations",
+		r.Seed, r.Enqueues, r.Jobs, r.Requests, r.Faults, 100*r.FaultShare(), r.Kills, r.Duplicated, r.Runs, r.MaxRuns, r.ToQuiet.Round(time.Millisecond), r.Flow, len(r.Violations))
 }
 
 // Env variables of a worker process.
@@ -146,6 +172,7 @@ const (
 	envChild = "NEXJOB_SOAK_CHILD" // the child's seed
 	envTable = "NEXJOB_SOAK_TABLE"
 	envQueue = "NEXJOB_SOAK_QUEUE"
+	envBulk  = "NEXJOB_SOAK_BULK"
 	envRuns  = "NEXJOB_SOAK_RUNS"
 	envRate  = "NEXJOB_SOAK_RATE"
 )
@@ -191,14 +218,19 @@ func ChildMain() {
 	n := NewNemesis(seed, rate)
 	fc := faulty(cfg, n)
 	log := logTo(os.Getenv(envRuns) + ".log")
-	h, err := handler.New(fc, os.Getenv(envTable), os.Getenv(envQueue), Registry(l), &handler.Options{Logger: log, Lease: 20 * time.Second})
+	env := Env{QueueURL: os.Getenv(envQueue), BulkURL: os.Getenv(envBulk)}
+	h, err := handler.New(fc, os.Getenv(envTable), env.QueueURL, Registry(l), &handler.Options{Logger: log, Lease: 20 * time.Second, Queues: env.queues()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	p := poller.New(&duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(seed, 7))}, os.Getenv(envQueue), h.Handle,
-		&poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: log})
-	_ = p.Run(context.Background())
+	d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(seed, 7))}
+	var wg sync.WaitGroup
+	for _, url := range env.jobQueues() {
+		p := poller.New(d, url, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: log})
+		wg.Go(func() { _ = p.Run(context.Background()) })
+	}
+	wg.Wait()
 }
 
 // duplicating is a worker's SQS client that, now and then, sends a copy of
@@ -254,7 +286,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		defer func() { _ = l.Close() }()
 		fc := faulty(env.Cfg, nemesis())
 		wlog := logTo(filepath.Join(c.Dir, fmt.Sprintf("worker-%d.runs.log", i)))
-		o := &handler.Options{Logger: wlog, Lease: 20 * time.Second}
+		o := &handler.Options{Logger: wlog, Lease: 20 * time.Second, Queues: env.queues()}
 		if i == 0 {
 			o.Ledger.Now = func() time.Time { return time.Now().Add(c.Skew) }
 		}
@@ -264,17 +296,21 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		}
 		d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 7))}
 		dups = append(dups, d)
-		p := poller.New(d, env.QueueURL, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: wlog})
-		wg.Go(func() { _ = p.Run(ctx) })
-		if i == 0 && env.DLQURL != "" {
-			dl := poller.New(sqs.NewFromConfig(fc), env.DLQURL, h.HandleDeadLetters, &poller.Options{WaitTime: time.Second, Logger: wlog})
-			wg.Go(func() { _ = dl.Run(ctx) })
+		for _, url := range env.jobQueues() {
+			p := poller.New(d, url, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: wlog})
+			wg.Go(func() { _ = p.Run(ctx) })
+		}
+		for _, url := range []string{env.DLQURL, env.BulkDLQURL} {
+			if i == 0 && url != "" {
+				dl := poller.New(sqs.NewFromConfig(fc), url, h.HandleDeadLetters, &poller.Options{WaitTime: time.Second, Logger: wlog})
+				wg.Go(func() { _ = dl.Run(ctx) })
+			}
 		}
 	}
 	// The dispatch guard, on the table's stream.
 	{
 		fc := faulty(env.Cfg, nemesis())
-		g := guard.New(sqs.NewFromConfig(fc), env.QueueURL, &guard.Options{After: 2 * time.Second, Logger: logTo(filepath.Join(c.Dir, "guard.log"))})
+		g := guard.New(sqs.NewFromConfig(fc), env.QueueURL, &guard.Options{After: 2 * time.Second, Logger: logTo(filepath.Join(c.Dir, "guard.log")), Queues: env.queues()})
 		sp := guard.NewStreamPoller(dynamodb.NewFromConfig(env.Cfg), dynamodbstreams.NewFromConfig(env.Cfg), env.Table, g)
 		wg.Go(func() { _ = sp.Run(ctx) })
 	}
@@ -294,14 +330,14 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 			n = c.Jobs - per*(c.Producers-1)
 		}
 		fc := faulty(env.Cfg, nemesis())
-		cl, err := enqueue.New(fc, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("producer-%d.log", i))), RedispatchAfter: 3 * time.Second})
+		cl, err := enqueue.New(fc, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("producer-%d.log", i))), RedispatchAfter: 3 * time.Second, Queues: env.queues()})
 		if err != nil {
 			return rep, err
 		}
-		pr := &producer{c: cl, db: dynamodb.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 3)), led: led, keys: max(8, c.Jobs/5), id: i}
+		pr := &producer{c: cl, db: dynamodb.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 3)), led: led, keys: max(8, c.Jobs/5), id: i, bulk: env.BulkURL != ""}
 		prod.Go(func() { pr.run(ctx, n) })
 	}
-	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog()})
+	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), Queues: env.queues()})
 	if err != nil {
 		return rep, err
 	}
@@ -320,7 +356,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	kills.stop()
 	<-killDone
 	start := time.Now()
-	checkClient, err := enqueue.New(env.Cfg, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog()})
+	checkClient, err := enqueue.New(env.Cfg, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), Queues: env.queues()})
 	if err != nil {
 		return rep, err
 	}
@@ -345,6 +381,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	}
 	rep.Duplicated += kills.copies()
 	rep.Enqueues = led.calls()
+	rep.Flow = led.flow()
 	runs, err := readRuns(c.Dir)
 	if err != nil {
 		return rep, err
@@ -371,7 +408,12 @@ func waitQuiet(ctx context.Context, env Env, st *ledger.Store, limit time.Durati
 				one = fmt.Sprintf("%s %s (attempt %d)", r.ID, r.State, r.Attempt)
 			}
 		}
-		msgs := depth(ctx, q, env.QueueURL) + depth(ctx, q, env.DLQURL)
+		msgs := 0
+		for _, url := range []string{env.QueueURL, env.DLQURL, env.BulkURL, env.BulkDLQURL} {
+			if url != "" {
+				msgs += depth(ctx, q, url)
+			}
+		}
 		last = fmt.Sprintf("%d active records (one: %s), %d messages in the queues", active, one, msgs)
 		if active == 0 && msgs == 0 {
 			if quiet++; quiet == 2 {
@@ -435,7 +477,7 @@ func (k *killer) spawn(i int) (*exec.Cmd, error) {
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		envChild+"="+strconv.FormatUint(k.rng.Uint64(), 10),
-		envTable+"="+k.env.Table, envQueue+"="+k.env.QueueURL,
+		envTable+"="+k.env.Table, envQueue+"="+k.env.QueueURL, envBulk+"="+k.env.BulkURL,
 		envRuns+"="+filepath.Join(k.c.Dir, fmt.Sprintf("child-%d.runs", i)),
 		envRate+"="+strconv.FormatFloat(k.c.FaultRate, 'f', -1, 64))
 	var stderr bytes.Buffer
