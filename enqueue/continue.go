@@ -77,6 +77,7 @@ func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs
 	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
 	if succeeded { // the parent succeeded meanwhile
 		if err := c.releaseFrom(ctx, &res, parentID); err != nil {
+			c.uncounted(ctx, got, created, parentID, err)
 			return res, err
 		}
 	}
@@ -163,6 +164,7 @@ func (c *Client) continueWhenAll(ctx context.Context, parents []string, args Job
 	res := Result{ID: got.ID, State: got.State, Duplicate: !created}
 	for _, id := range done {
 		if err := c.releaseFrom(ctx, &res, id); err != nil {
+			c.uncounted(ctx, got, created, id, err)
 			return res, err
 		}
 	}
@@ -212,6 +214,15 @@ func (c *Client) link(ctx context.Context, parentID string, child ledger.Record,
 		c.unlink(ctx, child, created, ledger.Failed, err.Error())
 		return false, &InputError{Field: field, Reason: err.Error(), Err: err}
 	case err != nil:
+		// Not linked (throttled past the retries, say): a child this call
+		// made would wait for ever on a parent that never counts it, and
+		// the caller, told of an error, makes another. It ends Failed
+		// with the reason, kept until deleted (short soak, seed 2: an
+		// unkeyed fan-in child stayed AwaitingContinuation for good). A
+		// child found by a keyed retry is left for the next retry to link.
+		if created {
+			c.unlink(ctx, child, false, ledger.Failed, "its link to parent "+parentID+" failed; the call that made it returned an error")
+		}
 		return false, c.missing(err)
 	case !linked && (cur.State == ledger.Failed || cur.State == ledger.Expired):
 		c.unlink(ctx, child, created, cur.State, parentEnded(cur))
@@ -235,6 +246,20 @@ func (c *Client) releaseFrom(ctx context.Context, res *Result, parentID string) 
 		}
 	}
 	return nil
+}
+
+// uncounted ends a child this call made whose count of a parent that
+// already Succeeded failed: no one else will count that parent, so it
+// would wait for ever. A count that did apply (its outcome left open)
+// released it, the cancel then finds it Enqueued and leaves it, and the
+// dispatch guard sends it. A child found by a keyed retry is left for the
+// next retry.
+func (c *Client) uncounted(ctx context.Context, child ledger.Record, created bool, parentID string, err error) {
+	var de *DispatchError
+	if !created || errors.As(err, &de) {
+		return // released; only its send failed, and the job is marked unsent
+	}
+	c.unlink(ctx, child, false, ledger.Failed, "its count of parent "+parentID+" failed; the call that made it returned an error")
 }
 
 // unlink undoes a child whose link failed: a child this call created is

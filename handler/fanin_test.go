@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -170,4 +171,43 @@ func ranOnceAfterAll(t *testing.T, r *rig, parents []string, child string) {
 	if n := r.runs(child); n != 1 || len(got.Released) != len(parents) {
 		t.Fatalf("the child ran %d times with %d parents counted; want once, %d", n, len(got.Released), len(parents))
 	}
+}
+
+// TestFanInLinkThrottledPastTheRetries (short soak, seed 2): an unkeyed
+// ContinueWhenAll whose link to a parent is throttled past the SDK's
+// retries returns the error, and the child it made ends Failed with the
+// reason, instead of waiting for ever on a parent that never counts
+// it (it stayed AwaitingContinuation). The caller's retry makes a child
+// that runs once, after every parent.
+func TestFanInLinkThrottledPastTheRetries(t *testing.T) {
+	t.Parallel()
+	r := newRigWith(t, ok, rigConfig{queue: fastQueue})
+	ft, cfg := r.e.Faulty()
+	prod, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quiet, Ledger: ledger.Options{Now: r.clock.Now}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	parents := []string{r.enqueue(t, email{To: "p0@example.com"}, nil), r.enqueue(t, email{To: "p1@example.com"}, nil)}
+	h := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts, Match: func(b []byte) bool {
+		return bytes.Contains(b, []byte(`"children"`)) && bytes.Contains(b, []byte(parents[1]))
+	}})
+	if res, err := prod.ContinueWhenAll(ctx, parents, email{To: "child@example.com"}, nil); err == nil || h.Fired() != faults.Attempts {
+		t.Fatalf("a link throttled past the retries: %+v %v (fired %d), want an error", res, err, h.Fired())
+	}
+	var stranded []ledger.Record
+	for _, rec := range r.e.Records(t) {
+		if len(rec.Parents) > 0 {
+			stranded = append(stranded, rec)
+		}
+	}
+	if len(stranded) != 1 || stranded[0].State != ledger.Failed || !strings.Contains(stranded[0].LastError, "its link to parent "+parents[1]+" failed") {
+		t.Fatalf("the failed call's child: %+v, want one, Failed, saying why", stranded)
+	}
+	child, err := prod.ContinueWhenAll(ctx, parents, email{To: "child@example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	ranOnceAfterAll(t, r, parents, child.ID)
 }

@@ -223,6 +223,22 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 			if len(calls) < want || len(calls) > want+extra+killedHooks+uncleared[rec.ID] {
 				fail(rec.ID, "Failed %d times (requeued %d, %d requeues unknown) with its dead-letter hook run %d times (%d in killed processes)", want, want-1, extra, len(calls), killedHooks)
 			}
+		case len(rec.Parents) > 0:
+			// A fan-in child: Succeeded once every parent did; otherwise it
+			// ended as a parent that did not.
+			all := true
+			for _, id := range rec.Parents {
+				p, ok := byID[id]
+				all = all && ok && p.State == ledger.Succeeded
+			}
+			// A child whose call failed ends Failed (its link or count
+			// failed: the caller was told of an error).
+			if all && rec.State != ledger.Succeeded && led.results[rec.ID] != nil {
+				fail(rec.ID, "a fan-in child of parents that all Succeeded ended %s", rec.State)
+			}
+			if !all && rec.State == ledger.Succeeded {
+				fail(rec.ID, "a fan-in child Succeeded though a parent did not")
+			}
 		case rec.ParentID != "":
 			if p, ok := byID[rec.ParentID]; ok && p.State == ledger.Succeeded && rec.State != ledger.Succeeded {
 				fail(rec.ID, "a continuation of a Succeeded parent ended %s", rec.State)

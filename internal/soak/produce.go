@@ -38,6 +38,7 @@ type result struct {
 	flakyFail      int
 	queue          string // the named queue it was sent to
 	limited        bool   // refused by its rate limit: known not written
+	folded         bool   // a debounced enqueue folded into the pending job id
 }
 
 // ledgerOf is what the producers were told.
@@ -67,6 +68,10 @@ func (l *ledgerOf) flow() map[string]int {
 		switch {
 		case r.limited:
 			n["rate-limited refused"]++
+		case r.folded:
+			n["debounce folds"]++
+		case r.call == "fan-in" && r.created:
+			n["fan-in children"]++
 		case r.queue != "":
 			n["on "+r.queue]++
 		case r.kind == (Limited{}).Kind() || r.kind == (Throttled{}).Kind():
@@ -163,8 +168,12 @@ func (p *producer) run(ctx context.Context, n int) {
 			runAt := time.Now().Add(time.Second)
 			p.one(ctx, "soak.ok", &enqueue.Opts{IdempotencyKey: fmt.Sprintf("shared-%d", p.rng.IntN(p.keys)), DuplicatePolicy: policies[p.rng.IntN(3)],
 				RunAt: runAt, Deadline: runAt.Add(50 * time.Millisecond)})
-		case x < 0.91:
+		case x < 0.89:
 			p.child(ctx)
+		case x < 0.90:
+			p.fanIn(ctx)
+		case x < 0.91: // debounced on a small key pool: bursts fold into one pending job
+			p.one(ctx, "soak.ok", &enqueue.Opts{Debounce: &enqueue.Debounce{Key: fmt.Sprintf("db-%d", p.rng.IntN(4)), Period: 500 * time.Millisecond, MaxWait: 2 * time.Second}})
 		case x < 0.95:
 			p.tx(ctx)
 		default:
@@ -227,6 +236,20 @@ func (p *producer) child(ctx context.Context) {
 	p.led.add(record(r, res, err))
 }
 
+// fanIn continues two created soak.ok jobs with one child
+// (ContinueWhenAll).
+func (p *producer) fanIn(ctx context.Context) {
+	a, b := p.led.pick(p.rng, "soak.ok"), p.led.pick(p.rng, "soak.ok")
+	if a == nil || b == nil || a.id == b.id {
+		p.one(ctx, "soak.ok", nil)
+		return
+	}
+	args, _ := p.args("soak.ok")
+	r := &result{call: "fan-in", kind: "soak.ok"}
+	res, err := p.c.ContinueWhenAll(ctx, []string{a.id, b.id}, args, nil)
+	p.led.add(record(r, res, err))
+}
+
 func (p *producer) many(ctx context.Context) {
 	items := make([]enqueue.Item, 3)
 	for i := range items {
@@ -253,6 +276,8 @@ func record(r *result, res enqueue.Result, err error) *result {
 	switch {
 	case errors.As(err, &rl):
 		r.limited = true
+	case err == nil && res.Folded:
+		r.id, r.folded = res.ID, true // into a job an earlier call created
 	case err == nil:
 		r.id, r.duplicate, r.created = res.ID, res.Duplicate, !res.Duplicate
 	case errors.As(err, &dup):
