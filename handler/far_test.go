@@ -19,6 +19,7 @@ import (
 	"github.com/nexjob/nexjob-aws/internal/awstest"
 	"github.com/nexjob/nexjob-aws/internal/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/onetime"
 )
 
@@ -293,5 +294,46 @@ func TestFarCancelWhenDeleteScheduleFails(t *testing.T) {
 	r.e.Drain(t, r.h)
 	if got, _ := r.h.Producer().Store().Get(ctx, res.ID); got.State != ledger.Failed || got.Attempt != 0 {
 		t.Fatalf("the cancelled job: %s attempt %d", got.State, got.Attempt)
+	}
+}
+
+// TestFarScheduleOnANamedQueue: a far job on a named queue waits in a
+// one-time schedule whose target is that queue (its ARN from
+// onetime.Options.QueueARNs) and whose message names it, so the job is
+// sent to its own queue at its time; a queue the scheduler has no ARN
+// for is an error, not a schedule aimed at the job queue.
+func TestFarScheduleOnANamedQueue(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, &nexjobtest.Options{Queues: []string{"bulk"}})
+	ctx := context.Background()
+	sched := scheduler.NewFromConfig(e.Cfg)
+	group := "far-" + e.Table[len(e.Table)-9:]
+	if _, err := sched.CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(group)}); err != nil {
+		t.Fatal(err)
+	}
+	jobs, _ := onetime.QueueARN(e.Cfg.Region, e.QueueURL)
+	bulk, _ := onetime.QueueARN(e.Cfg.Region, e.Queues["bulk"])
+	far, err := onetime.New(sched, onetime.Options{Group: group, QueueARN: jobs, RoleARN: "arn:aws:iam::123456789012:role/nexjob-scheduler", QueueARNs: map[string]string{"bulk": bulk}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Far: far, Queues: e.Queues, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Enqueue(ctx, email{To: "far@example.com"}, &enqueue.Opts{Queue: "bulk", Delay: 30 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name(res.ID, false)), GroupName: aws.String(group)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := enqueue.DecodeMessage(aws.ToString(got.Target.Input))
+	if aws.ToString(got.Target.Arn) != bulk || err != nil || msg.Queue != "bulk" || msg.ID != res.ID {
+		t.Fatalf("schedule target %s, message %+v (%v); want %s and a message naming bulk", aws.ToString(got.Target.Arn), msg, err, bulk)
+	}
+	if err := far.Schedule(ctx, "nj-x", time.Now().Add(time.Hour), "imports", "{}"); err == nil {
+		t.Fatal("a schedule for a queue with no ARN was made")
 	}
 }
