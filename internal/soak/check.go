@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
+	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -131,6 +133,14 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 		killedAt[k.pid] = k.at
 	}
 
+	// The mix makes no bad input: a refusal as such is the soak's own bug
+	// (its first debounced enqueues asked for a 500 ms period, and every
+	// one was refused unnoticed).
+	for _, r := range led.all {
+		if errors.Is(r.err, enqueue.ErrInvalidInput) {
+			bad = append(bad, fmt.Sprintf("a %s call (%s) was refused as bad input: %v", r.call, r.kind, r.err))
+		}
+	}
 	// Every job a producer was given has exactly one record.
 	unknown := 0
 	for _, r := range led.all {

@@ -154,8 +154,11 @@ func (p *producer) run(ctx context.Context, n int) {
 			p.one(ctx, "soak.limited", &enqueue.Opts{MaxAttempts: 3})
 		case x < 0.54:
 			p.one(ctx, "soak.throttled", &enqueue.Opts{MaxAttempts: 3})
-		case x < 0.55: // rate-limited per tenant: over the limit, refused with nothing written
-			p.one(ctx, "soak.ok", &enqueue.Opts{RateLimit: &enqueue.RateLimit{Key: fmt.Sprintf("rl-%d", p.rng.IntN(2)), Limit: 2, Period: time.Second}})
+		case x < 0.55: // a burst of 3 rate-limited at 2 a second per key: the third is refused, nothing written
+			o := &enqueue.Opts{RateLimit: &enqueue.RateLimit{Key: fmt.Sprintf("rl-%d", p.rng.IntN(2)), Limit: 2, Period: time.Second}}
+			for range 3 {
+				p.one(ctx, "soak.ok", o)
+			}
 		case x < 0.63:
 			p.one(ctx, "soak.flaky", &enqueue.Opts{IdempotencyKey: fmt.Sprintf("flaky-%d-%d", p.id, i), MaxAttempts: 4})
 		case x < 0.70:
@@ -172,8 +175,11 @@ func (p *producer) run(ctx context.Context, n int) {
 			p.child(ctx)
 		case x < 0.90:
 			p.fanIn(ctx)
-		case x < 0.91: // debounced on a small key pool: bursts fold into one pending job
-			p.one(ctx, "soak.ok", &enqueue.Opts{Debounce: &enqueue.Debounce{Key: fmt.Sprintf("db-%d", p.rng.IntN(4)), Period: 500 * time.Millisecond, MaxWait: 2 * time.Second}})
+		case x < 0.91: // a burst of debounced enqueues on a small key pool: they fold into one pending job
+			o := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: fmt.Sprintf("db-%d", p.rng.IntN(4)), Period: time.Second, MaxWait: 3 * time.Second}}
+			for range 3 {
+				p.one(ctx, "soak.ok", o)
+			}
 		case x < 0.95:
 			p.tx(ctx)
 		default:
