@@ -1,6 +1,7 @@
 package enqueue_test
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -40,6 +41,27 @@ func FuzzDecodeMessage(f *testing.F) {
 		again, err := enqueue.DecodeMessage(m.Encode())
 		if err != nil || again != m {
 			t.Fatalf("round trip: %+v → %+v, %v", m, again, err)
+		}
+	})
+}
+
+// FuzzEncodeMessage: Encode writes what encoding/json writes for the
+// message, whatever its fields.
+func FuzzEncodeMessage(f *testing.F) {
+	f.Add(1, "aaaaaaaaaaaaaaaaaaaaaaaaaa", "email", int64(0), false, "")
+	f.Add(1, "x", "orders.charge", int64(1796477173064), true, "bulk")
+	f.Add(2, "a\"b", "k", int64(-5), false, "")
+	f.Add(1, "x", "k<&>", int64(0), false, "")
+	f.Add(1, "x", "k", int64(0), false, "caf\u00e9")
+	f.Add(-1, "tab\t", "bad\xff", int64(1), true, `back\slash`)
+	f.Fuzz(func(t *testing.T, v int, id, kind string, runAt int64, check bool, queue string) {
+		m := enqueue.Message{V: v, ID: id, Kind: kind, RunAt: runAt, Check: check, Queue: queue}
+		want, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Encode(); got != string(want) {
+			t.Fatalf("%+v: Encode %s, encoding/json %s", m, got, want)
 		}
 	})
 }

@@ -2,8 +2,11 @@ package ledger
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
@@ -19,12 +22,17 @@ import (
 // Placeholders are the attribute's name ("#state") and a label (":now");
 // every name and value added must be used, as DynamoDB refuses
 // unused ones.
+//
+// Claim and Finish keep the text of their writes (shapes): a write whose
+// shape was seen before only collects its values (known is set, and
+// assign, drop and the caller's condition write nothing).
 type writeExpr struct {
 	cond   string
 	set    strings.Builder // "SET #a = :x, #b = :y": the SET clause (update appends the REMOVE clause to it)
 	remove strings.Builder // "#c, #d"
 	names  map[string]string
 	values map[string]types.AttributeValue
+	known  *shape // the text and names, when this write's shape was seen before
 }
 
 // newWriteExpr is an update's expressions, sized by the caller for its
@@ -37,9 +45,56 @@ func newWriteExpr(names, values, size int) *writeExpr {
 	return e
 }
 
-// newCondExpr is a put's condition: a few names and values, no clauses.
-func newCondExpr() *writeExpr {
-	return &writeExpr{names: make(map[string]string, 4), values: make(map[string]types.AttributeValue, 4)}
+// writing reports whether e writes its text (its shape is new): a caller
+// writes its condition only then.
+func (e *writeExpr) writing() bool { return e.known == nil }
+
+// shape is what every write of one shape has in common: the condition's
+// and the update's text and the attribute names. Once kept it is only
+// read (by the SDK's serialiser, by any number of writes at once).
+type shape struct {
+	cond, update string
+	names        map[string]string
+}
+
+// shapes keeps one call site's write shapes, keyed by the branches that
+// decide its text (never by a value). Reading takes no lock: the map is
+// replaced, not changed, when a shape is added (a call site has a few
+// dozen at most).
+type shapes[K comparable] struct {
+	mu sync.Mutex
+	m  atomic.Pointer[map[K]*shape]
+}
+
+// start is the write of shape k, sized as newWriteExpr: it writes only
+// its values when k was seen before.
+func (c *shapes[K]) start(k K, names, values, size int) *writeExpr {
+	if m := c.m.Load(); m != nil {
+		if sh := (*m)[k]; sh != nil {
+			return &writeExpr{values: make(map[string]types.AttributeValue, values), known: sh}
+		}
+	}
+	return newWriteExpr(names, values, size)
+}
+
+// end is e's expressions; a new shape is kept as k's.
+func (c *shapes[K]) end(k K, e *writeExpr) exprs {
+	out := e.exprs()
+	if e.known != nil {
+		return out
+	}
+	sh := &shape{cond: e.cond, names: e.names}
+	if out.update != nil {
+		sh.update = *out.update
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next := map[K]*shape{k: sh}
+	if old := c.m.Load(); old != nil {
+		maps.Copy(next, *old)
+	}
+	c.m.Store(&next)
+	return out
 }
 
 // placeholders are "#"+name of the attributes the worker's updates use,
@@ -47,7 +102,8 @@ func newCondExpr() *writeExpr {
 var placeholders = func() map[string]string {
 	m := map[string]string{}
 	for _, a := range []string{AttrPK, AttrID, AttrState, AttrAttempt, AttrMaxAttempts, AttrUpdatedAt, AttrRunAt,
-		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrListErr, AttrNonce, AttrNonce1, AttrNonce2, AttrHist0, AttrHist1, AttrHist2, AttrCutOffs} {
+		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrListErr, AttrNonce, AttrNonce1, AttrNonce2, AttrHist0, AttrHist1, AttrHist2, AttrCutOffs,
+		AttrDefers, AttrSlot, AttrHookPending, AttrHookUntil, AttrByCheck} {
 		m[a] = "#" + a
 	}
 	return m
@@ -59,7 +115,9 @@ func (e *writeExpr) n(attr string) string {
 	if !ok {
 		p = "#" + attr
 	}
-	e.names[p] = attr
+	if e.known == nil {
+		e.names[p] = attr
+	}
 	return p
 }
 
@@ -75,9 +133,43 @@ func (e *writeExpr) i(label string, v int64) string {
 	return label
 }
 
+// c is the placeholder of a constant value (one of the shared ones
+// below, which no one writes to).
+func (e *writeExpr) c(label string, v types.AttributeValue) string {
+	e.values[label] = v
+	return label
+}
+
+// The values every claim and finish writes, made once: the SDK only
+// reads a request's values.
+var (
+	oneV      types.AttributeValue = &types.AttributeValueMemberN{Value: "1"}
+	zeroV     types.AttributeValue = &types.AttributeValueMemberN{Value: "0"}
+	noNonceV  types.AttributeValue = &types.AttributeValueMemberS{Value: noNonce}
+	noHistV   types.AttributeValue = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{}}
+	stateVals                      = func() map[State]types.AttributeValue {
+		m := map[State]types.AttributeValue{}
+		for _, st := range []State{Enqueued, Scheduled, Processing, AwaitingContinuation, Succeeded, Failed, Expired} {
+			m[st] = &types.AttributeValueMemberS{Value: string(st)}
+		}
+		return m
+	}()
+)
+
+// state is the placeholder of a state's value.
+func (e *writeExpr) state(label string, st State) string {
+	if v, ok := stateVals[st]; ok {
+		return e.c(label, v)
+	}
+	return e.s(label, string(st))
+}
+
 // assign adds "SET #attr = expr", expr given in pieces (written as they
 // are, no string built for it).
 func (e *writeExpr) assign(attr string, expr ...string) {
+	if e.known != nil {
+		return
+	}
 	if e.set.Len() > 0 {
 		e.set.WriteString(", ")
 	} else {
@@ -93,7 +185,7 @@ func (e *writeExpr) assign(attr string, expr ...string) {
 // stamp sets the write's nonce and shifts the two before it down (the
 // operands read the item as it was before this update).
 func (e *writeExpr) stamp(nonce string) {
-	none := e.s(":noNonce", noNonce)
+	none := e.c(":noNonce", noNonceV)
 	e.assign(AttrNonce2, "if_not_exists(", e.n(AttrNonce1), ", ", none, ")")
 	e.assign(AttrNonce1, "if_not_exists(", e.n(AttrNonce), ", ", none, ")")
 	e.assign(AttrNonce, e.s(":nonce", nonce))
@@ -102,8 +194,7 @@ func (e *writeExpr) stamp(nonce string) {
 // history shifts the run ends down and sets a as the newest (the
 // operands read the item as it was before this update).
 func (e *writeExpr) history(a Attempt) {
-	none := ":noHist"
-	e.values[none] = &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{}}
+	none := e.c(":noHist", noHistV)
 	e.assign(AttrHist2, "if_not_exists(", e.n(AttrHist1), ", ", none, ")")
 	e.assign(AttrHist1, "if_not_exists(", e.n(AttrHist0), ", ", none, ")")
 	m := map[string]types.AttributeValue{
@@ -128,6 +219,9 @@ func stampBuilder(upd expression.UpdateBuilder, nonce string) expression.UpdateB
 
 // drop adds "REMOVE #attr".
 func (e *writeExpr) drop(attr string) {
+	if e.known != nil {
+		return
+	}
 	if e.remove.Len() > 0 {
 		e.remove.WriteString(", ")
 	}
@@ -162,39 +256,70 @@ func (e *writeExpr) update() string {
 	return e.set.String()
 }
 
-// absent is the condition that the item does not exist yet.
-func absent() *writeExpr {
-	e := newCondExpr()
-	e.cond = "attribute_not_exists(" + e.n(AttrPK) + ")"
-	return e
+// putShape decides the text of a put's condition.
+type putShape struct {
+	free    bool // or the record is past its retention
+	ended   int  // or it ended in one of this many states (and holds no continuations)
+	request bool // and (ended) was not made by the request
 }
+
+// puts keeps the text of puts' conditions (which depends on nothing of a
+// Store's).
+var puts shapes[putShape]
+
+// endedLabels are the placeholders of replaceable's states.
+var endedLabels = [...]string{":ended0", ":ended1", ":ended2", ":ended3", ":ended4", ":ended5", ":ended6"}
+
+// putCond is a put's condition of shape k, kept in c.
+func putCond(c *shapes[putShape], k putShape, now time.Time, states []State, request string) exprs {
+	e := c.start(k, 6, 2+len(states), 0)
+	pk := e.n(AttrPK)
+	var nowv, req string
+	if k.free {
+		nowv = e.i(":now", now.Unix())
+	}
+	var in []string
+	if e.writing() {
+		in = make([]string, len(states))
+	}
+	for i, st := range states {
+		v := e.state(endedLabels[i], st)
+		if in != nil {
+			in[i] = v
+		}
+	}
+	if k.request {
+		req = e.s(":request", request)
+	}
+	if e.writing() {
+		e.cond = "attribute_not_exists(" + pk + ")"
+		if k.free {
+			e.cond += " OR " + e.n(AttrExpiresAt) + " <= " + nowv
+		}
+		if k.ended > 0 {
+			ended := e.n(AttrState) + " IN (" + strings.Join(in, ", ") + ") AND attribute_not_exists(" + e.n(AttrChildren) + ")"
+			if k.request {
+				r := e.n(AttrRequest)
+				ended += " AND (attribute_not_exists(" + r + ") OR " + r + " <> " + req + ")"
+			}
+			e.cond = "(" + e.cond + ") OR (" + ended + ")"
+		}
+	}
+	return c.end(k, e)
+}
+
+// absent is the condition that the item does not exist yet.
+func absent() exprs { return putCond(&puts, putShape{}, time.Time{}, nil, "") }
 
 // keyFree is the condition under which a key's record may be overwritten
 // without a look: it does not exist, or it is past its retention.
-func keyFree(now time.Time) *writeExpr {
-	e := absent()
-	e.cond += " OR " + e.n(AttrExpiresAt) + " <= " + e.i(":now", now.Unix())
-	return e
-}
+func keyFree(now time.Time) exprs { return putCond(&puts, putShape{free: true}, now, nil, "") }
 
 // replaceable is keyFree, or: the record ended in one of states, holds no
 // continuations and was not made by request (when there is one).
-func replaceable(now time.Time, states []State, request string) *writeExpr {
-	e := keyFree(now)
-	if len(states) == 0 {
-		return e
-	}
-	in := make([]string, len(states))
-	for i, st := range states {
-		in[i] = e.s(":ended"+strconv.Itoa(i), string(st))
-	}
-	ended := e.n(AttrState) + " IN (" + strings.Join(in, ", ") + ") AND attribute_not_exists(" + e.n(AttrChildren) + ")"
-	if request != "" {
-		r := e.n(AttrRequest)
-		ended += " AND (attribute_not_exists(" + r + ") OR " + r + " <> " + e.s(":request", request) + ")"
-	}
-	e.cond = "(" + e.cond + ") OR (" + ended + ")"
-	return e
+func replaceable(now time.Time, states []State, request string) exprs {
+	k := putShape{free: true, ended: len(states), request: request != "" && len(states) > 0}
+	return putCond(&puts, k, now, states, request)
 }
 
 // exprs are a write's expressions as its request carries them.
@@ -205,10 +330,18 @@ type exprs struct {
 }
 
 func (e *writeExpr) exprs() exprs {
-	out := exprs{cond: &e.cond, names: e.names}
+	var out exprs
 	if len(e.values) > 0 {
 		out.values = e.values
 	}
+	if k := e.known; k != nil {
+		out.cond, out.names = &k.cond, k.names
+		if k.update != "" {
+			out.update = &k.update
+		}
+		return out
+	}
+	out.cond, out.names = &e.cond, e.names
 	if u := e.update(); u != "" {
 		out.update = &u
 	}

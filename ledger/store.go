@@ -66,6 +66,9 @@ type Store struct {
 	secret   []byte
 	indexAll bool
 	shards   int
+	// The text of Claim's and Finish's writes, by shape (see writeExpr).
+	claims   shapes[bool]
+	finishes shapes[finishShape]
 }
 
 // New returns a Store over the named table. It does no I/O; a missing table
@@ -327,9 +330,8 @@ func (e *heldError) Unwrap() error { return e.err }
 var errLostRace = errors.New("nexjob: lost a conditional write race")
 
 // put writes rec under the condition cond.
-func (s *Store) put(ctx context.Context, rec Record, cond *writeExpr) error {
+func (s *Store) put(ctx context.Context, rec Record, x exprs) error {
 	item := encodeRecord(&rec)
-	x := cond.exprs()
 	_, err := s.db.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.table),
 		Item:                                item,
@@ -432,9 +434,8 @@ func (s *Store) archiveItems(old Record, rec *Record) ([]types.TransactWriteItem
 }
 
 // putItem is a transaction's Put of rec under cond.
-func (s *Store) putItem(rec Record, cond *writeExpr) types.TransactWriteItem {
+func (s *Store) putItem(rec Record, x exprs) types.TransactWriteItem {
 	item := encodeRecord(&rec)
-	x := cond.exprs()
 	return types.TransactWriteItem{Put: &types.Put{
 		TableName: aws.String(s.table), Item: item,
 		ConditionExpression:       x.cond,

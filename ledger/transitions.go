@@ -49,14 +49,23 @@ func (s *Store) ClaimByCheck(ctx context.Context, id string, lease time.Duration
 }
 
 func (s *Store) claim(ctx context.Context, id string, lease time.Duration, byCheck bool) (Record, error) {
-	now := s.now()
-	e := newWriteExpr(14, 10, 320) // a claim: 13 names, 9 values, about 300 bytes of update
+	nonce := NewNonce()
+	return s.updateJob(ctx, id, s.claimExprs(id, lease, byCheck, s.now(), nonce), nonce)
+}
+
+// claimExprs is a claim's update. Its text depends on byCheck alone (the
+// index's keys on the store's settings, the same for every claim).
+func (s *Store) claimExprs(id string, lease time.Duration, byCheck bool, now time.Time, nonce string) exprs {
+	e := s.claims.start(byCheck, 14, 10, 320) // a claim: 13 names, 9 values, about 300 bytes of update
 	st, at, nowMs := e.n(AttrState), e.n(AttrAttempt), e.i(":now", now.UnixMilli())
-	proc, one := e.s(":proc", string(Processing)), e.i(":one", 1)
-	e.cond = e.n(AttrID) + " = " + e.s(":id", id) + " AND " + at + " < " + e.n(AttrMaxAttempts) +
-		" AND (" + st + " = " + e.s(":enq", string(Enqueued)) +
-		" OR (" + st + " = " + e.s(":sch", string(Scheduled)) + " AND " + e.n(AttrRunAt) + " <= " + nowMs + ")" +
-		" OR (" + st + " = " + proc + " AND " + e.n(AttrLeaseUntil) + " <= " + nowMs + "))"
+	proc, one := e.state(":proc", Processing), e.c(":one", oneV)
+	idv, enq, sch := e.s(":id", id), e.state(":enq", Enqueued), e.state(":sch", Scheduled)
+	if e.writing() {
+		e.cond = e.n(AttrID) + " = " + idv + " AND " + at + " < " + e.n(AttrMaxAttempts) +
+			" AND (" + st + " = " + enq +
+			" OR (" + st + " = " + sch + " AND " + e.n(AttrRunAt) + " <= " + nowMs + ")" +
+			" OR (" + st + " = " + proc + " AND " + e.n(AttrLeaseUntil) + " <= " + nowMs + "))"
+	}
 	e.assign(AttrState, proc)
 	e.assign(AttrLeaseUntil, e.i(":lease", now.Add(lease).UnixMilli()))
 	e.assign(AttrUpdatedAt, nowMs)
@@ -67,9 +76,8 @@ func (s *Store) claim(ctx context.Context, id string, lease time.Duration, byChe
 		e.assign(AttrByCheck, ":byCheck")
 	}
 	e.index(s, Processing, id, nowMs)
-	nonce := NewNonce()
 	e.stamp(nonce)
-	return s.updateJob(ctx, id, e.exprs(), nonce)
+	return s.claims.end(byCheck, e)
 }
 
 // ErrTooManyChildren: the parent already has MaxChildren continuations.
@@ -161,72 +169,92 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	if !f.State.Valid() || f.State == Processing {
 		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
 	}
-	now := s.now()
-	e := newWriteExpr(18, 12, 448) // a Finish: up to 17 names, 11 values, about 420 bytes of update
-	nowMs := e.i(":now", now.UnixMilli())
-	st := e.s(":st", string(f.State))
-	e.assign(AttrState, st)
-	e.assign(AttrUpdatedAt, nowMs)
-	e.drop(AttrLeaseUntil)
-	e.index(s, f.State, rec.ID, nowMs)
-	switch {
-	case f.State == Succeeded:
-		e.drop(AttrLastError) // a success shows no retry's error; the history keeps it
-		e.drop(AttrListErr)
-	case f.LastError != "":
-		e.assign(AttrLastError, e.s(":err", truncate(f.LastError, MaxLastError)))
-		e.assign(AttrListErr, e.s(":listErr", truncate(f.LastError, MaxListError)))
-	}
-	if !f.Deferred {
-		e.history(Attempt{N: rec.Attempt, At: now.UnixMilli(), State: f.State, Error: truncate(f.LastError, MaxAttemptError)})
-	}
-	if !f.RunAt.IsZero() {
-		e.assign(AttrRunAt, e.i(":runAt", f.RunAt.UnixMilli()))
-	}
-	if f.HookPending && f.State == Failed {
-		e.values[":hookPending"] = &types.AttributeValueMemberBOOL{Value: true}
-		e.assign(AttrHookPending, ":hookPending")
-		if f.HookLease > 0 {
-			e.assign(AttrHookUntil, e.i(":hookUntil", now.Add(f.HookLease).UnixMilli()))
-		}
-	}
-	if !f.ExpiresAt.IsZero() {
-		e.assign(AttrExpiresAt, e.i(":exp", TTL(f.ExpiresAt)))
-	}
-	switch {
-	case f.Deferred: // the cut-offs stand
-		at, d, one := e.n(AttrAttempt), e.n(AttrDefers), e.i(":one", 1)
-		e.assign(AttrAttempt, at, " - ", one)
-		e.assign(AttrDefers, "if_not_exists(", d, ", ", e.i(":zero", 0), ") + ", one)
-	case f.CutOff:
-		at, co, one := e.n(AttrAttempt), e.n(AttrCutOffs), e.i(":one", 1)
-		e.assign(AttrAttempt, at, " - ", one)
-		e.assign(AttrCutOffs, "if_not_exists(", co, ", ", e.i(":zero", 0), ") + ", one)
-	default:
-		e.drop(AttrCutOffs)
-	}
-	if !f.Deferred && rec.Defers > 0 {
-		e.drop(AttrDefers) // a run ended (rec is the claim's, so this is the current count)
-	}
-	switch {
-	case f.Deferred && !f.Slot.IsZero():
-		e.assign(AttrSlot, e.i(":slot", f.Slot.UnixMilli()))
-	case rec.Slot != 0:
-		e.drop(AttrSlot)
-	}
-	e.cond = e.n(AttrID) + " = " + e.s(":id", rec.ID) + " AND " + e.n(AttrToken) + " = " + e.i(":token", rec.Token) +
-		" AND " + e.n(AttrState) + " = " + e.s(":proc", string(Processing))
 	nonce := f.Nonce
 	if nonce == "" {
 		nonce = NewNonce()
 	}
-	e.stamp(nonce)
-	out, err := s.update(ctx, rec.PK, rec.ID, e.exprs(), nonce)
+	out, err := s.update(ctx, rec.PK, rec.ID, s.finishExprs(rec, f, s.now(), nonce), nonce)
 	var held *heldError
 	if errors.As(err, &held) {
 		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
 	}
 	return out, err
+}
+
+// finishShape is what decides the text of a Finish's update: its state
+// and which of its branches it takes (never a value).
+type finishShape struct {
+	state                                       State
+	lastError, deferred, runAt, hook, hookLease bool
+	expires, cutOff, dropDefers, slot, dropSlot bool
+}
+
+// finishExprs is a Finish's update, its nonce given.
+func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) exprs {
+	k := finishShape{
+		state: f.State, lastError: f.LastError != "", deferred: f.Deferred, runAt: !f.RunAt.IsZero(),
+		hook: f.HookPending && f.State == Failed, hookLease: f.HookLease > 0, expires: !f.ExpiresAt.IsZero(),
+		cutOff: f.CutOff, dropDefers: !f.Deferred && rec.Defers > 0,
+		slot: f.Deferred && !f.Slot.IsZero(), dropSlot: rec.Slot != 0,
+	}
+	e := s.finishes.start(k, 18, 12, 448) // a Finish: up to 17 names, 11 values, about 420 bytes of update
+	nowMs := e.i(":now", now.UnixMilli())
+	st := e.state(":st", f.State)
+	e.assign(AttrState, st)
+	e.assign(AttrUpdatedAt, nowMs)
+	e.drop(AttrLeaseUntil)
+	e.index(s, k.state, rec.ID, nowMs)
+	switch {
+	case k.state == Succeeded:
+		e.drop(AttrLastError) // a success shows no retry's error; the history keeps it
+		e.drop(AttrListErr)
+	case k.lastError:
+		e.assign(AttrLastError, e.s(":err", truncate(f.LastError, MaxLastError)))
+		e.assign(AttrListErr, e.s(":listErr", truncate(f.LastError, MaxListError)))
+	}
+	if !k.deferred {
+		e.history(Attempt{N: rec.Attempt, At: now.UnixMilli(), State: f.State, Error: truncate(f.LastError, MaxAttemptError)})
+	}
+	if k.runAt {
+		e.assign(AttrRunAt, e.i(":runAt", f.RunAt.UnixMilli()))
+	}
+	if k.hook {
+		e.values[":hookPending"] = &types.AttributeValueMemberBOOL{Value: true}
+		e.assign(AttrHookPending, ":hookPending")
+		if k.hookLease {
+			e.assign(AttrHookUntil, e.i(":hookUntil", now.Add(f.HookLease).UnixMilli()))
+		}
+	}
+	if k.expires {
+		e.assign(AttrExpiresAt, e.i(":exp", TTL(f.ExpiresAt)))
+	}
+	switch {
+	case k.deferred: // the cut-offs stand
+		at, d, one := e.n(AttrAttempt), e.n(AttrDefers), e.c(":one", oneV)
+		e.assign(AttrAttempt, at, " - ", one)
+		e.assign(AttrDefers, "if_not_exists(", d, ", ", e.c(":zero", zeroV), ") + ", one)
+	case k.cutOff:
+		at, co, one := e.n(AttrAttempt), e.n(AttrCutOffs), e.c(":one", oneV)
+		e.assign(AttrAttempt, at, " - ", one)
+		e.assign(AttrCutOffs, "if_not_exists(", co, ", ", e.c(":zero", zeroV), ") + ", one)
+	default:
+		e.drop(AttrCutOffs)
+	}
+	if k.dropDefers {
+		e.drop(AttrDefers) // a run ended (rec is the claim's, so this is the current count)
+	}
+	switch {
+	case k.slot:
+		e.assign(AttrSlot, e.i(":slot", f.Slot.UnixMilli()))
+	case k.dropSlot:
+		e.drop(AttrSlot)
+	}
+	id, token, proc := e.s(":id", rec.ID), e.i(":token", rec.Token), e.state(":proc", Processing)
+	if e.writing() {
+		e.cond = e.n(AttrID) + " = " + id + " AND " + e.n(AttrToken) + " = " + token + " AND " + e.n(AttrState) + " = " + proc
+	}
+	e.stamp(nonce)
+	return s.finishes.end(k, e)
 }
 
 // update runs one conditional UpdateItem returning the new record; a failed

@@ -120,3 +120,29 @@ func TestEMFLines(t *testing.T) {
 		}
 	}
 }
+
+// FuzzJobIDQuoted: a line carries the job id exactly as encoding/json
+// quotes it, whatever its bytes (the recorder writes a plain one as it
+// is, without encoding/json).
+func FuzzJobIDQuoted(f *testing.F) {
+	for _, s := range []string{"aaaaaaaaaaaaaaaaaaaaaaaaaa", "a\"b", `back\slash`, "<script>&", "tab\there", "caf\u00e9", "bad\xffutf8", "\u2028", "~ !#$%'()*+,-./:;=?@[]^_`{|}"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, id string) {
+		if id == "" {
+			return // no JobId is written
+		}
+		var out bytes.Buffer
+		metrics.New(&metrics.Options{Out: &out}).Count(metrics.Enqueued, "k", id)
+		want, err := json.Marshal(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(out.Bytes(), append(append([]byte(`"JobId":`), want...), ',')) {
+			t.Fatalf("job id %q written as\n%s\nwant %s", id, out.Bytes(), want)
+		}
+		if err := checkEMF(bytes.TrimSpace(out.Bytes())); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

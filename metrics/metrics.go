@@ -47,6 +47,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/nexjob/nexjob-aws/internal/jsonq"
 	"github.com/nexjob/nexjob-aws/internal/kinds"
 )
 
@@ -181,7 +182,7 @@ func (r *Recorder) write(kind, jobID string, points []point) {
 	b = append(b, '"')
 	if jobID != "" {
 		b = append(b, `,"JobId":`...)
-		b = appendJSONString(b, jobID)
+		b = jsonq.Append(b, jobID)
 	}
 	for _, p := range points {
 		b = append(b, ',', '"')
@@ -210,10 +211,4 @@ func (r *Recorder) write(kind, jobID string, points []point) {
 	r.mu.Unlock()
 	*bp = b
 	lines.Put(bp)
-}
-
-// appendJSONString appends s as a JSON string.
-func appendJSONString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
 }
