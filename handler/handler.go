@@ -239,11 +239,10 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 		settled  = make([]bool, len(ev.Records))        // processed and may be deleted
 		closed   bool                                   // the response was built
 		finished = make(chan struct{}, len(ev.Records)) // one per run ended
-		stop     = h.o.StopBefore
+		stop     = h.stopBefore(ctx)
 		giveUp   <-chan time.Time
 	)
 	if dl, ok := ctx.Deadline(); ok {
-		stop = min(stop, time.Until(dl)/3)
 		t := time.NewTimer(time.Until(dl) - replyMargin)
 		defer t.Stop()
 		giveUp = t.C
@@ -305,14 +304,19 @@ func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEve
 
 // handleOne runs a batch of one message on the caller's goroutine.
 func (h *Handler) handleOne(ctx context.Context, m events.SQSMessage) events.SQSEventResponse {
-	stop := h.o.StopBefore
-	if dl, ok := ctx.Deadline(); ok {
-		stop = min(stop, time.Until(dl)/3)
-	}
-	if h.process(ctx, m, stop) {
+	if h.process(ctx, m, h.stopBefore(ctx)) {
 		return events.SQSEventResponse{}
 	}
 	return events.SQSEventResponse{BatchItemFailures: []events.SQSBatchItemFailure{{ItemIdentifier: m.MessageId}}}
+}
+
+// stopBefore is how long before ctx's deadline no message is claimed:
+// StopBefore, or a third of the time left when that is less.
+func (h *Handler) stopBefore(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return min(h.o.StopBefore, time.Until(dl)/3)
+	}
+	return h.o.StopBefore
 }
 
 // process handles one message and reports whether it may be deleted.
