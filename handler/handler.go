@@ -496,8 +496,8 @@ var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
 func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
 	span := trace.SpanFromContext(ctx) // process's consumer span; tracing off: the producer's, not recording here
 	start := time.Now()
-	ctx = context.WithValue(ctx, runStartKey{}, start)
-	runCtx, cancel := context.WithDeadlineCause(withJobLogger(ctx, h.log, rec), deadline, cause)
+	ctx = withRun(ctx, h.log, rec, start) // the job's logger, for the worker and for what follows the run
+	runCtx, cancel := context.WithDeadlineCause(ctx, deadline, cause)
 	defer cancel()
 	// A worker's error text is stored, logged and put on the span: capped
 	// here as the ledger caps it, so no one error fills a log line (or
@@ -644,8 +644,6 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 	return true
 }
 
-type runStartKey struct{}
-
 // outcomes names the metric of each state a run ends in.
 var outcomes = map[ledger.State]string{ledger.Succeeded: metrics.Succeeded, ledger.Failed: metrics.Failed,
 	ledger.Scheduled: metrics.Retried, ledger.Expired: metrics.Expired, ledger.Enqueued: metrics.CutOff}
@@ -659,7 +657,7 @@ func (h *Handler) measure(ctx context.Context, out ledger.Record, f ledger.Finis
 	if f.Deferred {
 		outcome = metrics.Deferred
 	}
-	if start, ok := ctx.Value(runStartKey{}).(time.Time); ok {
+	if start, ok := runStart(ctx); ok {
 		h.o.Metrics.Run(outcome, out.Kind, out.ID, time.Since(start))
 	} else {
 		h.o.Metrics.Count(outcome, out.Kind, out.ID)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-lambda-go/lambdacontext"
 
@@ -12,12 +13,13 @@ import (
 
 type loggerKey struct{}
 
-// jobLog is a run's logger, made on its first use: most runs never log,
-// and With copies the handler's attributes.
+// jobLog is a run's logger, made on its first use (most runs never log,
+// and With copies the handler's attributes), and the run's start.
 type jobLog struct {
 	base          *slog.Logger
 	id, kind, req string
 	attempt       int
+	start         time.Time
 	once          sync.Once
 	l             *slog.Logger
 }
@@ -35,7 +37,8 @@ func (j *jobLog) logger() *slog.Logger {
 // Logger returns the job's logger inside a worker's Work: the handler's
 // Options.Logger (the team's own slog.Handler) with the job's id, kind
 // and attempt and, under Lambda, the invocation's request id. It never
-// carries the job's args or key. Outside a run it is slog.Default().
+// carries the job's args or key. A dead-letter hook called at the end of
+// a run gets it too. Outside a run it is slog.Default().
 func Logger(ctx context.Context) *slog.Logger {
 	if j, ok := ctx.Value(loggerKey{}).(*jobLog); ok {
 		return j.logger()
@@ -43,10 +46,20 @@ func Logger(ctx context.Context) *slog.Logger {
 	return slog.Default()
 }
 
-func withJobLogger(ctx context.Context, base *slog.Logger, rec ledger.Record) context.Context {
-	j := &jobLog{base: base, id: rec.ID, kind: rec.Kind, attempt: rec.Attempt}
+// withRun is ctx inside a run of rec that started at start: Logger gives
+// the job's logger, runStart the start.
+func withRun(ctx context.Context, base *slog.Logger, rec ledger.Record, start time.Time) context.Context {
+	j := &jobLog{base: base, id: rec.ID, kind: rec.Kind, attempt: rec.Attempt, start: start}
 	if lc, ok := lambdacontext.FromContext(ctx); ok {
 		j.req = lc.AwsRequestID
 	}
 	return context.WithValue(ctx, loggerKey{}, j)
+}
+
+// runStart is the start of the run ctx is in, if it is in one.
+func runStart(ctx context.Context) (time.Time, bool) {
+	if j, ok := ctx.Value(loggerKey{}).(*jobLog); ok {
+		return j.start, true
+	}
+	return time.Time{}, false
 }

@@ -33,16 +33,7 @@ type writeExpr struct {
 	names  map[string]string
 	values map[string]types.AttributeValue
 	known  *shape // the text and names, when this write's shape was seen before
-}
-
-// newWriteExpr is an update's expressions, sized by the caller for its
-// names and values (a map that grows mid-write copies itself; one sized
-// far over its use costs its empty slots) and for its update expression
-// (one allocation when it fits).
-func newWriteExpr(names, values, size int) *writeExpr {
-	e := &writeExpr{names: make(map[string]string, names), values: make(map[string]types.AttributeValue, values)}
-	e.set.Grow(size)
-	return e
+	pooled bool   // values is valueMaps'
 }
 
 // writing reports whether e writes its text (its shape is new): a caller
@@ -66,15 +57,44 @@ type shapes[K comparable] struct {
 	m  atomic.Pointer[map[K]*shape]
 }
 
-// start is the write of shape k, sized as newWriteExpr: it writes only
-// its values when k was seen before.
+// start is the write of shape k, sized by the caller for its names and
+// values (a map that grows mid-write copies itself; one sized far over
+// its use costs its empty slots) and for its update expression (one
+// allocation when it fits). It writes only its values when k was seen
+// before.
 func (c *shapes[K]) start(k K, names, values, size int) *writeExpr {
+	var e *writeExpr
 	if m := c.m.Load(); m != nil {
 		if sh := (*m)[k]; sh != nil {
-			return &writeExpr{values: make(map[string]types.AttributeValue, values), known: sh}
+			e = &writeExpr{known: sh}
 		}
 	}
-	return newWriteExpr(names, values, size)
+	if e == nil {
+		e = &writeExpr{names: make(map[string]string, names)}
+		e.set.Grow(size)
+	}
+	if values > smallMap {
+		e.values, e.pooled = valueMaps.Get().(map[string]types.AttributeValue), true
+	} else {
+		e.values = make(map[string]types.AttributeValue, values)
+	}
+	return e
+}
+
+// smallMap is the most entries a map holds without a table of its own
+// (Go's maps keep up to 8 in one group); a write's values map larger than
+// that is taken from valueMaps and given back by exprs.release.
+const smallMap = 8
+
+var valueMaps = sync.Pool{New: func() any { return make(map[string]types.AttributeValue, 2*smallMap) }}
+
+// release gives x's values map back for another write. Only a caller
+// whose request is over may call it: the map is cleared.
+func (x exprs) release() {
+	if x.pooled {
+		clear(x.values)
+		valueMaps.Put(x.values)
+	}
 }
 
 // end is e's expressions; a new shape is kept as k's.
@@ -327,10 +347,11 @@ type exprs struct {
 	cond, update *string // update is nil for a Put
 	names        map[string]string
 	values       map[string]types.AttributeValue // nil when none: DynamoDB refuses an empty map
+	pooled       bool                            // values goes back to valueMaps (release)
 }
 
 func (e *writeExpr) exprs() exprs {
-	var out exprs
+	out := exprs{pooled: e.pooled}
 	if len(e.values) > 0 {
 		out.values = e.values
 	}

@@ -194,18 +194,18 @@ func locate(id string) ([]string, error) {
 }
 
 func validID(id string) bool {
-	parts := strings.Split(id, idSep)
-	if len(parts) > 2 {
+	first, second, two := strings.Cut(id, idSep)
+	return validPart(first) && (!two || validPart(second))
+}
+
+// validPart is one part of an id: 26 characters of base32.
+func validPart(p string) bool {
+	if len(p) != 26 {
 		return false
 	}
-	for _, p := range parts {
-		if len(p) != 26 {
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; (c < 'a' || c > 'z') && (c < '2' || c > '7') {
 			return false
-		}
-		for _, c := range p {
-			if (c < 'a' || c > 'z') && (c < '2' || c > '7') {
-				return false
-			}
 		}
 	}
 	return true

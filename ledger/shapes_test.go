@@ -123,8 +123,9 @@ func TestShapesKeepTheText(t *testing.T) {
 	}
 }
 
-// Writes of new and known shapes at once: each gets its own values
-// (go test -race checks the kept shapes are only read).
+// Writes of new and known shapes at once, their values maps given back
+// and taken again: each gets its own values (go test -race checks the
+// kept shapes are only read, and a map is not shared while in use).
 func TestShapesConcurrently(t *testing.T) {
 	s := newShapeStore(t, false)
 	var wg sync.WaitGroup
@@ -139,6 +140,7 @@ func TestShapesConcurrently(t *testing.T) {
 					t.Errorf("a write took another's id: %v, want %s", v, rec.ID)
 					return
 				}
+				got.release() // the next write may take the map
 			}
 		})
 	}

@@ -50,7 +50,9 @@ func (s *Store) ClaimByCheck(ctx context.Context, id string, lease time.Duration
 
 func (s *Store) claim(ctx context.Context, id string, lease time.Duration, byCheck bool) (Record, error) {
 	nonce := NewNonce()
-	return s.updateJob(ctx, id, s.claimExprs(id, lease, byCheck, s.now(), nonce), nonce)
+	x := s.claimExprs(id, lease, byCheck, s.now(), nonce)
+	defer x.release()
+	return s.updateJob(ctx, id, x, nonce)
 }
 
 // claimExprs is a claim's update. Its text depends on byCheck alone (the
@@ -173,7 +175,9 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	if nonce == "" {
 		nonce = NewNonce()
 	}
-	out, err := s.update(ctx, rec.PK, rec.ID, s.finishExprs(rec, f, s.now(), nonce), nonce)
+	x := s.finishExprs(rec, f, s.now(), nonce)
+	out, err := s.update(ctx, rec.PK, rec.ID, x, nonce)
+	x.release()
 	var held *heldError
 	if errors.As(err, &held) {
 		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
