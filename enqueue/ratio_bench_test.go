@@ -3,6 +3,7 @@ package enqueue_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -74,6 +75,14 @@ func (e *bareEnqueue) enqueue(ctx context.Context, i int64, args any) error {
 		ExpressionAttributeNames:  map[string]string{"#pk": "pk", "#exp": "expiresAt"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":now": n(strconv.FormatInt(now/1000, 10))},
 	})
+	var held *types.ConditionalCheckFailedException
+	if errors.As(err, &held) {
+		// The key is taken: a duplicate, the result a hand-written
+		// producer gives. Here it is its own put, applied and its reply
+		// lost, then resent by the SDK (make bench, 2026-12-05: the
+		// emulator closed a connection under a response).
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -99,7 +108,7 @@ func BenchmarkRatioEnqueueCPU(b *testing.B) {
 	ctx := context.Background()
 	args := payment{OrderID: "order-0000012345", Cents: 4999}
 	var putSize, sendSize int
-	benchcmp.Ratio(b, "keyed-enqueue-cpu", func(b *testing.B) {
+	benchcmp.RatioRounds(b, "keyed-enqueue-cpu", benchcmp.InMemoryRounds, func(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
 			if _, err := c.Enqueue(ctx, args, &enqueue.Opts{IdempotencyKey: "order-" + strconv.Itoa(i)}); err != nil {
 				b.Fatal(err)

@@ -212,6 +212,7 @@ func ResetTimer(b *testing.B) {
 // Result is one comparison.
 type Result struct {
 	Name       string
+	Rounds     int
 	Ours, Bare Side // each side's median round
 	// TimeX, CPUX and AllocsX are the medians of the rounds' ours/bare
 	// ratios (each round runs the two sides back to back); Lo and Hi
@@ -226,7 +227,7 @@ func (r Result) String() string {
 	return fmt.Sprintf("%-34s time %.2fx [%.2f-%.2f] (%.0f vs %.0f ns/op), cpu %.2fx [%.2f-%.2f] (%.0f vs %.0f ns/op), allocations %.2fx [%.2f-%.2f] (%.0f vs %.0f allocs/op), median of %d rounds",
 		r.Name, r.TimeX, r.TimeLo, r.TimeHi, r.Ours.NsPerOp, r.Bare.NsPerOp,
 		r.CPUX, r.CPULo, r.CPUHi, r.Ours.CPUNsPerOp, r.Bare.CPUNsPerOp,
-		r.AllocsX, r.AllocsLo, r.AllocsHi, r.Ours.AllocsPerOp, r.Bare.AllocsPerOp, Rounds)
+		r.AllocsX, r.AllocsLo, r.AllocsHi, r.Ours.AllocsPerOp, r.Bare.AllocsPerOp, r.Rounds)
 }
 
 // Rounds is how many times Ratio runs each side. Each round runs the two
@@ -234,6 +235,15 @@ func (r Result) String() string {
 // first), so neither side always runs warm or always cold; a round's
 // ratio pairs runs made under the same load.
 const Rounds = 7
+
+// InMemoryRounds is RatioRounds' count for a comparison against Canned,
+// run with a short -benchtime (make bench: 150ms). On a shared 2-core VM
+// a neighbour's burst slows whichever side runs through it: many short
+// rounds pair the sides more closely in time, and their median moves
+// less from run to run (Handle's CPU ratio, three runs each: 1.07x,
+// 1.19x and 1.10x with 7 rounds of 1 s; 1.08x, 1.08x and 1.10x with 35
+// of 150 ms).
+const InMemoryRounds = 35
 
 // Ratio runs ours and bare as the sub-benchmarks name/ours and name/bare,
 // Rounds times each, the order rotated (with the run's -benchtime; the
@@ -243,11 +253,17 @@ const Rounds = 7
 // the whole process while a side runs, as -benchmem counts them.
 func Ratio(b *testing.B, name string, ours, bare func(*testing.B)) Result {
 	b.Helper()
-	r := Result{Name: name}
+	return RatioRounds(b, name, Rounds, ours, bare)
+}
+
+// RatioRounds is Ratio with rounds rounds.
+func RatioRounds(b *testing.B, name string, rounds int, ours, bare func(*testing.B)) Result {
+	b.Helper()
+	r := Result{Name: name, Rounds: rounds}
 	var times, cpus, allocs []float64
 	var oursRuns, bareRuns []Side
 	b.Run(name, func(b *testing.B) {
-		for round := range Rounds {
+		for round := range rounds {
 			sides := []struct {
 				name string
 				f    func(*testing.B)
@@ -281,7 +297,7 @@ func Ratio(b *testing.B, name string, ours, bare func(*testing.B)) Result {
 			}
 		}
 	})
-	if len(times) != Rounds {
+	if len(times) != rounds {
 		b.Fatalf("%s: a side did not run", name)
 	}
 	r.TimeX, r.TimeLo, r.TimeHi = spread(times)
