@@ -2,14 +2,17 @@ package handler_test
 
 import (
 	"bytes"
-	"fmt"
-
 	"context"
+	"encoding/json"
 	"errors"
-	"github.com/aws/aws-lambda-go/events"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
@@ -303,5 +306,47 @@ func TestHookMarkClearedThroughAThrottle(t *testing.T) {
 	got := r.get(t, id)
 	if got.State != ledger.Failed || got.HookPending || hooks.Load() != 1 {
 		t.Fatalf("%s, mark %v, %d hook runs; want Failed, cleared, 1", got.State, got.HookPending, hooks.Load())
+	}
+}
+
+// TestHookAtARunsEndGetsTheJobLogger: a dead-letter hook called at the
+// end of the run that failed the job logs with the job's logger (its id,
+// kind and attempt), as the worker does.
+func TestHookAtARunsEndGetsTheJobLogger(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	var logs syncBuffer
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(context.Context, *handler.Job[email]) error {
+		return errors.New("smtp down")
+	}), &handler.KindOptions{OnDeadLetter: func(ctx context.Context, _ ledger.Record, _ error) error {
+		handler.Logger(ctx).InfoContext(ctx, "dead letter noted")
+		return nil
+	}})
+	h := e.Handler(t, reg, &handler.Options{Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	res, err := e.Client.Enqueue(ctx, email{To: "hook-log@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	var line struct {
+		Msg, JobID, Kind string
+		Attempt          int
+	}
+	for l := range strings.Lines(logs.String()) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("%v: %s", err, l)
+		}
+		if m["msg"] == "dead letter noted" {
+			line.Msg, line.JobID, line.Kind = m["msg"].(string), fmt.Sprint(m["job_id"]), fmt.Sprint(m["kind"])
+			if a, ok := m["attempt"].(float64); ok {
+				line.Attempt = int(a)
+			}
+		}
+	}
+	if line.Msg == "" || line.JobID != res.ID || line.Kind != "email" || line.Attempt != 1 {
+		t.Fatalf("the hook's line: %+v, want job %s, kind email, attempt 1\n%s", line, res.ID, logs.String())
 	}
 }
