@@ -125,6 +125,11 @@ type ClientOptions struct {
 	// the operator's tools) needs the same map: settings read it from
 	// NEXJOB_QUEUES.
 	Queues map[string]string
+	// Retention is how long a record this client ends is kept: a
+	// continuation whose link to its parent failed, ended Failed (or
+	// Expired, as its parent). Defaults to ledger.DefaultRetention; a
+	// handler passes its own Options.Retention.
+	Retention *ledger.Retention
 }
 
 // FarScheduler sends a message at a later time: *onetime.Client.
@@ -151,6 +156,7 @@ type Client struct {
 	far       FarScheduler
 	farAfter  time.Duration
 	queues    map[string]string // named queue → URL
+	retention ledger.Retention
 }
 
 // New returns a Client for the ledger table and the job queue. It does no
@@ -194,7 +200,11 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), tracing: o.TracerProvider != nil, xray: o.XRay, far: o.Far, farAfter: farAfter, queues: o.Queues}, nil
+	retention := ledger.DefaultRetention
+	if o.Retention != nil {
+		retention = *o.Retention
+	}
+	return &Client{cfg: cfg, store: store, sqs: o.SQS, queueURL: queueURL, log: o.Logger, tolerance: o.ScheduleTolerance, maxDelay: o.MaxDelay, redisp: o.RedispatchAfter, metrics: o.Metrics, tracer: tracer(o.TracerProvider), tracing: o.TracerProvider != nil, xray: o.XRay, far: o.Far, farAfter: farAfter, queues: o.Queues, retention: retention}, nil
 }
 
 // QueueURL is the URL of the named queue ("" the job queue), or an error

@@ -217,7 +217,7 @@ func (c *Client) link(ctx context.Context, parentID string, child ledger.Record,
 		// Not linked (throttled past the retries, say): a child this call
 		// made would wait for ever on a parent that never counts it, and
 		// the caller, told of an error, makes another. It ends Failed
-		// with the reason, kept until deleted (short soak, seed 2: an
+		// with the reason, kept for the Failed retention (short soak, seed 2: an
 		// unkeyed fan-in child stayed AwaitingContinuation for good). A
 		// child found by a keyed retry is left for the next retry to link.
 		if created {
@@ -271,7 +271,11 @@ func (c *Client) unlink(ctx context.Context, child ledger.Record, created bool, 
 	if created {
 		err = c.store.Delete(bctx, child.ID)
 	} else {
-		_, _, err = c.store.Cancel(bctx, child.ID, as, reason, time.Time{})
+		var exp time.Time // kept as long as a worker keeps a record that ended so
+		if d := c.retention.For(as); d > 0 {
+			exp = c.store.Now().Add(d)
+		}
+		_, _, err = c.store.Cancel(bctx, child.ID, as, reason, exp)
 	}
 	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
 		c.log.ErrorContext(ctx, "nexjob: could not undo an unlinked continuation", "job_id", child.ID, "err", err)

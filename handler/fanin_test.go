@@ -204,6 +204,9 @@ func TestFanInLinkThrottledPastTheRetries(t *testing.T) {
 	if len(stranded) != 1 || stranded[0].State != ledger.Failed || !strings.Contains(stranded[0].LastError, "its link to parent "+parents[1]+" failed") {
 		t.Fatalf("the failed call's child: %+v, want one, Failed, saying why", stranded)
 	}
+	if want := r.clock.Now().Add(ledger.DefaultRetention.Failed).Unix(); stranded[0].ExpiresAt < want-3600 || stranded[0].ExpiresAt > want+3600 {
+		t.Fatalf("the failed call's child expires at %d, want the Failed retention's %d", stranded[0].ExpiresAt, want)
+	}
 	child, err := prod.ContinueWhenAll(ctx, parents, email{To: "child@example.com"}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -33,8 +33,9 @@ type SQS interface {
 // Retention is how long terminal records are kept: see ledger.Retention.
 type Retention = ledger.Retention
 
-// DefaultRetention is NexJob's: 7 days, 30 days, 7 days.
-var DefaultRetention = Retention{Succeeded: 7 * 24 * time.Hour, Failed: 30 * 24 * time.Hour, Expired: 7 * 24 * time.Hour}
+// DefaultRetention is NexJob's: 7 days, 30 days, 7 days
+// (ledger.DefaultRetention).
+var DefaultRetention = ledger.DefaultRetention
 
 // Defaults of Options.
 const (
@@ -197,6 +198,7 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 	}
 	p, err := enqueue.New(cfg, table, queueURL, &enqueue.ClientOptions{
 		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay, XRay: o.XRay, Far: o.Far, FarAfter: o.FarAfter, Queues: o.Queues,
+		Retention: o.Retention,
 	})
 	if err != nil {
 		return nil, err
@@ -599,15 +601,7 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		// duplicate delivery meanwhile leaves it alone (ClaimHook).
 		f.HookLease, _, _ = h.lease(ctx, h.store.Now(), 0)
 	}
-	ret := h.retention(rec.Kind)
-	switch f.State {
-	case ledger.Succeeded:
-		f.ExpiresAt = h.expiry(ret.Succeeded)
-	case ledger.Failed:
-		f.ExpiresAt = h.expiry(ret.Failed)
-	case ledger.Expired:
-		f.ExpiresAt = h.expiry(ret.Expired)
-	}
+	f.ExpiresAt = h.expiry(h.retention(rec.Kind).For(f.State)) // zero for a state that is not an end
 	out, err := h.record(ctx, rec, f)
 	if err == nil {
 		h.measure(ctx, out, f, cause)

@@ -290,3 +290,19 @@ func stringSet(v string) *types.AttributeValueMemberSS {
 type Retention struct {
 	Succeeded, Failed, Expired time.Duration
 }
+
+// DefaultRetention is NexJob's: 7 days, 30 days, 7 days.
+var DefaultRetention = Retention{Succeeded: 7 * 24 * time.Hour, Failed: 30 * 24 * time.Hour, Expired: 7 * 24 * time.Hour}
+
+// For is the retention of a record ending in st (zero: kept for ever).
+func (r Retention) For(st State) time.Duration {
+	switch st {
+	case Succeeded:
+		return r.Succeeded
+	case Failed:
+		return r.Failed
+	case Expired:
+		return r.Expired
+	}
+	return 0
+}
