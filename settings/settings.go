@@ -366,7 +366,8 @@ func (s Settings) LedgerOptions() ledger.Options {
 
 // ClientOptions are the enqueue client's options these settings imply.
 func (s Settings) ClientOptions() *enqueue.ClientOptions {
-	return &enqueue.ClientOptions{Ledger: s.LedgerOptions(), Far: s.FarScheduler(), Queues: s.QueueURLs()}
+	r := s.Retention
+	return &enqueue.ClientOptions{Ledger: s.LedgerOptions(), Far: s.FarScheduler(), Queues: s.QueueURLs(), Retention: &r}
 }
 
 // FarScheduler is the far jobs' one-time schedules client these settings
@@ -401,6 +402,10 @@ func (s Settings) Client(opts *enqueue.ClientOptions) (*enqueue.Client, error) {
 	}
 	if o.Queues == nil {
 		o.Queues = s.QueueURLs()
+	}
+	if o.Retention == nil {
+		r := s.Retention
+		o.Retention = &r
 	}
 	return enqueue.New(s.AWS, s.Table, s.QueueURL, &o)
 }

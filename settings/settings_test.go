@@ -93,6 +93,9 @@ func TestValues(t *testing.T) {
 	if o.Concurrency != 3 || o.DLQURL != "dlq" || *o.Retention != want || !o.Ledger.IndexAllStates || string(o.Ledger.KeySecret) != "k" {
 		t.Fatalf("handler options %+v", o)
 	}
+	if c := s.ClientOptions(); c.Retention == nil || *c.Retention != want {
+		t.Fatalf("client options' retention %v, want %+v (a continuation the producer ends is kept as long)", c.Retention, want)
+	}
 	back, err := settings.ParseRetention(settings.FormatRetention(want))
 	if err != nil || back != want {
 		t.Fatalf("round trip: %+v %v", back, err)
