@@ -271,11 +271,8 @@ func (c *Client) unlink(ctx context.Context, child ledger.Record, created bool, 
 	if created {
 		err = c.store.Delete(bctx, child.ID)
 	} else {
-		var exp time.Time // kept as long as a worker keeps a record that ended so
-		if d := c.retention.For(as); d > 0 {
-			exp = c.store.Now().Add(d)
-		}
-		_, _, err = c.store.Cancel(bctx, child.ID, as, reason, exp)
+		// Kept as long as a worker keeps a record that ended so.
+		_, _, err = c.store.Cancel(bctx, child.ID, as, reason, c.store.ExpiresAfter(c.retention.For(as)))
 	}
 	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
 		c.log.ErrorContext(ctx, "nexjob: could not undo an unlinked continuation", "job_id", child.ID, "err", err)
@@ -292,10 +289,7 @@ func parentEnded(parent ledger.Record) string {
 // state); the record is kept for retention. A child already released or
 // ended is left alone, so a replay cancels nothing twice.
 func (c *Client) CancelContinuations(ctx context.Context, parent ledger.Record, reason string, retention time.Duration) error {
-	var exp time.Time
-	if retention > 0 {
-		exp = c.store.Now().Add(retention)
-	}
+	exp := c.store.ExpiresAfter(retention)
 	as := parent.State
 	if as != ledger.Expired {
 		as = ledger.Failed
@@ -482,11 +476,7 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	var exp time.Time
-	if retention > 0 {
-		exp = c.store.Now().Add(retention)
-	}
-	rec, ok, err := c.store.Withdraw(ctx, jobID, reason, exp)
+	rec, ok, err := c.store.Withdraw(ctx, jobID, reason, c.store.ExpiresAfter(retention))
 	if err != nil {
 		return ledger.Record{}, c.missing(err)
 	}

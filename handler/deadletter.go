@@ -109,7 +109,7 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 // failDeadLetter ends the job as Failed with cause, if it is still as
 // read, and does what follows (hook, continuations).
 func (h *Handler) failDeadLetter(ctx context.Context, rec ledger.Record, cause error) error {
-	out, dead, err := h.store.DeadLetter(ctx, rec, cause.Error(), h.expiry(h.retention(rec.Kind).Failed))
+	out, dead, err := h.store.DeadLetter(ctx, rec, cause.Error(), h.store.ExpiresAfter(h.retention(rec.Kind).Failed))
 	if err != nil || !dead {
 		return err
 	}
@@ -139,7 +139,7 @@ func (h *Handler) keepNonJob(ctx context.Context, m events.SQSMessage, reason st
 		return err
 	}
 	rec := ledger.Record{Kind: DeadLetterKind, Args: string(args), State: ledger.Failed, LastError: reason, MaxAttempts: 1}
-	if exp := h.expiry(h.o.Retention.Failed); !exp.IsZero() {
+	if exp := h.store.ExpiresAfter(h.o.Retention.Failed); !exp.IsZero() {
 		rec.ExpiresAt = ledger.TTL(exp)
 	}
 	// Keyed by the message id: a redelivered dead letter is kept once.

@@ -24,15 +24,7 @@ import (
 func TestFanInRunsOnceAfterEveryParent(t *testing.T) {
 	t.Parallel()
 	r := newRigWith(t, ok, rigConfig{faults: true, queue: fastQueue})
-	ctx := context.Background()
-	var parents []string
-	for i := range 5 {
-		parents = append(parents, r.enqueue(t, email{To: fmt.Sprintf("parent-%d@example.com", i)}, nil))
-	}
-	child, err := r.prod.ContinueWhenAll(ctx, parents, email{To: "child@example.com"}, nil)
-	if err != nil || child.State != ledger.AwaitingContinuation {
-		t.Fatalf("ContinueWhenAll: %+v %v", child, err)
-	}
+	parents, child := fanIn(t, r, 5)
 	lostFinish := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply, Match: func(b []byte) bool {
 		return finishTo(ledger.Succeeded)(b) && bytes.Contains(b, []byte(parents[2]))
 	}})
@@ -137,15 +129,7 @@ func TestFanInCosts(t *testing.T) {
 func TestFanInCountThrottledPastTheRetries(t *testing.T) {
 	t.Parallel()
 	r := newRigWith(t, ok, rigConfig{faults: true, queue: fastQueue})
-	ctx := context.Background()
-	var parents []string
-	for i := range 3 {
-		parents = append(parents, r.enqueue(t, email{To: fmt.Sprintf("parent-%d@example.com", i)}, nil))
-	}
-	child, err := r.prod.ContinueWhenAll(ctx, parents, email{To: "child@example.com"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	parents, child := fanIn(t, r, 3)
 	throttled := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts, Match: func(b []byte) bool {
 		return bytes.Contains(b, []byte(`"released"`)) && bytes.Contains(b, []byte(parents[1]))
 	}})
@@ -154,6 +138,20 @@ func TestFanInCountThrottledPastTheRetries(t *testing.T) {
 		t.Fatalf("the count's throttle fired %d times", throttled.Fired())
 	}
 	ranOnceAfterAll(t, r, parents, child.ID)
+}
+
+// fanIn enqueues n parents and a child of all of them (ContinueWhenAll),
+// waiting.
+func fanIn(t *testing.T, r *rig, n int) (parents []string, child enqueue.Result) {
+	t.Helper()
+	for i := range n {
+		parents = append(parents, r.enqueue(t, email{To: fmt.Sprintf("parent-%d@example.com", i)}, nil))
+	}
+	child, err := r.prod.ContinueWhenAll(context.Background(), parents, email{To: "child@example.com"}, nil)
+	if err != nil || child.State != ledger.AwaitingContinuation {
+		t.Fatalf("ContinueWhenAll: %+v %v", child, err)
+	}
+	return parents, child
 }
 
 // ranOnceAfterAll: every parent Succeeded after one run, and the fan-in

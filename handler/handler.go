@@ -601,7 +601,7 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		// duplicate delivery meanwhile leaves it alone (ClaimHook).
 		f.HookLease, _, _ = h.lease(ctx, h.store.Now(), 0)
 	}
-	f.ExpiresAt = h.expiry(h.retention(rec.Kind).For(f.State)) // zero for a state that is not an end
+	f.ExpiresAt = h.store.ExpiresAfter(h.retention(rec.Kind).For(f.State)) // zero for a state that is not an end
 	out, err := h.record(ctx, rec, f)
 	if err == nil {
 		h.measure(ctx, out, f, cause)
@@ -724,13 +724,6 @@ func (h *Handler) retention(kind string) Retention {
 		return *e.opts.Retention
 	}
 	return *h.o.Retention
-}
-
-func (h *Handler) expiry(d time.Duration) time.Time {
-	if d <= 0 {
-		return time.Time{}
-	}
-	return h.store.Now().Add(d)
 }
 
 // deadLetter calls the kind's hook (or the handler's) once; its failure or

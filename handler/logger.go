@@ -40,10 +40,16 @@ func (j *jobLog) logger() *slog.Logger {
 // carries the job's args or key. A dead-letter hook called at the end of
 // a run gets it too. Outside a run it is slog.Default().
 func Logger(ctx context.Context) *slog.Logger {
-	if j, ok := ctx.Value(loggerKey{}).(*jobLog); ok {
+	if j := runOf(ctx); j != nil {
 		return j.logger()
 	}
 	return slog.Default()
+}
+
+// runOf is the run ctx is in, nil outside one.
+func runOf(ctx context.Context) *jobLog {
+	j, _ := ctx.Value(loggerKey{}).(*jobLog)
+	return j
 }
 
 // withRun is ctx inside a run of rec that started at start: Logger gives
@@ -58,7 +64,7 @@ func withRun(ctx context.Context, base *slog.Logger, rec ledger.Record, start ti
 
 // runStart is the start of the run ctx is in, if it is in one.
 func runStart(ctx context.Context) (time.Time, bool) {
-	if j, ok := ctx.Value(loggerKey{}).(*jobLog); ok {
+	if j := runOf(ctx); j != nil {
 		return j.start, true
 	}
 	return time.Time{}, false

@@ -23,9 +23,10 @@ import (
 // every name and value added must be used, as DynamoDB refuses
 // unused ones.
 //
-// Claim and Finish keep the text of their writes (shapes): a write whose
-// shape was seen before only collects its values (known is set, and
-// assign, drop and the caller's condition write nothing).
+// Claim, Finish and the puts' conditions keep the text of their writes
+// (shapes): a write whose shape was seen before only collects its values
+// (known is set, and assign, drop and the caller's condition write
+// nothing).
 type writeExpr struct {
 	cond   string
 	set    strings.Builder // "SET #a = :x, #b = :y": the SET clause (update appends the REMOVE clause to it)
@@ -298,15 +299,8 @@ func putCond(c *shapes[putShape], k putShape, now time.Time, states []State, req
 	if k.free {
 		nowv = e.i(":now", now.Unix())
 	}
-	var in []string
-	if e.writing() {
-		in = make([]string, len(states))
-	}
 	for i, st := range states {
-		v := e.state(endedLabels[i], st)
-		if in != nil {
-			in[i] = v
-		}
+		e.state(endedLabels[i], st)
 	}
 	if k.request {
 		req = e.s(":request", request)
@@ -317,7 +311,7 @@ func putCond(c *shapes[putShape], k putShape, now time.Time, states []State, req
 			e.cond += " OR " + e.n(AttrExpiresAt) + " <= " + nowv
 		}
 		if k.ended > 0 {
-			ended := e.n(AttrState) + " IN (" + strings.Join(in, ", ") + ") AND attribute_not_exists(" + e.n(AttrChildren) + ")"
+			ended := e.n(AttrState) + " IN (" + strings.Join(endedLabels[:k.ended], ", ") + ") AND attribute_not_exists(" + e.n(AttrChildren) + ")"
 			if k.request {
 				r := e.n(AttrRequest)
 				ended += " AND (attribute_not_exists(" + r + ") OR " + r + " <> " + req + ")"

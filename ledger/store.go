@@ -104,6 +104,15 @@ func (s *Store) Table() string { return s.table }
 // Now returns the store's clock reading.
 func (s *Store) Now() time.Time { return s.now() }
 
+// ExpiresAfter is the expiry of a record kept d from now on the store's
+// clock: the zero time (kept for ever) for d ≤ 0.
+func (s *Store) ExpiresAfter(d time.Duration) time.Time {
+	if d <= 0 {
+		return time.Time{}
+	}
+	return s.now().Add(d)
+}
+
 // HashKey returns the stored form of an idempotency key.
 func (s *Store) HashKey(key string) string { return hashKey(s.secret, key) }
 
