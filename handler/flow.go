@@ -21,7 +21,11 @@ import (
 // before it (its message is re-sent with that delay) and waits the rest
 // when it comes back. Keys are independent, so one busy key delays only its own jobs.
 // A retry is a new start and takes a new slot; a redelivery of the same
-// attempt gets its slot back.
+// attempt gets its slot back. A run starts at most slotTolerance after its
+// slot: one whose message comes back later takes a new slot, and one
+// deferred for want of a concurrency slot gives its throttle slot up. A
+// slot beyond the longest schedule is reached in deferrals of at most
+// that (no message names a run further ahead).
 //
 // Cost: each start takes one consistent read and one conditional PutItem
 // of the key's item (1 write unit up to 60 slots of log); a job sent to a
@@ -96,64 +100,70 @@ func checkFlow(kind string, o KindOptions) {
 }
 
 // flowKey is the name rec's flow-control key is hashed from, or "" for
-// a job not limited.
-func flowKey(key func(ledger.Record) string, rec ledger.Record) string {
+// a job not limited. The key function is user code: a panic in it is a
+// *PanicError, and the run fails as a worker's panic fails it (the
+// attempt is spent, the job retried), never escaping Handle with the job
+// claimed.
+func flowKey(key func(ledger.Record) string, rec ledger.Record) (name string, err error) {
 	if key == nil {
-		return flowName(rec.Kind, "")
+		return flowName(rec.Kind, ""), nil
 	}
+	defer func() {
+		if v := recover(); v != nil {
+			name, err = "", &PanicError{Value: fmt.Sprintf("flow-control key function: %v", v)}
+		}
+	}()
 	if k := key(rec); k != "" {
-		return flowName(rec.Kind, k)
+		return flowName(rec.Kind, k), nil
 	}
-	return ""
+	return "", nil
 }
 
 // flowName: a key function's key, or the kind's own for a kind limited
-// as a whole.
+// as a whole. Always scoped to the kind: two kinds keyed by one tenant
+// keep two logs and two holder sets, each under its own Limit. A kind
+// has no NUL byte, so no kind and key pair names another's item.
 func flowName(kind, key string) string {
 	if key == "" {
 		return "kind:" + kind
 	}
-	return "key:" + key
+	return "key:" + kind + "\x00" + key
 }
+
+// slotTolerance is how late a run may start after its throttle slot. A
+// deferred job whose message comes back later than that (workers down,
+// the event source at its MaxConcurrency, a concurrency deferral) takes a
+// new slot instead of starting on a stale one, so a backlog of late
+// messages never starts together: the starts of one key keep the rate
+// within slotTolerance (any Limit+1 starts span at least Period less
+// slotTolerance).
+const slotTolerance = ThrottleWait
 
 // admit applies the kind's flow control to a claimed run before it
 // starts. It returns the time to defer the job to (zero: run it now), the
 // throttle slot the attempt holds (kept on the record when it is
 // deferred), and the function that frees the run's concurrency slot once
-// its end is recorded (never nil).
-func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (deferTo, slot time.Time, release func()) {
+// its end is recorded (never nil). err is a key function's panic: the run
+// fails with it.
+func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (deferTo, slot time.Time, release func(), err error) {
 	release = func() {}
 	if t := e.opts.Throttle; t != nil {
-		if key := flowKey(t.Key, rec); key != "" {
-			if rec.Slot != 0 {
-				// Taken by this attempt before it was deferred: the log
-				// keeps only the last Limit slots, so it is on the
-				// record (10 waiting jobs of a Limit of 1 took each
-				// other's slots, for ever).
-				slot = ledger.Millis(rec.Slot)
-			} else {
-				tag := ledger.RateTag(rec.ID + "." + strconv.Itoa(rec.Attempt))
-				var err error
-				slot, _, err = h.store.Reserve(ctx, h.store.HashKey(key), tag, ledger.Rate{Limit: t.Limit, Period: t.Period}, true)
-				if err != nil {
-					h.log.ErrorContext(ctx, "nexjob: throttle slot failed; the job is deferred", "job_id", rec.ID, "err", err)
-					return h.store.Now().Add(minConcurrencyBackoff), time.Time{}, release
-				}
-			}
-			if wait := slot.Sub(h.store.Now()); wait > ThrottleWait {
-				// Its message comes back within ThrottleWait before the
-				// slot (an SQS delay is whole seconds, rounded up), and
-				// the run waits the rest: it starts on its slot.
-				return slot.Add(-ThrottleWait), slot, release
-			} else if wait > 0 {
-				if err := sleepCtx(ctx, wait); err != nil {
-					return slot, slot, release
-				}
+		key, err := flowKey(t.Key, rec)
+		if err != nil {
+			return time.Time{}, time.Time{}, release, err
+		}
+		if key != "" {
+			if deferTo, slot = h.throttle(ctx, t, key, rec); !deferTo.IsZero() {
+				return deferTo, slot, release, nil
 			}
 		}
 	}
 	if c := e.opts.Concurrency; c != nil {
-		if key := flowKey(c.Key, rec); key != "" {
+		key, err := flowKey(c.Key, rec)
+		if err != nil {
+			return time.Time{}, time.Time{}, release, err
+		}
+		if key != "" {
 			hash, holder := h.store.HashKey(key), ledger.Holder(rec)
 			ok, freeAt, err := h.store.Acquire(ctx, hash, holder, c.Limit, ledger.Millis(rec.LeaseUntil))
 			now := h.store.Now()
@@ -161,7 +171,7 @@ func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (defer
 				h.log.ErrorContext(ctx, "nexjob: concurrency slot failed; the job is deferred", "job_id", rec.ID, "err", err)
 				// Its put may have applied: free it rather than hold it until the lease ends.
 				_ = h.store.ReleaseSlot(context.WithoutCancel(ctx), hash, holder)
-				return now.Add(minConcurrencyBackoff), slot, release
+				return now.Add(minConcurrencyBackoff), time.Time{}, release, nil
 			}
 			if !ok {
 				wait := min(minConcurrencyBackoff<<min(rec.Defers, 10), max(cmp.Or(c.MaxBackoff, DefaultMaxBackoff), minConcurrencyBackoff))
@@ -169,7 +179,10 @@ func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (defer
 				if until := freeAt.Sub(now); until > 0 && until < wait {
 					wait = until
 				}
-				return now.Add(wait), slot, release
+				// The throttle slot is not kept: the job did not start on
+				// it, and one kept past its time would start beside the
+				// next job's slot. It takes a new one when it comes back.
+				return now.Add(wait), time.Time{}, release, nil
 			}
 			id := rec.ID // not rec: a closure over it moved every admit's record to the heap
 			release = func() {
@@ -180,7 +193,42 @@ func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (defer
 			}
 		}
 	}
-	return time.Time{}, slot, release
+	return time.Time{}, slot, release, nil
+}
+
+// throttle takes (or finds) the run's throttle slot under key and waits
+// for it when it is near: deferTo is non-zero when the job must come back
+// later, holding slot.
+func (h *Handler) throttle(ctx context.Context, t *Throttle, key string, rec ledger.Record) (deferTo, slot time.Time) {
+	if rec.Slot != 0 && h.store.Now().Sub(ledger.Millis(rec.Slot)) <= slotTolerance {
+		// Taken by this attempt before it was deferred: the log keeps
+		// only the last Limit slots, so it is on the record (10 waiting
+		// jobs of a Limit of 1 took each other's slots, for ever).
+		slot = ledger.Millis(rec.Slot)
+	} else {
+		// A new slot; a stale one (its message came back too late) is
+		// left unused. The tag names the attempt and its deferrals, so a
+		// redelivery of this very message gets its slot back.
+		tag := ledger.RateTag(rec.ID + "." + strconv.Itoa(rec.Attempt) + "." + strconv.Itoa(rec.Defers))
+		var err error
+		slot, _, err = h.store.Reserve(ctx, h.store.HashKey(key), tag, ledger.Rate{Limit: t.Limit, Period: t.Period}, true)
+		if err != nil {
+			h.log.ErrorContext(ctx, "nexjob: throttle slot failed; the job is deferred", "job_id", rec.ID, "err", err)
+			return h.store.Now().Add(minConcurrencyBackoff), time.Time{}
+		}
+	}
+	if wait := slot.Sub(h.store.Now()); wait > ThrottleWait {
+		// Its message comes back within ThrottleWait before the slot (an
+		// SQS delay is whole seconds, rounded up), and the run waits the
+		// rest: it starts on its slot. A slot beyond the longest schedule
+		// is reached in steps (finish clamps the run time).
+		return slot.Add(-ThrottleWait), slot
+	} else if wait > 0 {
+		if err := sleepCtx(ctx, wait); err != nil {
+			return slot, slot
+		}
+	}
+	return time.Time{}, slot
 }
 
 // sleepCtx waits d, or less if ctx ends first (its error then).

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -418,7 +419,13 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		}
 		return h.failed(ctx, rec, err, h.o.UnknownKindBackoff)
 	}
-	deferTo, slot, release := h.admit(ctx, e, rec)
+	deferTo, slot, release, err := h.admit(ctx, e, rec)
+	if err != nil {
+		// A flow-control key function panicked: user code, failed as a
+		// worker's panic is (the attempt is spent).
+		h.log.ErrorContext(ctx, "nexjob: flow-control key function failed", "job_id", rec.ID, "kind", rec.Kind, "err", err)
+		return h.failed(ctx, rec, err, e.backoff)
+	}
 	if !deferTo.IsZero() {
 		// Flow control: no slot now. Not a run: the attempt is given back.
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: deferTo, Deferred: true, Slot: slot}, nil)
@@ -602,6 +609,13 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		f.HookLease, _, _ = h.lease(ctx, h.store.Now(), 0)
 	}
 	f.ExpiresAt = h.store.ExpiresAfter(h.retention(rec.Kind).For(f.State)) // zero for a state that is not an end
+	if latest := h.store.Now().Add(enqueue.MaxScheduleAhead); f.RunAt.After(latest) {
+		// No message may name a run beyond the longest schedule (the
+		// worker takes one for a forgery): a later run time (a throttle
+		// slot a year ahead) is reached in steps, each deferral coming
+		// back to defer again.
+		f.RunAt = latest
+	}
 	out, err := h.record(ctx, rec, f)
 	if err == nil {
 		h.measure(ctx, out, f, cause)
@@ -859,11 +873,27 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 func (h *Handler) comeBackAt(ctx context.Context, m events.SQSMessage, at int64, id string, now time.Time) {
 	secs := int32(ledger.Millis(at).Sub(now)/time.Second) + 1
 	_, err := h.sqs.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
-		QueueUrl: aws.String(h.queueURL), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(max(secs, 0), 43200),
+		QueueUrl: aws.String(h.sourceQueue(m)), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(max(secs, 0), 43200),
 	})
 	if err != nil {
 		h.log.WarnContext(ctx, "nexjob: change visibility failed", "job_id", id, "err", err)
 	}
+}
+
+// sourceQueue is the URL of the queue m was received from, which its
+// receipt handle belongs to: the job queue or a named queue, matched by
+// the event's source ARN (the queue's name is its last field) or, from the
+// local poller, its URL. A source matching none is taken as the job
+// queue.
+func (h *Handler) sourceQueue(m events.SQSMessage) string {
+	src := m.EventSourceARN
+	name := src[strings.LastIndexByte(src, ':')+1:]
+	for _, url := range h.o.Queues {
+		if url == src || url[strings.LastIndexByte(url, '/')+1:] == name {
+			return url
+		}
+	}
+	return h.queueURL
 }
 
 // notAJob keeps a message that is not a job: in the DLQ with the reason
