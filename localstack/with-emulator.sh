@@ -8,7 +8,7 @@
 # NEXJOB_REAL_AWS=1, nothing is started and "$@" runs as it is.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-MOTO_VERSION=${MOTO_VERSION:-5.2.5}
+MOTO_VERSION=5.2.5 # as nexjobtest.MotoVersion and nexjobtest/requirements.txt
 AWSCLI_VERSION=${AWSCLI_VERSION:-1.46.2}
 venv="$top/.cache/venv"
 clivenv="$top/.cache/awscli"
@@ -18,9 +18,9 @@ if [[ -n "${AWS_ENDPOINT_URL:-}" || "${NEXJOB_REAL_AWS:-}" == 1 ]]; then
 fi
 
 if ! "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$MOTO_VERSION')" 2>/dev/null; then
-  echo "emulator: installing moto[server]==$MOTO_VERSION into $venv" >&2
+  echo "emulator: installing moto[server]==$MOTO_VERSION (pinned and hashed: nexjobtest/requirements.txt) into $venv" >&2
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION"
+  "$venv/bin/pip" install -q --disable-pip-version-check --require-hashes -r "$top/nexjobtest/requirements.txt"
 fi
 
 # The AWS CLI (its own virtualenv: its botocore pin differs from moto's),

@@ -20,6 +20,12 @@ const MotoVersion = "5.2.5"
 //go:embed emulator.py
 var emulatorPy []byte
 
+// requirements pins moto and every package it needs, each with its
+// hashes: pip installs nothing else (--require-hashes).
+//
+//go:embed requirements.txt
+var requirements []byte
+
 // Main runs the test binary's tests against the default emulator, started
 // here when no backend is configured, and returns the exit code:
 //
@@ -116,20 +122,16 @@ func StartEmulator() (*Emulator, error) {
 	return nil, errors.New("the emulator did not answer in 30 s")
 }
 
-// motoPython finds or makes a Python that has moto MotoVersion.
+// motoPython finds or makes a Python that has moto MotoVersion: the one
+// NEXJOB_MOTO_PYTHON names, else the kit's own virtualenv in the user's
+// cache directory, made there when missing from requirements.txt (every
+// package pinned and hashed). It looks nowhere else: a Python found by
+// searching the working directory's parents could be anyone's (a .cache
+// planted in a shared temporary directory would run for every project
+// below it).
 func motoPython() (string, error) {
 	if p := os.Getenv("NEXJOB_MOTO_PYTHON"); p != "" {
 		return p, nil
-	}
-	if dir, err := os.Getwd(); err == nil {
-		for ; ; dir = filepath.Dir(dir) {
-			if p := filepath.Join(dir, ".cache", "venv", "bin", "python"); hasMoto(p) {
-				return p, nil
-			}
-			if filepath.Dir(dir) == dir {
-				break
-			}
-		}
 	}
 	cache, err := os.UserCacheDir()
 	if err != nil {
@@ -140,13 +142,17 @@ func motoPython() (string, error) {
 	if hasMoto(py) {
 		return py, nil
 	}
-	notice(fmt.Sprintf("nexjobtest: installing the default emulator, moto[server]==%s, into %s (once: about 20 s, from PyPI)", MotoVersion, venv))
+	notice(fmt.Sprintf("nexjobtest: installing the default emulator, moto[server]==%s and its pinned, hashed dependencies, into %s (once, from PyPI)", MotoVersion, venv))
 	if out, err := exec.Command("python3", "-m", "venv", venv).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("python3 -m venv %s: %w\n%s", venv, err, out)
 	}
-	pip := exec.Command(filepath.Join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check", "moto[server]=="+MotoVersion)
+	req := filepath.Join(venv, "nexjob-requirements.txt")
+	if err := os.WriteFile(req, requirements, 0o600); err != nil {
+		return "", err
+	}
+	pip := exec.Command(filepath.Join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check", "--require-hashes", "-r", req)
 	if out, err := pip.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("pip install moto[server]==%s: %w\n%s", MotoVersion, err, out)
+		return "", fmt.Errorf("pip install --require-hashes -r %s: %w\n%s", req, err, out)
 	}
 	return py, nil
 }
