@@ -232,7 +232,7 @@ func TestFlowControlUnderFaults(t *testing.T) {
 	}
 	has := func(s string) func([]byte) bool { return func(b []byte) bool { return bytes.Contains(b, []byte(s)) } }
 	lost := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: has(`"defers"`), Fault: faults.LostReply})
-	throttled := ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Match: has(ledger.RateTag(ids[2] + ".1")), Fault: faults.Throttle, Times: faults.Attempts})
+	throttled := ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Match: has(ledger.RateTag(ids[2] + ".1.0")), Fault: faults.Throttle, Times: faults.Attempts})
 	// The next deferral's finish throttled past the SDK's retries.
 	throttledDefer := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: has(`"defers"`), Fault: faults.Throttle, Times: faults.Attempts})
 	e.Drain(t, h)
