@@ -240,6 +240,13 @@ type Opts struct {
 	// new run. Stored hashed, as keys are; 1 to 512 bytes. Defaults to
 	// none. recurring.Fire sets it to the firing.
 	RequestID string
+	// RequestTime orders the key's requests, for requests that come in
+	// order and may be retried late (a recurring schedule's firings, each
+	// at its scheduled time): a request not after the one that made the
+	// key's record is a late retry and gets that job back (Duplicate),
+	// never a new job, even after the record was replaced. Needs
+	// RequestID. Defaults to none (zero).
+	RequestTime time.Time
 	// DuplicatePolicy decides what a key held by a terminal job does.
 	// Defaults to AllowAfterFailed.
 	DuplicatePolicy DuplicatePolicy
@@ -473,8 +480,12 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 		return ledger.Record{}, err
 	}
 	rec := ledger.Record{Kind: kind, Args: string(raw), State: ledger.Enqueued, MaxAttempts: o.MaxAttempts, ArgsHash: ledger.ArgsHash(kind, string(raw)), Queue: o.Queue}
+	if !o.RequestTime.IsZero() && o.RequestID == "" {
+		return ledger.Record{}, invalid("RequestTime", "needs a RequestID")
+	}
 	if o.RequestID != "" {
 		rec.Request = c.store.HashKey("request\x00" + o.RequestID)
+		rec.RequestAt = o.RequestTime.UnixMilli()
 	}
 	if runAt.After(now) {
 		rec.State, rec.RunAt = ledger.Scheduled, runAt.UnixMilli()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 
@@ -109,12 +110,26 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 // failDeadLetter ends the job as Failed with cause, if it is still as
 // read, and does what follows (hook, continuations).
 func (h *Handler) failDeadLetter(ctx context.Context, rec ledger.Record, cause error) error {
-	out, dead, err := h.store.DeadLetter(ctx, rec, cause.Error(), h.store.ExpiresAfter(h.retention(rec.Kind).Failed))
-	if err != nil || !dead {
+	var hookLease time.Duration
+	if h.hookOf(rec.Kind) != nil {
+		hookLease, _, _ = h.lease(ctx, h.store.Now(), 0) // held until this invocation ends
+	}
+	out, dead, err := h.store.DeadLetter(ctx, rec, cause.Error(), h.store.ExpiresAfter(h.retention(rec.Kind).Failed), hookLease)
+	if err != nil {
 		return err
 	}
+	if !dead {
+		if out.State == ledger.Failed && out.HookPending {
+			// Our own write, its reply lost (or another consumer's): the
+			// hook is due; run it when no one holds it.
+			if _, ok := h.takeOverHook(ctx, out); !ok {
+				return errHookGoingOn
+			}
+		}
+		return nil
+	}
 	h.log.WarnContext(ctx, "nexjob: job dead-lettered", "job_id", out.ID, "kind", out.Kind, "err", cause)
-	h.deadLetter(ctx, out, cause)
+	h.runHook(ctx, out, cause)
 	if !h.endChildren(ctx, out) {
 		return fmt.Errorf("nexjob: continuations of %s not ended", out.ID)
 	}

@@ -779,10 +779,13 @@ func (h *Handler) takeOverHook(ctx context.Context, rec ledger.Record) (heldUnti
 // due, clears the mark. A crash between the two runs the hook again on the
 // next delivery: at least once, once unless a crash comes in between.
 func (h *Handler) runHook(ctx context.Context, rec ledger.Record, cause error) {
-	h.deadLetter(ctx, rec, cause)
 	if !rec.HookPending {
+		h.deadLetter(ctx, rec, cause)
 		return
 	}
+	stop := h.holdHook(ctx, rec)
+	h.deadLetter(ctx, rec, cause)
+	stop()
 	// Retried while this worker holds the hook (10k soak, seed
 	// 1796415236576371073: one throttled clear, and the next delivery ran
 	// the hook again). HookDone of a cleared mark is no error.

@@ -256,11 +256,21 @@ var ErrDeadLetterRecord = errors.New("nexjob: a dead-letter record keeps a messa
 // seen (same state and fencing token), which must be Enqueued, Scheduled
 // or Processing. dead=false (with the current record) means it moved on
 // meanwhile (a run claimed or ended it): nothing was written.
-func (s *Store) DeadLetter(ctx context.Context, seen Record, reason string, expiresAt time.Time) (Record, bool, error) {
+//
+// hookLease > 0 (the kind has a dead-letter hook) marks the hook due on
+// the same write (HookPending) and held by the caller for hookLease, as
+// Finish does: a consumer killed inside the hook leaves the mark, and the
+// dead letter's next delivery takes the hook over once the lease ends.
+func (s *Store) DeadLetter(ctx context.Context, seen Record, reason string, expiresAt time.Time, hookLease time.Duration) (Record, bool, error) {
 	if !seen.State.Active() || seen.State == AwaitingContinuation {
 		return seen, false, nil
 	}
-	return s.moveSeen(ctx, seen, expression.Set(expression.Name(AttrState), expression.Value(Failed)), Failed, reason, expiresAt)
+	upd := expression.Set(expression.Name(AttrState), expression.Value(Failed))
+	if hookLease > 0 {
+		upd = upd.Set(expression.Name(AttrHookPending), expression.Value(true)).
+			Set(expression.Name(AttrHookUntil), expression.Value(s.now().Add(hookLease).UnixMilli()))
+	}
+	return s.moveSeen(ctx, seen, upd, Failed, reason, expiresAt)
 }
 
 // Return sends back a job whose message reached the dead-letter queue

@@ -85,6 +85,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Hist2, err = attempt(av)
 		case AttrRequest:
 			r.Request, err = str(av)
+		case AttrRequestAt:
+			r.RequestAt, err = num(av)
 		case AttrCutOffs:
 			r.CutOffs, err = integer(av)
 		case AttrReturns:

@@ -44,6 +44,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.attempt(AttrHist1, r.Hist1)
 	e.attempt(AttrHist2, r.Hist2)
 	e.s(AttrRequest, r.Request, true)
+	e.n(AttrRequestAt, r.RequestAt, true)
 	e.n(AttrCutOffs, int64(r.CutOffs), true)
 	e.n(AttrReturns, int64(r.Returns), true)
 	e.s(AttrArgsHash, r.ArgsHash, true)

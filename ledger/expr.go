@@ -280,8 +280,9 @@ func (e *writeExpr) update() string {
 // putShape decides the text of a put's condition.
 type putShape struct {
 	free    bool // or the record is past its retention
-	ended   int  // or it ended in one of this many states (and holds no continuations)
+	ended   int  // or it ended in one of this many states (and holds no continuations, and no hook is due)
 	request bool // and (ended) was not made by the request
+	ordered bool // and (request) was made by an earlier request (RequestAt: the key's requests only increase)
 }
 
 // puts keeps the text of puts' conditions (which depends on nothing of a
@@ -292,7 +293,7 @@ var puts shapes[putShape]
 var endedLabels = [...]string{":ended0", ":ended1", ":ended2", ":ended3", ":ended4", ":ended5", ":ended6"}
 
 // putCond is a put's condition of shape k, kept in c.
-func putCond(c *shapes[putShape], k putShape, now time.Time, states []State, request string) exprs {
+func putCond(c *shapes[putShape], k putShape, now time.Time, states []State, request string, requestAt int64) exprs {
 	e := c.start(k, 6, 2+len(states), 0)
 	pk := e.n(AttrPK)
 	var nowv, req string
@@ -302,8 +303,12 @@ func putCond(c *shapes[putShape], k putShape, now time.Time, states []State, req
 	for i, st := range states {
 		e.state(endedLabels[i], st)
 	}
+	var reqAt string
 	if k.request {
 		req = e.s(":request", request)
+	}
+	if k.ordered {
+		reqAt = e.i(":reqAt", requestAt)
 	}
 	if e.writing() {
 		e.cond = "attribute_not_exists(" + pk + ")"
@@ -311,10 +316,17 @@ func putCond(c *shapes[putShape], k putShape, now time.Time, states []State, req
 			e.cond += " OR " + e.n(AttrExpiresAt) + " <= " + nowv
 		}
 		if k.ended > 0 {
-			ended := e.n(AttrState) + " IN (" + strings.Join(endedLabels[:k.ended], ", ") + ") AND attribute_not_exists(" + e.n(AttrChildren) + ")"
+			// A record whose dead-letter hook is still due is not
+			// overwritten: its hook would never run.
+			ended := e.n(AttrState) + " IN (" + strings.Join(endedLabels[:k.ended], ", ") + ") AND attribute_not_exists(" + e.n(AttrChildren) + ")" +
+				" AND attribute_not_exists(" + e.n(AttrHookPending) + ")"
 			if k.request {
 				r := e.n(AttrRequest)
 				ended += " AND (attribute_not_exists(" + r + ") OR " + r + " <> " + req + ")"
+			}
+			if k.ordered {
+				r := e.n(AttrRequestAt)
+				ended += " AND (attribute_not_exists(" + r + ") OR " + r + " < " + reqAt + ")"
 			}
 			e.cond = "(" + e.cond + ") OR (" + ended + ")"
 		}
@@ -323,17 +335,19 @@ func putCond(c *shapes[putShape], k putShape, now time.Time, states []State, req
 }
 
 // absent is the condition that the item does not exist yet.
-func absent() exprs { return putCond(&puts, putShape{}, time.Time{}, nil, "") }
+func absent() exprs { return putCond(&puts, putShape{}, time.Time{}, nil, "", 0) }
 
 // keyFree is the condition under which a key's record may be overwritten
 // without a look: it does not exist, or it is past its retention.
-func keyFree(now time.Time) exprs { return putCond(&puts, putShape{free: true}, now, nil, "") }
+func keyFree(now time.Time) exprs { return putCond(&puts, putShape{free: true}, now, nil, "", 0) }
 
 // replaceable is keyFree, or: the record ended in one of states, holds no
-// continuations and was not made by request (when there is one).
-func replaceable(now time.Time, states []State, request string) exprs {
+// continuations and no due hook, and was not made by request (when there
+// is one; with requestAt, by a request before it).
+func replaceable(now time.Time, states []State, request string, requestAt int64) exprs {
 	k := putShape{free: true, ended: len(states), request: request != "" && len(states) > 0}
-	return putCond(&puts, k, now, states, request)
+	k.ordered = k.request && requestAt > 0
+	return putCond(&puts, k, now, states, request, requestAt)
 }
 
 // exprs are a write's expressions as its request carries them.

@@ -62,6 +62,10 @@ type Record struct {
 	// (enqueue.Opts.RequestID), if it named one: a retry of that request
 	// that meets this job on the key gets it back, in any state.
 	Request string `dynamodbav:"request,omitempty"`
+	// RequestAt (unix ms) orders the key's requests (a recurring firing's
+	// scheduled time): a request at or before it, made by another request,
+	// is a late retry and gets this job back instead of a new one. 0: none.
+	RequestAt int64 `dynamodbav:"reqAt,omitempty"`
 	// CutOffs counts the runs of the current attempt that the invocation
 	// deadline cut off (refunded); the handler spends the attempt at a bound.
 	CutOffs int `dynamodbav:"cutOffs,omitempty"`

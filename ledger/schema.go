@@ -43,6 +43,7 @@ const (
 	AttrArgsHash     = "argsHash"    // fingerprint of kind and args (ArgsHash)
 	AttrCancelled    = "cancelled"   // true on a Failed job an operator withdrew before it started
 	AttrRequest      = "request"     // hash of the enqueue request that made the job (Record.Request)
+	AttrRequestAt    = "reqAt"       // the request's place in the key's order, unix ms (Record.RequestAt)
 	AttrHookPending  = "hookPending" // true on a Failed job whose dead-letter hook is still due
 	AttrHookUntil    = "hookUntil"   // unix ms: end of the lease on the due hook (Record.HookUntil)
 	AttrDefers       = "defers"      // runs deferred in a row by flow control (Record.Defers)

@@ -108,13 +108,16 @@ func TestShapesKeepTheText(t *testing.T) {
 	for _, policy := range []DuplicatePolicy{AllowAfterFailed, RejectIfFailed, RejectAlways} {
 		for _, request := range []string{"", "r-1", "r-2"} {
 			for _, free := range []bool{false, true} {
-				states := policy.ReusableStates()
-				k := putShape{free: free, ended: len(states), request: request != "" && len(states) > 0}
-				if !free {
-					k, states, request = putShape{}, nil, ""
+				for _, at := range []int64{0, r.Int64N(2e12) + 1} {
+					states := policy.ReusableStates()
+					k := putShape{free: free, ended: len(states), request: request != "" && len(states) > 0}
+					k.ordered = k.request && at > 0
+					if !free {
+						k, states, request, at = putShape{}, nil, "", 0
+					}
+					now := time.Unix(r.Int64N(2e9), 0)
+					sameExprs(t, fmt.Sprintf("put %+v", k), putCond(&warmPuts, k, now, states, request, at), putCond(&shapes[putShape]{}, k, now, states, request, at))
 				}
-				now := time.Unix(r.Int64N(2e9), 0)
-				sameExprs(t, fmt.Sprintf("put %+v", k), putCond(&warmPuts, k, now, states, request), putCond(&shapes[putShape]{}, k, now, states, request))
 			}
 		}
 	}

@@ -191,7 +191,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 	}
 	cond := keyFree(now)
 	if opts != nil && opts.ReplaceEnded {
-		cond = replaceable(now, policy.ReusableStates(), rec.Request)
+		cond = replaceable(now, policy.ReusableStates(), rec.Request, rec.RequestAt)
 	}
 	const tries = 8
 	for range tries {
@@ -210,7 +210,7 @@ func (s *Store) Insert(ctx context.Context, rec Record, key string, policy Dupli
 			// resent it and met it. Ids are random per call, so this is
 			// the job this call created.
 			return old, true, nil
-		case old.State.Active() || sameRequest(old, rec):
+		case old.State.Active() || sameRequest(old, rec) || lateRequest(old, rec):
 			return old, false, nil
 		case !policy.Allows(old.State):
 			return Record{}, false, &DuplicateJobError{
@@ -294,7 +294,7 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 	switch {
 	case !held || old.ExpiredAt(now):
 		return Prepared{Record: rec, Items: []types.TransactWriteItem{s.putItem(rec, keyFree(now))}}, nil
-	case old.State.Active() || sameRequest(old, rec):
+	case old.State.Active() || sameRequest(old, rec) || lateRequest(old, rec):
 		return Prepared{Record: old, Duplicate: true}, nil
 	case !policy.Allows(old.State):
 		return Prepared{}, &DuplicateJobError{ExistingJobID: old.ID, ExistingKind: old.Kind, Policy: policy, ExistingState: old.State, Key: key, KeyHash: rec.KeyHash}
@@ -306,6 +306,14 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 // sameRequest: the key's holder was created by the request rec retries
 // (Record.Request): it is rec's job, whatever its state, never replaced.
 func sameRequest(old, rec Record) bool { return rec.Request != "" && old.Request == rec.Request }
+
+// lateRequest: rec's request comes at or before the one that made old in
+// the key's order (Record.RequestAt): a late retry of a request that was
+// enqueued already (a recurring firing that ran and was replaced by the
+// next since). It gets old back, never a new job: one firing, one run.
+func lateRequest(old, rec Record) bool {
+	return rec.Request != "" && rec.RequestAt > 0 && old.RequestAt >= rec.RequestAt
+}
 
 // uncertain wraps the error of a write whose outcome it does not tell.
 // A failed condition tells (it is handled before), as does a refusal

@@ -339,6 +339,32 @@ func (s *Store) HookDone(ctx context.Context, rec Record) error {
 	return err
 }
 
+// ExtendHook moves the lease on the job's due hook to until (unix ms),
+// conditional on the lease being one the caller holds (held: the values
+// it wrote, the last one's reply perhaps lost). ok=false: the hook is no
+// longer the caller's (done, or taken over after its lease ran out).
+// The holder of a hook that runs long calls it well before each lease
+// ends, so a duplicate delivery never takes a running hook over.
+func (s *Store) ExtendHook(ctx context.Context, id string, held []int64, until int64) (bool, error) {
+	if len(held) == 0 {
+		return false, nil
+	}
+	vals := make([]expression.OperandBuilder, 0, len(held)+1)
+	for _, h := range held {
+		vals = append(vals, expression.Value(h))
+	}
+	vals = append(vals, expression.Value(until)) // our own write, applied with its reply lost
+	cond := isJob(id).And(expression.AttributeExists(expression.Name(AttrHookPending))).
+		And(expression.Name(AttrHookUntil).In(vals[0], vals[1:]...))
+	upd := expression.Set(expression.Name(AttrHookUntil), expression.Value(until))
+	_, err := s.updateByID(ctx, id, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // ClaimHook takes over the due dead-letter hook of the job rec for lease:
 // one update, conditional on the hook still being due and no one's lease
 // on it running (the worker that made the job Failed holds it first, see

@@ -327,9 +327,14 @@ func Fire(ctx context.Context, c *enqueue.Client, f Firing) (enqueue.Result, err
 	// The firing is the request: Scheduler delivers it at least once and
 	// retries a failed one, and a delivery that finds the job it created
 	// (ended, even) gets it back instead of a second run.
+	// Firings come in order: a late retry of one (Scheduler's, after its
+	// send failed) that meets a later firing's record gets it back
+	// rather than run again (RequestTime).
 	var request string
+	var at time.Time
 	if f.ScheduledTime != "" && f.ScheduledTime != scheduledTimeAttr {
 		request = "nexjob-recurring-firing:" + f.ID + "@" + f.ScheduledTime
+		at, _ = time.Parse(time.RFC3339, f.ScheduledTime) // zero if not: ordered by the request alone
 	}
-	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, RequestID: request, MaxAttempts: f.MaxAttempts, DuplicatePolicy: enqueue.AllowAfterFailed, ReplaceEnded: true})
+	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, RequestID: request, RequestTime: at, MaxAttempts: f.MaxAttempts, DuplicatePolicy: enqueue.AllowAfterFailed, ReplaceEnded: true})
 }

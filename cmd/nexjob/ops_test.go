@@ -212,7 +212,7 @@ func TestRedrive(t *testing.T) {
 	// The job's message went to the DLQ and the consumer recorded it Failed.
 	ctx := context.Background()
 	r.e.Purge(t, r.e.QueueURL)
-	if _, _, err := r.e.Client.Store().DeadLetter(ctx, rec, "poison message", time.Time{}); err != nil {
+	if _, _, err := r.e.Client.Store().DeadLetter(ctx, rec, "poison message", time.Time{}, 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, body := range []string{enqueue.Message{V: 1, ID: ids[0], Kind: "report"}.Encode(), "not a job"} {
