@@ -90,10 +90,15 @@ func (s *Store) Reserve(ctx context.Context, keyHash, tag string, r Rate, wait b
 			return nil
 		}
 		slot = log.next(now, r)
+		if !wait && slot.After(now) && log.fits(now, r) {
+			// A refusal only over the limit: a slot a producer whose clock
+			// runs ahead took "in the future" does not make now full.
+			slot = now.Truncate(time.Millisecond)
+		}
 		if taken = wait || !slot.After(now); !taken {
 			return nil
 		}
-		log = append(log, rateEntry{slot: slot, tag: tag})
+		log = log.insert(rateEntry{slot: slot, tag: tag})
 		if len(log) > r.Limit {
 			log = log[len(log)-r.Limit:]
 		}
@@ -236,6 +241,35 @@ func (l rateLog) find(tag string, since time.Time) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// fits reports whether a slot at now keeps r whatever the clocks of the
+// writers of the other slots: fewer than Limit slots lie within a Period
+// either side of now (every window of Period holding now lies there),
+// and the log, which keeps only the last Limit slots, lost none there.
+// Producers' clocks skewed by less than Period then never refuse an
+// enqueue under the limit.
+func (l rateLog) fits(now time.Time, r Rate) bool {
+	if len(l) >= r.Limit && l[0].slot.After(now.Add(-r.Period)) {
+		return false // slots trimmed from a full log may lie in reach: cannot tell
+	}
+	n := 0
+	for _, e := range l {
+		if d := e.slot.Sub(now); d > -r.Period && d < r.Period {
+			n++
+		}
+	}
+	return n < r.Limit
+}
+
+// insert adds e in slot order (a slot taken at now may come before one a
+// skewed writer took ahead of it).
+func (l rateLog) insert(e rateEntry) rateLog {
+	i := len(l)
+	for i > 0 && l[i-1].slot.After(e.slot) {
+		i--
+	}
+	return slices.Insert(l, i, e)
 }
 
 // next is the earliest slot at or after now that keeps r: at or after the

@@ -3,6 +3,8 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -92,5 +94,48 @@ func TestReserveUnderFaults(t *testing.T) {
 	}
 	if slot, _, err := s.Reserve(ctx, other, ledger.RateTag("b"), ledger.Rate{Limit: 1, Period: time.Hour}, false); err != nil || slot.After(s.Now()) {
 		t.Fatalf("the throttled reservation took a slot: next %v err %v", slot, err)
+	}
+}
+
+// Issue 27 item 7: a rate limit refuses only over its limit, whatever the
+// producers' clocks within a Period of each other. Producers whose clocks
+// run 300 ms apart take turns on one key limited to 100 a minute: all 100
+// are taken (the one behind was refused after the first, at 1 of 100),
+// the 101st is refused, and no window of a minute holds more than 100.
+func TestRateLimitUnderClockSkew(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	start := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	ahead, aheadNow := clockedStore(t, e.DB, e.Table, start.Add(300*time.Millisecond))
+	behind, behindNow := clockedStore(t, e.DB, e.Table, start)
+	r := ledger.Rate{Limit: 100, Period: time.Minute}
+	var slots []time.Time
+	for i := range 101 {
+		s := ahead
+		if i%2 == 1 {
+			s = behind
+		}
+		slot, taken, err := s.Reserve(ctx, "skewed", ledger.RateTag(strconv.Itoa(i)), r, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < 100 && !taken {
+			t.Fatalf("enqueue %d (clock %s) refused with %d of %d taken; retry at %s", i, map[bool]string{true: "ahead", false: "behind"}[s == ahead], i, r.Limit, slot)
+		}
+		if i == 100 && taken {
+			t.Fatal("the 101st in a minute was taken")
+		}
+		if taken {
+			slots = append(slots, slot)
+		}
+		aheadNow.Add(int64(10 * time.Millisecond))
+		behindNow.Add(int64(10 * time.Millisecond))
+	}
+	slices.SortFunc(slots, time.Time.Compare)
+	for i := r.Limit; i < len(slots); i++ {
+		if slots[i].Sub(slots[i-r.Limit]) < r.Period {
+			t.Fatalf("%d slots within %s", r.Limit+1, slots[i].Sub(slots[i-r.Limit]))
+		}
 	}
 }
