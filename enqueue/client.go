@@ -570,6 +570,10 @@ func (c *Client) delaySeconds(delay time.Duration) int32 {
 // MaxDelay, or, with ClientOptions.Far and a delay beyond FarAfter, one
 // one-time schedule that sends it at its time. The worker uses it to
 // carry a long schedule forward.
+// GoesFar reports whether Send of a message delay ahead makes a one-time
+// schedule (ClientOptions.Far) rather than an SQS message.
+func (c *Client) GoesFar(delay time.Duration) bool { return c.far != nil && delay > c.farAfter }
+
 func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
 	url, err := c.QueueURL(msg.Queue)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/redact"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -62,12 +63,12 @@ var errRunGoingOn = errors.New("nexjob: the job is running under a live lease; i
 func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error {
 	msg, err := enqueue.DecodeMessage(m.Body)
 	if err != nil {
-		return h.keepNonJob(ctx, m, reasonOf(m, err))
+		return h.keepNonJob(ctx, m, err.Error())
 	}
 	rec, err := h.store.Get(ctx, msg.ID)
 	switch {
 	case errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrBadID):
-		return h.keepNonJob(ctx, m, reasonOf(m, fmt.Errorf("no job %s in the ledger", msg.ID)))
+		return h.keepNonJob(ctx, m, fmt.Sprintf("no job %s in the ledger", msg.ID))
 	case err != nil:
 		return err
 	}
@@ -136,13 +137,6 @@ func (h *Handler) failDeadLetter(ctx context.Context, rec ledger.Record, cause e
 	return nil
 }
 
-func reasonOf(m events.SQSMessage, err error) string {
-	if a, ok := m.MessageAttributes["nexjob-reason"]; ok && a.StringValue != nil {
-		return *a.StringValue
-	}
-	return err.Error()
-}
-
 // keepNonJob writes a Failed record holding the message and the reason.
 func (h *Handler) keepNonJob(ctx context.Context, m events.SQSMessage, reason string) error {
 	body := m.Body
@@ -153,7 +147,11 @@ func (h *Handler) keepNonJob(ctx context.Context, m events.SQSMessage, reason st
 	if err != nil {
 		return err
 	}
-	rec := ledger.Record{Kind: DeadLetterKind, Args: string(args), State: ledger.Failed, LastError: reason, MaxAttempts: 1}
+	// The reason is this consumer's own (never a sender-set attribute:
+	// anyone who can send to a queue can set one), capped as every
+	// stored error is.
+	reason = redact.Truncate(reason, ledger.MaxLastError)
+	rec := ledger.Record{Kind: DeadLetterKind, Args: string(args), State: ledger.Failed, LastError: reason, MaxAttempts: 1, NonJob: true}
 	if exp := h.store.ExpiresAfter(h.o.Retention.Failed); !exp.IsZero() {
 		rec.ExpiresAt = ledger.TTL(exp)
 	}

@@ -338,9 +338,6 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	// (carried forward, a retry) carries it on.
 	ctx = enqueue.TraceContextOf(ctx, m, h.o.XRay)
 	now := h.store.Now()
-	if ledger.Millis(msg.RunAt).After(now.Add(enqueue.MaxScheduleAhead + time.Hour)) {
-		return h.notAJob(ctx, m, fmt.Errorf("%w: runAt beyond the longest schedule", enqueue.ErrMalformedMessage))
-	}
 	if msg.RunAt > now.UnixMilli() {
 		return h.carryForward(ctx, msg, now)
 	}
@@ -406,7 +403,12 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Expired, LastError: "deadline passed before the job started"}, nil)
 	}
 	if rec.Kind != msg.Kind {
-		e, known = h.reg.lookup(rec.Kind)
+		// Not a message the system made (every message names its job's
+		// kind): its kind chose this claim's lease and timeout. The claim
+		// is given back, no attempt spent, and the job's own message is
+		// sent; the run goes by the record alone.
+		h.log.WarnContext(ctx, "nexjob: message names another kind than its job's; the claim is given back", "job_id", rec.ID, "kind", rec.Kind)
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: now, Deferred: true}, nil)
 	}
 	if !known {
 		// A producer deployed before its worker, most likely: retry, so
@@ -816,16 +818,6 @@ func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record, cause error
 	if err := hook(ctx, rec, cause); err != nil {
 		h.log.ErrorContext(ctx, "nexjob: dead-letter hook failed", "job_id", rec.ID, "err", err)
 	}
-}
-
-// carryForward re-sends a message whose job is not due yet, for at most
-// SQS's 900 s; no DynamoDB request.
-func (h *Handler) carryForward(ctx context.Context, msg enqueue.Message, now time.Time) bool {
-	if err := h.producer.Send(ctx, msg, ledger.Millis(msg.RunAt).Sub(now)); err != nil {
-		h.log.ErrorContext(ctx, "nexjob: carry forward failed", "job_id", msg.ID, "err", err)
-		return false
-	}
-	return true
 }
 
 // notClaimable decides the fate of a message whose job may not run now.

@@ -15,6 +15,7 @@ import (
 	"github.com/nexjob/nexjob-aws/admin"
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/infra"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/onetime"
@@ -142,6 +143,14 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	called := rec.calls("dashboard")
+	rec.mu.Lock()
+	updated := rec.updated["dashboard"]
+	rec.mu.Unlock()
+	for _, a := range infra.OperatorDeniedAttributes {
+		if updated[a] {
+			t.Errorf("an operator action's UpdateItem names %q, which GrantOperate denies", a)
+		}
+	}
 
 	doc := allOptions(t, "/nexjob/grants-test/key-secret")
 	resources := doc["Resources"].(map[string]any)
@@ -157,6 +166,12 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 		}
 	}
 	granted := policyOf(resources, role)
+	deny := deniesOf(resources, role)["dynamodb:UpdateItem"]
+	for _, a := range infra.OperatorDeniedAttributes {
+		if !strings.Contains(deny, `"dynamodb:Attributes"`) || !strings.Contains(deny, `"`+a+`"`) {
+			t.Errorf("GrantOperate does not deny UpdateItem naming %q (an UpdateItem creates a missing item: a forged job): deny condition %s", a, deny)
+		}
+	}
 	for _, c := range called {
 		if !granted.allows(c) {
 			t.Errorf("the dashboard calls %s, not granted", c)

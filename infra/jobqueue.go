@@ -655,16 +655,30 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 // dashboard with write actions): everything GrantRead allows, and exactly
 // what the actions call: requeue and cancel (UpdateItem, and SendMessage
 // of a requeued job), delete (DeleteItem) and redrive (the DLQ's
-// DeleteMessage, once its job is back). Not PutItem: with SendMessage it
-// would let an operator forge jobs. TestDashboardGrantsExactlyItsCalls
-// runs every action through a recording proxy against this policy.
+// DeleteMessage, once its job is back). Not PutItem, and an UpdateItem
+// that names a record's kind or args is denied (dynamodb:Attributes):
+// UpdateItem creates a missing item, and with SendMessage it made a job
+// of any kind and args that the worker ran. No operator action names
+// either (TestDashboardGrantsExactlyItsCalls checks the attributes too);
+// TestDashboardGrantsExactlyItsCalls runs every action through a
+// recording proxy against this policy.
 func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.GrantRead(grantee)
 	q.Table.Grant(grantee, jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
+	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Effect:     awsiam.Effect_DENY,
+		Actions:    jsii.Strings("dynamodb:UpdateItem"),
+		Resources:  jsii.Strings(*q.Table.TableArn()),
+		Conditions: &map[string]any{"ForAnyValue:StringEquals": map[string]any{"dynamodb:Attributes": OperatorDeniedAttributes}},
+	}))
 	q.grantQueues(grantee, "sqs:SendMessage")
 	q.grantDLQs(grantee, "sqs:DeleteMessage")
 	q.grantFar(grantee) // a redriven far job is scheduled again; delete removes its schedule
 }
+
+// OperatorDeniedAttributes are the record attributes GrantOperate's
+// UpdateItem may not name: what makes a record a runnable job.
+var OperatorDeniedAttributes = []string{ledger.AttrKind, ledger.AttrArgs}
 
 // grantKeySecret lets grantee read the key secret's parameter: exactly
 // ssm:GetParameter on it (the CDK's GrantRead adds DescribeParameters,

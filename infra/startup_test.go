@@ -1,9 +1,11 @@
 package infra_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -201,6 +203,9 @@ func policyOf(resources map[string]any, fnRole any) grants {
 		}
 		for _, st := range props["PolicyDocument"].(map[string]any)["Statement"].([]any) {
 			s := st.(map[string]any)
+			if s["Effect"] == "Deny" {
+				continue // denies grant nothing (deniesOf reads them)
+			}
 			res, _ := json.Marshal(s["Resource"])
 			for _, a := range toStrings(s["Action"]) {
 				g[a] = append(g[a], string(res))
@@ -210,12 +215,42 @@ func policyOf(resources map[string]any, fnRole any) grants {
 	return g
 }
 
+// deniesOf collects the Deny statements attached to the role, each as
+// its action and its condition (JSON).
+func deniesOf(resources map[string]any, fnRole any) map[string]string {
+	roleID := fnRole.(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
+	out := map[string]string{}
+	for _, res := range resources {
+		r := res.(map[string]any)
+		if r["Type"] != "AWS::IAM::Policy" {
+			continue
+		}
+		props := r["Properties"].(map[string]any)
+		for _, ref := range props["Roles"].([]any) {
+			if ref.(map[string]any)["Ref"] != roleID {
+				continue
+			}
+			for _, st := range props["PolicyDocument"].(map[string]any)["Statement"].([]any) {
+				if s := st.(map[string]any); s["Effect"] == "Deny" {
+					cond, _ := json.Marshal(s["Condition"])
+					for _, a := range toStrings(s["Action"]) {
+						out[a] = string(cond)
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
 // recorder is a reverse proxy to the emulator that records the IAM action
-// of each request, per role (the path's first segment names the role).
+// of each request, per role (the path's first segment names the role),
+// and the attribute names each DynamoDB UpdateItem names.
 type recorder struct {
-	srv *httptest.Server
-	mu  sync.Mutex
-	got map[string][]string
+	srv     *httptest.Server
+	mu      sync.Mutex
+	got     map[string][]string
+	updated map[string]map[string]bool // role → attribute names its UpdateItems named
 }
 
 func newRecorder(t *testing.T, backend string) *recorder {
@@ -223,18 +258,59 @@ func newRecorder(t *testing.T, backend string) *recorder {
 	if err != nil || backend == "" {
 		t.Fatalf("no emulator endpoint: %q", backend)
 	}
-	r := &recorder{got: map[string][]string{}}
+	r := &recorder{got: map[string][]string{}, updated: map[string]map[string]bool{}}
 	proxy := httputil.NewSingleHostReverseProxy(u)
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		role, rest, _ := strings.Cut(strings.TrimPrefix(req.URL.Path, "/"), "/")
 		req.URL.Path = "/" + rest
+		act := action(req)
+		var names []string
+		if act == "dynamodb:UpdateItem" {
+			body, _ := io.ReadAll(req.Body)
+			req.Body = io.NopCloser(bytes.NewReader(body))
+			names = attributeNames(body)
+		}
 		r.mu.Lock()
-		r.got[role] = append(r.got[role], action(req))
+		r.got[role] = append(r.got[role], act)
+		if r.updated[role] == nil {
+			r.updated[role] = map[string]bool{}
+		}
+		for _, n := range names {
+			r.updated[role][n] = true
+		}
 		r.mu.Unlock()
 		proxy.ServeHTTP(w, req)
 	}))
 	t.Cleanup(r.srv.Close)
 	return r
+}
+
+// attributeNames are the attribute names an UpdateItem request names, as
+// IAM's dynamodb:Attributes sees them at most: its key, the names behind
+// its placeholders, and any bare word of its expressions.
+func attributeNames(body []byte) []string {
+	var in struct {
+		Key                      map[string]any
+		ExpressionAttributeNames map[string]string
+		UpdateExpression         string
+		ConditionExpression      string
+	}
+	_ = json.Unmarshal(body, &in)
+	var out []string
+	for k := range in.Key {
+		out = append(out, k)
+	}
+	for _, n := range in.ExpressionAttributeNames {
+		out = append(out, n)
+	}
+	for _, w := range strings.FieldsFunc(in.UpdateExpression+" "+in.ConditionExpression, func(r rune) bool {
+		return !(r == '_' || r == '#' || r == ':' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	}) {
+		if !strings.HasPrefix(w, "#") && !strings.HasPrefix(w, ":") {
+			out = append(out, w) // a bare name (or a keyword or function: harmless here)
+		}
+	}
+	return out
 }
 
 // url is the endpoint one role's process is given. The SDK signs the

@@ -207,7 +207,7 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	}
 	cond := isJob(id).
 		And(inFrom).
-		And(expression.Name(AttrKind).NotEqual(expression.Value(DeadLetterKind))).
+		And(expression.AttributeNotExists(expression.Name(AttrNonJob))).
 		And(expression.AttributeNotExists(expression.Name(AttrKeyHash)).Or(expression.Name(AttrPK).BeginsWith(keyPrefix)))
 	nowMs := s.now().UnixMilli()
 	upd := expression.Set(st, expression.Value(Enqueued)).
@@ -220,7 +220,7 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	rec, err := s.updateByID(ctx, id, cond, upd)
 	var nc *NotClaimableError
 	switch {
-	case errors.As(err, &nc) && nc.Current.Kind == DeadLetterKind:
+	case errors.As(err, &nc) && nc.Current.NonJob:
 		return Record{}, ErrDeadLetterRecord
 	case errors.As(err, &nc) && nc.Current.ParentID != "" && !continuation:
 		return Record{}, err // a continuation: the caller looks at its parent

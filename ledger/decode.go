@@ -111,6 +111,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Queue, err = str(av)
 		case AttrByCheck:
 			r.ByCheck, err = boolean(av)
+		case AttrNonJob:
+			r.NonJob, err = boolean(av)
 		}
 		if err != nil {
 			return Record{}, fmt.Errorf("attribute %q: %w", name, err)

@@ -56,6 +56,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.ss(AttrParents, r.Parents)
 	e.ss(AttrReleased, r.Released)
 	e.b(AttrByCheck, r.ByCheck)
+	e.b(AttrNonJob, r.NonJob)
 	e.s(AttrQueue, r.Queue, true)
 	return item
 }

@@ -106,6 +106,11 @@ type Record struct {
 	// had never been sent): that message is the job's only one, and is
 	// handled as its own from then on (ClaimByCheck).
 	ByCheck bool `dynamodbav:"byCheck,omitempty"`
+	// NonJob marks a record that keeps a message that was not a job
+	// (handler.DeadLetterKind): it is never requeued. A requeue's
+	// condition reads this, not the kind, so that no operator write names
+	// a record's kind (GrantOperate denies those).
+	NonJob bool `dynamodbav:"nonJob,omitempty"`
 	// Queue is the named queue the job's messages go to (enqueue's
 	// Opts.Queue); "" is the default job queue. Every send of the job (the
 	// first, a retry, a carried-forward schedule, a requeue, the guard's

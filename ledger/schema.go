@@ -51,6 +51,7 @@ const (
 	AttrParents      = "parents"     // string set: a fan-in continuation's parents (Record.Parents)
 	AttrReleased     = "released"    // string set: the parents that released it (Record.Released)
 	AttrByCheck      = "byCheck"     // true once the guard's check message claimed the job (Record.ByCheck)
+	AttrNonJob       = "nonJob"      // true on a record that keeps a message that was not a job (Record.NonJob)
 	AttrQueue        = "queue"       // the job's named queue, absent for the default one (Record.Queue)
 )
 
