@@ -315,7 +315,7 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	ctx, span := c.startSpan(ctx, "enqueue", attribute.String("nexjob.kind", rec.Kind))
 	var res Result
 	if o.Debounce != nil {
-		res, err = c.debounce(ctx, rec, &o)
+		res, err = c.debounce(ctx, rec, &o).outcome()
 	} else {
 		res, err = c.submit(ctx, rec, &o)
 	}
@@ -325,10 +325,21 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 
 // submit inserts a validated record and sends it, or handles the duplicate.
 func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result, error) {
+	return c.submitItem(ctx, rec, o).outcome()
+}
+
+// submitItem is submit's outcome as an ItemResult.
+func (c *Client) submitItem(ctx context.Context, rec ledger.Record, o *Opts) ItemResult {
 	got, send, r := c.decide(ctx, rec, o)
 	if send {
 		c.sent(ctx, got, &r, c.Dispatch(ctx, got))
 	}
+	return r
+}
+
+// outcome is an item's result as Enqueue returns it: no Result for a
+// call that recorded nothing.
+func (r ItemResult) outcome() (Result, error) {
 	if r.Err != nil && !r.Recorded {
 		return Result{}, r.Err
 	}

@@ -27,6 +27,13 @@ import (
 // that recognises its own write; the pointer's put names our new job, so
 // a resend that meets it reads as applied.
 //
+// Nothing lost: a fold into a job whose send failed (marked unsent, its
+// enqueue returned a *DispatchError) sends it, as a keyed enqueue's retry
+// re-sends its unsent job (Result.Redispatched); a job whose producer
+// died before the send, and whose run a fold then moved later, is run by
+// the dispatch guard's check, which comes back for the new run time when
+// it finds the job not yet due.
+//
 // Cost: a fold is one consistent read of the pointer and one UpdateItem of
 // the job (1 write unit, +2 index: the job is Scheduled); a new window is
 // the read, a PutItem of the pointer, the job's PutItem and its send.
@@ -59,14 +66,15 @@ func (d *Debounce) check(o *Opts) error {
 // that claims each new job at once). Nothing was written.
 var errDebounceContended = errors.New("nexjob: debounce key contended; try again")
 
-// debounce folds rec into its key's pending job, or starts a window.
-func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) (Result, error) {
+// debounce folds rec into its key's pending job, or starts a window,
+// and sends what is to be sent.
+func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemResult {
 	d := o.Debounce
 	key := c.store.HashKey("debounce:" + d.Key)
 	for range 10 {
 		id, until, ver, err := c.store.Debounced(ctx, key)
 		if err != nil {
-			return Result{}, c.missing(err)
+			return ItemResult{Err: c.missing(err)}
 		}
 		now := c.store.Now()
 		if id != "" {
@@ -77,15 +85,13 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) (Resu
 			got, folded, err := c.store.Fold(ctx, id, rec.Kind, rec.Args, runAt)
 			switch {
 			case errors.Is(err, ledger.ErrItemTooLarge):
-				return Result{}, &InputError{Field: "args", Reason: "too large for a job record", Err: err}
+				return ItemResult{Err: &InputError{Field: "args", Reason: "too large for a job record", Err: err}}
 			case err != nil && !errors.Is(err, ledger.ErrNotFound):
-				return Result{}, c.missing(err)
+				return ItemResult{Err: c.missing(err)}
 			case folded:
-				c.log.InfoContext(ctx, "nexjob: enqueue folded into the debounced job", "job_id", got.ID, "kind", got.Kind)
-				c.metrics.Count(metrics.Deduplicated, got.Kind, got.ID)
-				return Result{ID: got.ID, Kind: got.Kind, State: got.State, Folded: true}, nil
+				return c.folded(ctx, got)
 			case err == nil && got.Kind != rec.Kind && got.State == ledger.Scheduled && got.Attempt == 0:
-				return Result{}, &KeyKindError{ExistingJobID: got.ID, ExistingKind: got.Kind, Kind: rec.Kind}
+				return ItemResult{Err: &KeyKindError{ExistingJobID: got.ID, ExistingKind: got.Kind, Kind: rec.Kind}}
 			}
 		}
 		// A new window: point the key at a new job, then write it.
@@ -96,15 +102,30 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) (Resu
 		}
 		ok, err := c.store.PointDebounce(ctx, key, rec.ID, windowEnd(end, now), ver)
 		if err != nil {
-			return Result{}, c.missing(err)
+			return ItemResult{Err: c.missing(err)}
 		}
 		if !ok {
 			continue // another enqueue started the window: fold into its job
 		}
 		rec.State, rec.RunAt = ledger.Scheduled, now.Add(min(d.Period, cmp.Or(d.MaxWait, d.Period))).UnixMilli()
-		return c.submit(ctx, rec, o)
+		return c.submitItem(ctx, rec, o)
 	}
-	return Result{}, errDebounceContended
+	return ItemResult{Err: errDebounceContended}
+}
+
+// folded is the result of a fold into got. A job marked unsent (its send
+// failed) is sent now, as decide re-sends a keyed enqueue's unsent job:
+// the fold is the caller's retry, or the burst's next enqueue, and no
+// other message names the job.
+func (c *Client) folded(ctx context.Context, got ledger.Record) ItemResult {
+	c.log.InfoContext(ctx, "nexjob: enqueue folded into the debounced job", "job_id", got.ID, "kind", got.Kind)
+	c.metrics.Count(metrics.Deduplicated, got.Kind, got.ID)
+	r := ItemResult{Result: Result{ID: got.ID, Kind: got.Kind, State: got.State, Folded: true}, Recorded: true, Sent: true}
+	if c.unsent(got) {
+		r.Redispatched, r.Sent = true, false
+		c.sent(ctx, got, &r, c.Dispatch(ctx, got))
+	}
+	return r
 }
 
 // windowEnd is the pointer's window end: MaxWait's, or (no bound) the

@@ -215,7 +215,7 @@ func (c *Client) sent(ctx context.Context, rec ledger.Record, r *ItemResult, err
 			c.log.WarnContext(ctx, "nexjob: could not clear the unsent mark", "job_id", rec.ID, "err", err)
 		}
 	}
-	if !r.Duplicate {
+	if !r.Duplicate && !r.Folded {
 		c.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: enqueued", slog.String("job_id", rec.ID), slog.String("kind", rec.Kind), slog.String("state", string(rec.State)))
 		c.metrics.Count(metrics.Enqueued, rec.Kind, rec.ID)
 	}

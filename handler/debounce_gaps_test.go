@@ -1,0 +1,185 @@
+package handler_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler/guard"
+	"github.com/nexjob/nexjob-aws/internal/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// debounced is a producer on the rig's clock whose AWS requests go
+// through a fault transport of its own.
+func debounced(t *testing.T, r *rig) (*enqueue.Client, *faults.Transport) {
+	t.Helper()
+	ft, cfg := r.e.Faulty()
+	prod, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quiet, Ledger: ledger.Options{Now: r.clock.Now}, MaxDelay: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return prod, ft
+}
+
+// deliverEach receives n messages and hands each to the handler alone
+// (two messages of one job in one batch would meet each other's live
+// lease and wait it out), then drains the queue.
+func deliverEach(t *testing.T, r *rig, n int) {
+	t.Helper()
+	for _, m := range r.receive(t, n) {
+		r.deliver(t, []sqstypes.Message{m}, 1)
+	}
+	r.drain(t)
+}
+
+// TestDebounceFoldResendsAnUnsentJob (debounce stranded): a debounced
+// job whose send failed past the retries (a *DispatchError, the job
+// marked unsent) is sent by the next fold into it, the caller's retry or
+// the burst's next enqueue, as a keyed enqueue's retry re-sends its
+// unsent job: it runs once, with the last args. The fold's re-send
+// applied with its reply lost sends it twice (one run all the same);
+// throttled past the retries it is that fold's *DispatchError, the job
+// still marked, and the next fold sends it.
+func TestDebounceFoldResendsAnUnsentJob(t *testing.T) {
+	t.Parallel()
+	for _, resend := range []faults.Fault{faults.Pass, faults.LostReply, faults.Throttle} {
+		t.Run(resend.String(), func(t *testing.T) {
+			t.Parallel()
+			var seen recipients
+			r := newRig(t, seen.work, nil)
+			prod, ft := debounced(t, r)
+			ctx := context.Background()
+			db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "stranded", Period: time.Minute}}
+			h := ft.Add(faults.Rule{Op: "SQS.SendMessage", Fault: faults.Throttle, Times: faults.Attempts})
+			_, err := prod.Enqueue(ctx, email{To: "first@example.com"}, db)
+			var de *enqueue.DispatchError
+			if !errors.As(err, &de) || h.Fired() != faults.Attempts {
+				t.Fatalf("the send throttled past the retries: %v, want a *DispatchError", err)
+			}
+			id := de.JobID
+			if !r.get(t, id).Undispatched {
+				t.Fatalf("job %s not marked unsent after its send failed", id)
+			}
+			r.clock.Advance(30 * time.Second)
+			switch resend {
+			case faults.LostReply:
+				ft.Add(faults.Rule{Op: "SQS.SendMessage", Fault: faults.LostReply})
+			case faults.Throttle:
+				h := ft.Add(faults.Rule{Op: "SQS.SendMessage", Fault: faults.Throttle, Times: faults.Attempts})
+				res, err := prod.Enqueue(ctx, email{To: "throttled@example.com"}, db)
+				if !errors.As(err, &de) || de.JobID != id || res.ID != id || !res.Folded || h.Fired() != faults.Attempts {
+					t.Fatalf("a fold whose re-send is throttled past the retries: %+v %v (fired %d), want folded into %s with a *DispatchError", res, err, h.Fired(), id)
+				}
+				if !r.get(t, id).Undispatched {
+					t.Fatalf("the fold's failed re-send cleared the unsent mark of job %s", id)
+				}
+			}
+			res, err := prod.Enqueue(ctx, email{To: "last@example.com"}, db)
+			if err != nil || !res.Folded || res.ID != id || !res.Redispatched {
+				t.Fatalf("a fold into the unsent job: %+v %v; want folded into %s and re-sent", res, err, id)
+			}
+			if r.get(t, id).Undispatched {
+				t.Fatalf("job %s still marked unsent after the fold sent it", id)
+			}
+			messages := 1
+			if resend == faults.LostReply {
+				messages = 2 // the re-send's and the SDK's resend of it
+			}
+			r.clock.Advance(2 * time.Minute)
+			deliverEach(t, r, messages)
+			if ran := seen.got(); !slices.Equal(ran, []string{"last@example.com"}) {
+				t.Fatalf("runs %v, want one with the last args", ran)
+			}
+			expect(t, r.get(t, id), ledger.Succeeded, 1, "")
+		})
+	}
+}
+
+// TestDebounceCheckOfAJobMovedLaterComesBack (debounce stranded): the
+// producer died between the debounced job's write and its send (no
+// message, no unsent mark), and the burst's next enqueue folded into it,
+// moving its run from +60 s to +110 s. The dispatch guard's check, due
+// at the first run time + After, finds the job not yet due: it is sent
+// again, due After past the new run time, instead of vanishing, and runs
+// the job once with the last args. The check's re-send applied with its
+// reply lost makes two checks (one run); throttled past the retries it
+// leaves the check to come back.
+func TestDebounceCheckOfAJobMovedLaterComesBack(t *testing.T) {
+	t.Parallel()
+	for _, rearm := range []faults.Fault{faults.Pass, faults.LostReply, faults.Throttle} {
+		t.Run(rearm.String(), func(t *testing.T) {
+			t.Parallel()
+			var seen recipients
+			r := newRigWith(t, seen.work, rigConfig{faults: true})
+			dead, ft := debounced(t, r)
+			ctx := context.Background()
+			db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "died", Period: time.Minute}}
+			// The producer dies after the write: its send and its unsent
+			// mark never reach AWS.
+			ft.Add(faults.Rule{Op: "SQS.SendMessage", Fault: faults.Throttle, Times: faults.Forever})
+			ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Forever})
+			_, err := dead.Enqueue(ctx, email{To: "first@example.com"}, db)
+			var de *enqueue.DispatchError
+			if !errors.As(err, &de) {
+				t.Fatalf("a producer that died after the write: %v, want a *DispatchError", err)
+			}
+			id := de.JobID
+			first := r.get(t, id)
+			if first.Undispatched {
+				t.Fatal("the job is marked unsent: the producer was to die before that")
+			}
+			// The guard saw the insert: its check is due at the run time + 10 s.
+			g := guard.New(r.e.SQS, r.e.QueueURL, &guard.Options{After: 10 * time.Second, MaxDelay: 1, Now: r.clock.Now, Logger: quiet})
+			if err := g.Check(ctx, []guard.Change{{ID: id, Kind: first.Kind, State: first.State, Attempt: first.Attempt, RunAt: first.RunAt}}); err != nil {
+				t.Fatal(err)
+			}
+			r.clock.Advance(50 * time.Second)
+			if res, err := r.prod.Enqueue(ctx, email{To: "last@example.com"}, db); err != nil || !res.Folded || res.ID != id {
+				t.Fatalf("the burst's next enqueue: %+v %v, want folded into %s", res, err, id)
+			}
+			check := r.receive(t, 1)
+			r.clock.Advance(25 * time.Second) // +75 s: past the check's time, before the new run time
+			isCheck := func(b []byte) bool { return bytes.Contains(b, []byte(`check\":true`)) }
+			var h faults.Handle
+			switch rearm {
+			case faults.LostReply:
+				h = r.ft.Add(faults.Rule{Op: "SQS.SendMessage", Match: isCheck, Fault: faults.LostReply})
+			case faults.Throttle:
+				h = r.ft.Add(faults.Rule{Op: "SQS.SendMessage", Match: isCheck, Fault: faults.Throttle, Times: faults.Attempts})
+				r.deliver(t, check, 1)
+				if d := r.e.QueueDepth(t, r.e.QueueURL); d != 1 || h.Fired() != faults.Attempts {
+					t.Fatalf("%d messages after the check's re-send was throttled past the retries (fired %d), want the check kept", d, h.Fired())
+				}
+				if _, err := r.e.SQS.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{QueueUrl: aws.String(r.e.QueueURL), ReceiptHandle: check[0].ReceiptHandle, VisibilityTimeout: 0}); err != nil {
+					t.Fatal(err)
+				}
+				check = r.receive(t, 1)
+			}
+			r.deliver(t, check, 1)
+			if d := r.e.QueueDepth(t, r.e.QueueURL); d == 0 {
+				t.Fatalf("the guard's check of job %s, not yet due (a fold moved its run from +60 s to +110 s), was dropped: no message names the job any more", id)
+			}
+			checks := 1
+			if rearm == faults.LostReply {
+				if checks = 2; h.Fired() != 1 {
+					t.Fatalf("the lost reply fired %d times", h.Fired())
+				}
+			}
+			r.clock.Advance(5 * time.Minute)
+			deliverEach(t, r, checks)
+			if ran := seen.got(); !slices.Equal(ran, []string{"last@example.com"}) {
+				t.Fatalf("runs %v, want one with the last args", ran)
+			}
+			expect(t, r.get(t, id), ledger.Succeeded, 1, "")
+		})
+	}
+}
