@@ -325,16 +325,11 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 
 // submit inserts a validated record and sends it, or handles the duplicate.
 func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result, error) {
-	return c.submitItem(ctx, rec, o).outcome()
-}
-
-// submitItem is submit's outcome as an ItemResult.
-func (c *Client) submitItem(ctx context.Context, rec ledger.Record, o *Opts) ItemResult {
 	got, send, r := c.decide(ctx, rec, o)
 	if send {
 		c.sent(ctx, got, &r, c.Dispatch(ctx, got))
 	}
-	return r
+	return r.outcome()
 }
 
 // outcome is an item's result as Enqueue returns it: no Result for a

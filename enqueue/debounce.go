@@ -21,11 +21,12 @@ import (
 // into an existing job, Result.ID which.
 //
 // The key names a small pointer item (pk "d#<key hash>", hashed as
-// idempotency keys are) that says which job is pending; it is written
-// before the job, so a crash between the two leaves a pointer to no job,
-// and the next enqueue starts a window. Lost replies: a fold is an update
-// that recognises its own write; the pointer's put names our new job, so
-// a resend that meets it reads as applied.
+// idempotency keys are) that says which job is pending. A new window
+// writes the pointer and its job in one transaction, so an enqueue never
+// meets a pointer naming a job not written yet (and a producer that dies
+// mid-way leaves neither). Lost replies: a fold is an update that
+// recognises its own write; a window's transaction resent after it
+// applied meets a pointer naming our job and reads as applied.
 //
 // Nothing lost: a fold into a job whose send failed (marked unsent, its
 // enqueue returned a *DispatchError) sends it, as a keyed enqueue's retry
@@ -36,9 +37,10 @@ import (
 //
 // Cost: a fold is one consistent read of the pointer and one UpdateItem of
 // the job (1 write unit, +2 index: the job is Scheduled); a new window is
-// the read, a PutItem of the pointer, the job's PutItem and its send.
-// The pending job's message is not re-sent by a fold: when it comes at
-// the old run time it finds the run later and is carried forward.
+// the read, a TransactWriteItems of the pointer and the job (4 write
+// units, +2 index) and its send. The pending job's message is not re-sent
+// by a fold: when it comes at the old run time it finds the run later and
+// is carried forward.
 type Debounce struct {
 	Key     string        // 1 to ledger.MaxKeyLen bytes of UTF-8
 	Period  time.Duration // 1 s to MaxScheduleAhead
@@ -71,6 +73,7 @@ var errDebounceContended = errors.New("nexjob: debounce key contended; try again
 func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemResult {
 	d := o.Debounce
 	key := c.store.HashKey("debounce:" + d.Key)
+	admitted := false // a new window takes its rate-limit slot once
 	for range 10 {
 		id, until, ver, err := c.store.Debounced(ctx, key)
 		if err != nil {
@@ -94,21 +97,30 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemR
 				return ItemResult{Err: &KeyKindError{ExistingJobID: got.ID, ExistingKind: got.Kind, Kind: rec.Kind}}
 			}
 		}
-		// A new window: point the key at a new job, then write it.
-		rec.ID = ledger.NewJobID()
+		// A new window: its job and the key's pointer to it, together.
 		end := time.Time{}
 		if d.MaxWait > 0 {
 			end = now.Add(d.MaxWait)
 		}
-		ok, err := c.store.PointDebounce(ctx, key, rec.ID, windowEnd(end, now), ver)
-		if err != nil {
-			return ItemResult{Err: c.missing(err)}
+		rec.State, rec.RunAt = ledger.Scheduled, now.Add(min(d.Period, cmp.Or(d.MaxWait, d.Period))).UnixMilli()
+		if !admitted {
+			if err := c.admit(ctx, rec, o); err != nil {
+				return ItemResult{Err: err}
+			}
+			admitted = true
 		}
-		if !ok {
+		got, ok, err := c.store.StartDebounce(ctx, key, rec, o.DuplicatePolicy, windowEnd(end, now), ver)
+		switch {
+		case errors.Is(err, ledger.ErrItemTooLarge):
+			return ItemResult{Err: &InputError{Field: "args", Reason: "too large for a job record", Err: err}}
+		case err != nil:
+			return ItemResult{Err: c.missing(err)}
+		case !ok:
 			continue // another enqueue started the window: fold into its job
 		}
-		rec.State, rec.RunAt = ledger.Scheduled, now.Add(min(d.Period, cmp.Or(d.MaxWait, d.Period))).UnixMilli()
-		return c.submitItem(ctx, rec, o)
+		r := ItemResult{Result: Result{ID: got.ID, Kind: got.Kind, State: got.State}, Recorded: true}
+		c.sent(ctx, got, &r, c.Dispatch(ctx, got))
+		return r
 	}
 	return ItemResult{Err: errDebounceContended}
 }

@@ -30,6 +30,18 @@ func debounced(t *testing.T, r *rig) (*enqueue.Client, *faults.Transport) {
 	return prod, ft
 }
 
+// pendingJobs maps the args of every Scheduled job to its id.
+func pendingJobs(t *testing.T, r *rig) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	for _, rec := range r.e.Records(t) {
+		if rec.ID != "" && rec.State == ledger.Scheduled {
+			out[rec.Args] = rec.ID
+		}
+	}
+	return out
+}
+
 // deliverEach receives n messages and hands each to the handler alone
 // (two messages of one job in one batch would meet each other's live
 // lease and wait it out), then drains the queue.
@@ -181,5 +193,43 @@ func TestDebounceCheckOfAJobMovedLaterComesBack(t *testing.T) {
 			}
 			expect(t, r.get(t, id), ledger.Succeeded, 1, "")
 		})
+	}
+}
+
+// TestDebounceOneRunWhenAnEnqueueCutsIntoANewWindow (debounce run
+// twice): an enqueue that comes while a new window is being written (here
+// during one SDK throttle retry of the write that carries the window's
+// job) and another after both make one job, which runs once with the
+// last args.
+func TestDebounceOneRunWhenAnEnqueueCutsIntoANewWindow(t *testing.T) {
+	t.Parallel()
+	var seen recipients
+	r := newRig(t, seen.work, nil)
+	prod, ft := debounced(t, r)
+	ctx := context.Background()
+	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "cut-in", Period: time.Minute}}
+	var between enqueue.Result
+	var betweenErr error
+	cut := func() { between, betweenErr = r.prod.Enqueue(ctx, email{To: "b@example.com"}, db) }
+	isA := func(b []byte) bool { return bytes.Contains(b, []byte("a@example.com")) }
+	var hs []faults.Handle
+	for _, op := range []string{"DynamoDB.PutItem", "DynamoDB.TransactWriteItems"} { // whichever writes the job
+		hs = append(hs, ft.Add(faults.Rule{Op: op, Match: isA, Fault: faults.Throttle, After: cut}))
+	}
+	a, err := prod.Enqueue(ctx, email{To: "a@example.com"}, db)
+	if err != nil || betweenErr != nil || hs[0].Fired()+hs[1].Fired() != 1 {
+		t.Fatalf("a: %+v %v; b, during a's retry: %+v %v", a, err, between, betweenErr)
+	}
+	c, err := r.prod.Enqueue(ctx, email{To: "c@example.com"}, db)
+	if err != nil || !c.Folded {
+		t.Fatalf("c, after both: %+v %v, want folded", c, err)
+	}
+	if p := pendingJobs(t, r); len(p) != 1 || p[`{"To":"c@example.com"}`] != c.ID {
+		t.Fatalf("%d pending jobs for one burst: %v; want one, with the last args (c)", len(p), p)
+	}
+	r.clock.Advance(2 * time.Minute)
+	r.drain(t)
+	if ran := seen.got(); !slices.Equal(ran, []string{"c@example.com"}) {
+		t.Fatalf("runs %v, want one with the last args", ran)
 	}
 }
