@@ -13,12 +13,12 @@ import (
 )
 
 // Debounce folds a burst of enqueues into one run: every enqueue with Key
-// while its job is pending (Scheduled, never claimed) puts its args into
-// that job and moves its run to Period after itself, but never later than
-// MaxWait after the burst's first enqueue. The job runs once, with the
-// last args. An enqueue that finds the job claimed (running, or ended)
-// starts the next window: a new job. Result.Folded says an enqueue went
-// into an existing job, Result.ID which.
+// while its job is pending (Scheduled, never claimed) puts its args and
+// its Deadline into that job and moves its run to Period after itself,
+// but never later than MaxWait after the burst's first enqueue. The job
+// runs once, with the last args. An enqueue that finds the job claimed
+// (running, or ended) starts the next window: a new job. Result.Folded
+// says an enqueue went into an existing job, Result.ID which.
 //
 // The key names a small pointer item (pk "d#<key hash>", hashed as
 // idempotency keys are) that says which job is pending. A new window
@@ -34,6 +34,12 @@ import (
 // died before the send, and whose run a fold then moved later, is run by
 // the dispatch guard's check, which comes back for the new run time when
 // it finds the job not yet due.
+//
+// Deadline: the job takes the Deadline of the enqueue that last folded
+// into it (none removes it), since the run it bounds is that enqueue's.
+// An enqueue whose Deadline is not after its debounced run time (Period
+// after it, or the window's end) would always expire: it is an
+// *InputError on Deadline, and nothing is written.
 //
 // Cost: a fold is one consistent read of the pointer and one UpdateItem of
 // the job (1 write unit, +2 index: the job is Scheduled); a new window is
@@ -85,7 +91,10 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemR
 			if !until.IsZero() && until.Before(runAt) {
 				runAt = until
 			}
-			got, folded, err := c.store.Fold(ctx, id, rec.Kind, rec.Args, runAt)
+			if err := deadlineAfter(o, maxTime(runAt, now)); err != nil {
+				return ItemResult{Err: err}
+			}
+			got, folded, err := c.store.Fold(ctx, id, rec, runAt)
 			switch {
 			case errors.Is(err, ledger.ErrItemTooLarge):
 				return ItemResult{Err: &InputError{Field: "args", Reason: "too large for a job record", Err: err}}
@@ -103,6 +112,9 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemR
 			end = now.Add(d.MaxWait)
 		}
 		rec.State, rec.RunAt = ledger.Scheduled, now.Add(min(d.Period, cmp.Or(d.MaxWait, d.Period))).UnixMilli()
+		if err := deadlineAfter(o, ledger.Millis(rec.RunAt)); err != nil {
+			return ItemResult{Err: err}
+		}
 		if !admitted {
 			if err := c.admit(ctx, rec, o); err != nil {
 				return ItemResult{Err: err}
@@ -123,6 +135,16 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemR
 		return r
 	}
 	return ItemResult{Err: errDebounceContended}
+}
+
+// deadlineAfter refuses an enqueue whose Deadline is not after its
+// debounced run time runAt: the job would expire unrun.
+func deadlineAfter(o *Opts, runAt time.Time) error {
+	if o.Deadline.IsZero() || o.Deadline.After(runAt) {
+		return nil
+	}
+	return invalid("Deadline", fmt.Sprintf("%s is not after the debounced run time %s: the job would expire unrun",
+		o.Deadline.UTC().Format(time.RFC3339Nano), runAt.UTC().Format(time.RFC3339Nano)))
 }
 
 // folded is the result of a fold into got. A job marked unsent (its send

@@ -233,3 +233,94 @@ func TestDebounceOneRunWhenAnEnqueueCutsIntoANewWindow(t *testing.T) {
 		t.Fatalf("runs %v, want one with the last args", ran)
 	}
 }
+
+// TestDebounceFoldCarriesTheLastDeadline (debounce lost): a fold moves
+// the run later and takes the folding enqueue's Deadline, so a job whose
+// last enqueue's deadline is after its run runs. The fold's reply lost:
+// the deadline is carried all the same; a fold throttled past the
+// retries is an error and changes nothing, and the caller's retry
+// carries it.
+func TestDebounceFoldCarriesTheLastDeadline(t *testing.T) {
+	t.Parallel()
+	var seen recipients
+	r := newRig(t, seen.work, nil)
+	prod, ft := debounced(t, r)
+	ctx := context.Background()
+	t0 := r.clock.Now()
+	opts := func(deadline time.Duration) *enqueue.Opts {
+		return &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "deadline", Period: time.Minute}, Deadline: t0.Add(deadline)}
+	}
+	first, err := prod.Enqueue(ctx, email{To: "first@example.com"}, opts(90*time.Second)) // runs at +60 s
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.clock.Advance(50 * time.Second)
+	lost := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply})
+	if res, err := prod.Enqueue(ctx, email{To: "second@example.com"}, opts(3*time.Minute)); err != nil || !res.Folded || lost.Fired() != 1 {
+		t.Fatalf("a fold with its reply lost: %+v %v (fired %d)", res, err, lost.Fired())
+	}
+	at := func(ms int64) time.Duration { return ledger.Millis(ms).Sub(t0).Round(time.Second) }
+	if rec := r.get(t, first.ID); rec.Deadline != t0.Add(3*time.Minute).UnixMilli() {
+		t.Fatalf("after a fold the job runs at +%s with the deadline +%s; want the folding enqueue's deadline, +3m0s", at(rec.RunAt), at(rec.Deadline))
+	}
+	r.clock.Advance(10 * time.Second)
+	h := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts})
+	if res, err := prod.Enqueue(ctx, email{To: "last@example.com"}, opts(4*time.Minute)); err == nil || h.Fired() != faults.Attempts {
+		t.Fatalf("a fold throttled past the retries: %+v %v, want an error", res, err)
+	}
+	h.Remove()
+	if rec := r.get(t, first.ID); rec.Args != `{"To":"second@example.com"}` || rec.Deadline != t0.Add(3*time.Minute).UnixMilli() {
+		t.Fatalf("a throttled fold changed the job: args %s, deadline +%s", rec.Args, at(rec.Deadline))
+	}
+	if res, err := prod.Enqueue(ctx, email{To: "last@example.com"}, opts(4*time.Minute)); err != nil || !res.Folded {
+		t.Fatalf("the caller's retry: %+v %v", res, err)
+	}
+	if rec := r.get(t, first.ID); rec.Deadline != t0.Add(4*time.Minute).UnixMilli() || at(rec.RunAt) != 2*time.Minute {
+		t.Fatalf("after the retry: run +%s, deadline +%s; want +2m0s and +4m0s", at(rec.RunAt), at(rec.Deadline))
+	}
+	r.clock.Advance(70 * time.Second) // +130 s: past the run, before the deadline
+	r.drain(t)
+	if ran := seen.got(); !slices.Equal(ran, []string{"last@example.com"}) {
+		t.Fatalf("runs %v, want one with the last args", ran)
+	}
+	expect(t, r.get(t, first.ID), ledger.Succeeded, 1, "")
+}
+
+// TestDebounceRefusesADeadlineBeforeItsRun (debounce lost): an enqueue
+// whose Deadline comes before its debounced run time would always
+// expire: it is an *InputError on Deadline and writes nothing, for a
+// new window (Deadline < Period) and for a fold (the pending job keeps
+// its args, run time and deadline).
+func TestDebounceRefusesADeadlineBeforeItsRun(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	ctx := context.Background()
+	t0 := r.clock.Now()
+	opts := func(deadline time.Duration) *enqueue.Opts {
+		return &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "refused", Period: time.Minute, MaxWait: 10 * time.Minute}, Deadline: t0.Add(deadline)}
+	}
+	var in *enqueue.InputError
+	res, err := r.prod.Enqueue(ctx, email{To: "early@example.com"}, opts(30*time.Second))
+	if !errors.As(err, &in) || in.Field != "Deadline" {
+		t.Fatalf("a new window whose Deadline (+30 s) is before its run (+60 s): %+v %v, want an *InputError on Deadline", res, err)
+	}
+	if n := len(r.e.Records(t)); n != 0 {
+		t.Fatalf("%d items written by a refused enqueue", n)
+	}
+	first, err := r.prod.Enqueue(ctx, email{To: "first@example.com"}, opts(5*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := r.get(t, first.ID)
+	r.clock.Advance(30 * time.Second)
+	res, err = r.prod.Enqueue(ctx, email{To: "late@example.com"}, opts(80*time.Second)) // the fold would run it at +90 s
+	if !errors.As(err, &in) || in.Field != "Deadline" {
+		t.Fatalf("a fold whose Deadline (+80 s) is before its run (+90 s): %+v %v, want an *InputError on Deadline", res, err)
+	}
+	if got := r.get(t, first.ID); got.Args != before.Args || got.RunAt != before.RunAt || got.Deadline != before.Deadline || got.UpdatedAt != before.UpdatedAt {
+		t.Fatalf("a refused fold wrote: %+v, was %+v", got, before)
+	}
+	if n := len(pendingJobs(t, r)); n != 1 {
+		t.Fatalf("%d pending jobs, want 1", n)
+	}
+}

@@ -120,22 +120,30 @@ func (s *Store) StartDebounce(ctx context.Context, keyHash string, rec Record, p
 	return Record{}, false, fmt.Errorf("nexjob: start debounce window in %s: %w", s.table, err)
 }
 
-// Fold puts a later enqueue's args into the debounced job jobID and
+// Fold puts a later enqueue's args and deadline (rec's Args and
+// Deadline; none removes the job's) into the debounced job jobID and
 // moves its run to runAt: one update, conditional on the job being of
-// this kind, Scheduled and never claimed (attempt 0). folded=false (with
-// the current record, or ErrNotFound) means it is not pending any more:
-// the enqueue starts the next window.
-func (s *Store) Fold(ctx context.Context, jobID, kind, args string, runAt time.Time) (Record, bool, error) {
-	if len(args) > MaxArgsBytes {
-		return Record{}, false, fmt.Errorf("%w: args are %d bytes, the limit is %d", ErrItemTooLarge, len(args), MaxArgsBytes)
+// rec's kind, Scheduled and never claimed (attempt 0). The deadline is
+// the folding enqueue's because the run it bounds is that enqueue's:
+// the first enqueue's would expire a job moved past it. folded=false
+// (with the current record, or ErrNotFound) means it is not pending any
+// more: the enqueue starts the next window.
+func (s *Store) Fold(ctx context.Context, jobID string, rec Record, runAt time.Time) (Record, bool, error) {
+	if len(rec.Args) > MaxArgsBytes {
+		return Record{}, false, fmt.Errorf("%w: args are %d bytes, the limit is %d", ErrItemTooLarge, len(rec.Args), MaxArgsBytes)
 	}
 	st := expression.Name(AttrState)
 	cond := isJob(jobID).And(st.Equal(expression.Value(Scheduled))).
 		And(expression.Name(AttrAttempt).Equal(expression.Value(0))).
-		And(expression.Name(AttrKind).Equal(expression.Value(kind)))
-	upd := expression.Set(expression.Name(AttrArgs), expression.Value(args)).
-		Set(expression.Name(AttrArgsHash), expression.Value(ArgsHash(kind, args))).
+		And(expression.Name(AttrKind).Equal(expression.Value(rec.Kind)))
+	upd := expression.Set(expression.Name(AttrArgs), expression.Value(rec.Args)).
+		Set(expression.Name(AttrArgsHash), expression.Value(ArgsHash(rec.Kind, rec.Args))).
 		Set(expression.Name(AttrRunAt), expression.Value(runAt.UnixMilli())).
 		Set(st, expression.Value(Scheduled))
+	if rec.Deadline != 0 {
+		upd = upd.Set(expression.Name(AttrDeadline), expression.Value(rec.Deadline))
+	} else {
+		upd = upd.Remove(expression.Name(AttrDeadline))
+	}
 	return s.transition(ctx, jobID, cond, upd, Scheduled, "", time.Time{})
 }
