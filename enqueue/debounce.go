@@ -18,7 +18,11 @@ import (
 // but never later than MaxWait after the burst's first enqueue. The job
 // runs once, with the last args. An enqueue that finds the job claimed
 // (running, or ended) starts the next window: a new job. Result.Folded
-// says an enqueue went into an existing job, Result.ID which.
+// says an enqueue went into an existing job, Result.ID which. Enqueue and
+// EnqueueMany debounce (a batch's items in their order, so its last item
+// of a key is the last fold); EnqueueTx and the continuations refuse
+// Debounce with an *InputError. A RateLimit takes its slot for a fold as
+// for a new window: both are accepted enqueues.
 //
 // The key names a small pointer item (pk "d#<key hash>", hashed as
 // idempotency keys are) that says which job is pending. A new window
@@ -79,7 +83,20 @@ var errDebounceContended = errors.New("nexjob: debounce key contended; try again
 func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemResult {
 	d := o.Debounce
 	key := c.store.HashKey("debounce:" + d.Key)
-	admitted := false // a new window takes its rate-limit slot once
+	admitted := false
+	// admit refuses a Deadline not after the run time runAt, then takes
+	// the RateLimit's slot once (a fold is an accepted enqueue too), both
+	// before the first write.
+	admit := func(runAt time.Time) error {
+		if err := deadlineAfter(o, runAt); err != nil {
+			return err
+		}
+		if admitted {
+			return nil
+		}
+		admitted = true
+		return c.admit(ctx, rec, o)
+	}
 	for range 10 {
 		id, until, ver, err := c.store.Debounced(ctx, key)
 		if err != nil {
@@ -91,7 +108,7 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemR
 			if !until.IsZero() && until.Before(runAt) {
 				runAt = until
 			}
-			if err := deadlineAfter(o, maxTime(runAt, now)); err != nil {
+			if err := admit(maxTime(runAt, now)); err != nil {
 				return ItemResult{Err: err}
 			}
 			got, folded, err := c.store.Fold(ctx, id, rec, runAt)
@@ -112,14 +129,8 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemR
 			end = now.Add(d.MaxWait)
 		}
 		rec.State, rec.RunAt = ledger.Scheduled, now.Add(min(d.Period, cmp.Or(d.MaxWait, d.Period))).UnixMilli()
-		if err := deadlineAfter(o, ledger.Millis(rec.RunAt)); err != nil {
+		if err := admit(ledger.Millis(rec.RunAt)); err != nil {
 			return ItemResult{Err: err}
-		}
-		if !admitted {
-			if err := c.admit(ctx, rec, o); err != nil {
-				return ItemResult{Err: err}
-			}
-			admitted = true
 		}
 		got, ok, err := c.store.StartDebounce(ctx, key, rec, o.DuplicatePolicy, windowEnd(end, now), ver)
 		switch {
