@@ -287,8 +287,9 @@ type Opts struct {
 	// kind's Defaults.Queue, else the job queue.
 	Queue string
 	// Debounce folds a burst of enqueues with one key into one run (see
-	// Debounce). Exclusive with IdempotencyKey, Delay and RunAt. Defaults
-	// to none.
+	// Debounce). Exclusive with IdempotencyKey, Delay and RunAt. Enqueue
+	// and EnqueueMany apply it; EnqueueTx, ContinueWith and
+	// ContinueWhenAll refuse it (an *InputError). Defaults to none.
 	Debounce *Debounce
 }
 
@@ -315,14 +316,14 @@ type Result struct {
 // send fails, the error is a *DispatchError naming the recorded job.
 func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result, error) {
 	o := effective(args, opts)
-	rec, err := c.newRecord(args, &o)
+	rec, err := c.newRecord(args, &o, viaEnqueue)
 	if err != nil {
 		return Result{}, err
 	}
 	ctx, span := c.startSpan(ctx, "enqueue", attribute.String("nexjob.kind", rec.Kind))
 	var res Result
 	if o.Debounce != nil {
-		res, err = c.debounce(ctx, rec, &o)
+		res, err = c.debounce(ctx, rec, &o).outcome()
 	} else {
 		res, err = c.submit(ctx, rec, &o)
 	}
@@ -336,6 +337,12 @@ func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result
 	if send {
 		c.sent(ctx, got, &r, c.Dispatch(ctx, got))
 	}
+	return r.outcome()
+}
+
+// outcome is an item's result as Enqueue returns it: no Result for a
+// call that recorded nothing.
+func (r ItemResult) outcome() (Result, error) {
 	if r.Err != nil && !r.Recorded {
 		return Result{}, r.Err
 	}
@@ -425,8 +432,25 @@ func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger
 	return got, created, nil
 }
 
-// newRecord validates the input and builds the record to insert.
-func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
+// entry is an entry point: its name and whether it applies
+// Opts.Debounce. Every entry point applies Opts.RateLimit (admit); one
+// that does not debounce refuses Debounce in newRecord, so no option is
+// ever validated and then ignored.
+type entry struct {
+	name     string
+	debounce bool
+}
+
+var (
+	viaEnqueue     = entry{"Enqueue", true}
+	viaEnqueueMany = entry{"EnqueueMany", true}
+	viaEnqueueTx   = entry{"EnqueueTx", false}      // a transaction commits a new job; a fold is no part of it
+	viaContinue    = entry{"a continuation", false} // it runs when its parents are done, not after a quiet period
+)
+
+// newRecord validates the input for the entry point via and builds the
+// record to insert.
+func (c *Client) newRecord(args JobArgs, o *Opts, via entry) (ledger.Record, error) {
 	if args == nil || isNilPointer(args) {
 		return ledger.Record{}, invalid("args", "nil")
 	}
@@ -455,6 +479,9 @@ func (c *Client) newRecord(args JobArgs, o *Opts) (ledger.Record, error) {
 	}
 	if err := o.Debounce.check(o); err != nil {
 		return ledger.Record{}, err
+	}
+	if o.Debounce != nil && !via.debounce {
+		return ledger.Record{}, invalid("Debounce", via.name+" does not debounce (Enqueue and EnqueueMany do)")
 	}
 	if o.RequestID != "" && o.IdempotencyKey == "" {
 		return ledger.Record{}, invalid("RequestID", "needs an IdempotencyKey (the request is recognised on the key's record)")

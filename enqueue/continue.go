@@ -22,8 +22,11 @@ import (
 // waits forever holding its key.
 //
 // Children take idempotency keys like any job; a waiting child is active, so
-// a duplicate returns it. Delay and RunAt are refused: a continuation runs
-// when its parent is done. An unknown parent is an *InputError. A parent
+// a duplicate returns it. Delay, RunAt and Debounce are refused: a
+// continuation runs when its parent is done. A RateLimit takes its slot
+// (after the parent is read) as Enqueue does: over it, a
+// *RateLimitedError and no child written. An unknown parent is an
+// *InputError. A parent
 // that already Failed or Expired gives a *ParentEndedError and nothing is
 // written; one that ends between the child's write and its link also
 // gives it, and the child is removed (or, if it existed before this call,
@@ -46,7 +49,7 @@ func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs
 	if o.Delay != 0 || !o.RunAt.IsZero() {
 		return Result{}, invalid("Delay", "a continuation runs when its parent is done; Delay and RunAt do not apply")
 	}
-	rec, err := c.newRecord(args, &o)
+	rec, err := c.newRecord(args, &o, viaContinue)
 	if err != nil {
 		return Result{}, err
 	}
@@ -59,9 +62,12 @@ func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs
 	}
 	switch parent.State {
 	case ledger.Succeeded:
-		return c.submit(ctx, rec, &o)
+		return c.submit(ctx, rec, &o) // admitted there
 	case ledger.Failed, ledger.Expired:
 		return Result{}, &ParentEndedError{ParentID: parentID, State: parent.State}
+	}
+	if err := c.admit(ctx, rec, &o); err != nil {
+		return Result{}, err
 	}
 	rec.State, rec.ParentID = ledger.AwaitingContinuation, parentID
 	got, created, err := c.insert(ctx, rec, &o)
@@ -92,7 +98,8 @@ func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs
 // parent whose completion is replayed or whose reply was lost counts
 // once. Parents that already Succeeded count at once; one that already
 // Failed or Expired gives a *ParentEndedError and nothing is written; an
-// unknown one an *InputError. Requeueing a parent does not bring back a
+// unknown one an *InputError. Opts as for ContinueWith (a RateLimit
+// takes its slot, Debounce is refused). Requeueing a parent does not bring back a
 // fan-in child its failure ended (requeue the child once every parent
 // Succeeded).
 //
@@ -121,7 +128,7 @@ func (c *Client) continueWhenAll(ctx context.Context, parents []string, args Job
 	if len(slices.Compact(slices.Sorted(slices.Values(parents)))) != len(parents) {
 		return Result{}, invalid("parents", "a parent is named twice")
 	}
-	rec, err := c.newRecord(args, &o)
+	rec, err := c.newRecord(args, &o, viaContinue)
 	if err != nil {
 		return Result{}, err
 	}
@@ -141,6 +148,9 @@ func (c *Client) continueWhenAll(ctx context.Context, parents []string, args Job
 		case p.State == ledger.Succeeded:
 			done = append(done, id)
 		}
+	}
+	if err := c.admit(ctx, rec, &o); err != nil {
+		return Result{}, err
 	}
 	rec.State, rec.Parents = ledger.AwaitingContinuation, slices.Clone(parents)
 	got, created, err := c.insert(ctx, rec, &o)

@@ -62,8 +62,11 @@ type batchSender interface {
 
 // EnqueueMany enqueues items and returns one ItemResult each, in order.
 // Each item is decided as Enqueue decides it (its own conditional write,
-// the same policy matrix), up to 8 at a time; then the jobs to send go out
-// in SendMessageBatch requests of ten. The error is nil when every item
+// the same policy matrix, its RateLimit), up to 8 at a time; then the
+// jobs to send go out in SendMessageBatch requests of ten. Items with a
+// Debounce are debounced as Enqueue does, one after another in the
+// batch's order (so a key's last item is the burst's last args), each
+// new window's job sent on its own. The error is nil when every item
 // succeeded, else a *BatchError naming the failed items; each
 // ItemResult says whether its job was recorded and sent. An item that
 // failed can be retried alone with its key.
@@ -78,13 +81,23 @@ func (c *Client) EnqueueMany(ctx context.Context, items []Item) ([]ItemResult, e
 	toSend := make([]bool, len(items))
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, manyWriters)
+	var debounced []int
 	for i, it := range items {
+		if it.Opts != nil && it.Opts.Debounce != nil {
+			debounced = append(debounced, i)
+			continue
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			recs[i], toSend[i], out[i] = c.record(ctx, it)
 		}()
+	}
+	// Debounced items one after another, in the batch's order: a key's
+	// last item is its last fold, whose args run.
+	for _, i := range debounced {
+		recs[i], toSend[i], out[i] = c.record(ctx, items[i])
 	}
 	wg.Wait()
 
@@ -139,9 +152,12 @@ func (c *Client) EnqueueMany(ctx context.Context, items []Item) ([]ItemResult, e
 // to be sent.
 func (c *Client) record(ctx context.Context, it Item) (ledger.Record, bool, ItemResult) {
 	o := effective(it.Args, it.Opts)
-	rec, err := c.newRecord(it.Args, &o)
+	rec, err := c.newRecord(it.Args, &o, viaEnqueueMany)
 	if err != nil {
 		return rec, false, ItemResult{Err: err}
+	}
+	if o.Debounce != nil {
+		return rec, false, c.debounce(ctx, rec, &o) // it sends its own
 	}
 	return c.decide(ctx, rec, &o)
 }
@@ -215,7 +231,7 @@ func (c *Client) sent(ctx context.Context, rec ledger.Record, r *ItemResult, err
 			c.log.WarnContext(ctx, "nexjob: could not clear the unsent mark", "job_id", rec.ID, "err", err)
 		}
 	}
-	if !r.Duplicate {
+	if !r.Duplicate && !r.Folded {
 		c.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: enqueued", slog.String("job_id", rec.ID), slog.String("kind", rec.Kind), slog.String("state", string(rec.State)))
 		c.metrics.Count(metrics.Enqueued, rec.Kind, rec.ID)
 	}

@@ -19,7 +19,9 @@ import (
 // call (a lost reply, a duplicate) counts once; one without takes a new
 // slot each call. The slot is taken before the job's write: an enqueue
 // that then fails for another reason (a duplicate, a rejection, a
-// throttle) has still spent it.
+// throttle) has still spent it. Every entry point takes it: Enqueue (a
+// debounced enqueue that folds too: it is accepted), EnqueueMany's
+// items, EnqueueTx, ContinueWith and ContinueWhenAll.
 //
 // Cost: one consistent read and one conditional PutItem of the key's item
 // (1 write unit up to 60 slots of log) per accepted enqueue, the read
@@ -67,7 +69,7 @@ func (c *Client) admit(ctx context.Context, rec ledger.Record, o *Opts) error {
 	r := ledger.Rate{Limit: o.RateLimit.Limit, Period: o.RateLimit.Period}
 	slot, taken, err := c.store.Reserve(ctx, c.store.HashKey("rate:"+o.RateLimit.Key), tag, r, false)
 	if err != nil {
-		return err
+		return c.missing(err)
 	}
 	if !taken {
 		c.metrics.Count(metrics.Rejected, rec.Kind, rec.ID)

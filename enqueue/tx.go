@@ -53,7 +53,12 @@ func (e *TxUnknownError) Unwrap() []error { return []error{e.Commit, e.Read} }
 // no items); a protected terminal holder gives a *DuplicateJobError; the
 // items' conditions make the commit fail if the key changes hands in
 // between. Bad input is an *InputError; nothing is written before the
-// caller commits.
+// caller commits. A RateLimit takes its slot here, before the commit (a
+// transaction that then does not commit has spent it, as an enqueue
+// that fails after taking its slot has): over the limit, a
+// *RateLimitedError and no items. Debounce is refused (an *InputError):
+// a transaction commits a new job, and a fold into a pending one is no
+// part of it.
 //
 //	tx, err := client.EnqueueTx(ctx, Receipt{OrderID: id}, &enqueue.Opts{IdempotencyKey: "receipt-" + id})
 //	items := append([]types.TransactWriteItem{orderPut}, tx.Items...)
@@ -65,8 +70,11 @@ func (e *TxUnknownError) Unwrap() []error { return []error{e.Commit, e.Read} }
 // retrying its key re-sends it), as for Enqueue.
 func (c *Client) EnqueueTx(ctx context.Context, args JobArgs, opts *Opts) (*TxJob, error) {
 	o := effective(args, opts)
-	rec, err := c.newRecord(args, &o)
+	rec, err := c.newRecord(args, &o, viaEnqueueTx)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.admit(ctx, rec, &o); err != nil {
 		return nil, err
 	}
 	p, err := c.store.Prepare(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy)

@@ -91,8 +91,8 @@ func TestDebounceMaxWait(t *testing.T) {
 }
 
 // A fold applied with its reply lost is recognised (one job, folded); a
-// pointer's put applied with its reply lost names our job (one job, not
-// two).
+// new window's transaction (the pointer and its job) applied with its
+// reply lost meets a pointer naming our job (one job, not two).
 func TestDebounceUnderFaults(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, ok, nil)
@@ -103,10 +103,10 @@ func TestDebounceUnderFaults(t *testing.T) {
 	}
 	ctx := context.Background()
 	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "faulty", Period: time.Hour}}
-	lostPut := ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Fault: faults.LostReply})
+	lostPut := ft.Add(faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.LostReply})
 	first, err := prod.Enqueue(ctx, email{To: "a@example.com"}, db)
 	if err != nil || first.Folded || lostPut.Fired() != 1 {
-		t.Fatalf("with the pointer's reply lost: %+v %v (fired %d)", first, err, lostPut.Fired())
+		t.Fatalf("with the window's reply lost: %+v %v (fired %d)", first, err, lostPut.Fired())
 	}
 	lostFold := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply})
 	second, err := prod.Enqueue(ctx, email{To: "b@example.com"}, db)
@@ -125,10 +125,11 @@ func TestDebounceUnderFaults(t *testing.T) {
 }
 
 // TestDebounceThrottledPastTheRetries: each of a debounced enqueue's
-// writes throttled past the SDK's retries (the pointer's put, the job's
-// put after it, a fold) fails the call with an error, never a silent
-// success, and the caller's retry of the same enqueue leaves exactly one
-// pending job with the last args, which runs once.
+// writes throttled past the SDK's retries (a new window's transaction of
+// the pointer and its job, a fold) fails the call with an error, never a
+// silent success, and writes nothing; the caller's retry of the same
+// enqueue leaves exactly one pending job with the last args, which runs
+// once.
 func TestDebounceThrottledPastTheRetries(t *testing.T) {
 	t.Parallel()
 	var seen recipients
@@ -146,14 +147,18 @@ func TestDebounceThrottledPastTheRetries(t *testing.T) {
 		key  string
 		rule faults.Rule
 	}{
-		{"a", faults.Rule{Op: "DynamoDB.PutItem", Fault: faults.Throttle, Times: faults.Attempts}},          // a new window's pointer
-		{"b", faults.Rule{Op: "DynamoDB.PutItem", Skip: 1, Fault: faults.Throttle, Times: faults.Attempts}}, // its job, after the pointer
-		{"b", faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts}},       // a fold into b's job
+		{"a", faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Throttle, Times: faults.Attempts}}, // a new window
+		{"b", faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Throttle, Times: faults.Attempts}}, // another
+		{"b", faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts}},         // a fold into b's job
 	} {
 		h := ft.Add(c.rule)
 		to := fmt.Sprintf("try%d@example.com", i)
+		before := r.e.Records(t)
 		if res, err := prod.Enqueue(ctx, email{To: to}, window(c.key)); err == nil || h.Fired() != faults.Attempts {
 			t.Fatalf("write %d throttled past the retries: %+v, %v (fired %d), want an error", i, res, err, h.Fired())
+		}
+		if after := r.e.Records(t); !slices.EqualFunc(before, after, func(a, b ledger.Record) bool { return a.PK == b.PK && a.Args == b.Args }) {
+			t.Fatalf("write %d throttled past the retries wrote: %d items before, %d after", i, len(before), len(after))
 		}
 		h.Remove()
 		if _, err := prod.Enqueue(ctx, email{To: to}, window(c.key)); err != nil {

@@ -313,7 +313,7 @@ func TestFlowControlCosts(t *testing.T) {
 		}
 	})
 	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "d", Period: time.Minute}}
-	step("a debounced enqueue that starts a window", []string{get, put, put, send}, func() {
+	step("a debounced enqueue that starts a window", []string{get, "DynamoDB.TransactWriteItems", send}, func() {
 		if res, err := c.Enqueue(ctx, costedJob{5}, db); err != nil || res.Folded {
 			t.Fatal(res, err)
 		}

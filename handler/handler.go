@@ -140,6 +140,11 @@ type Options struct {
 	// retry, a carried-forward schedule or a continuation of a job on one
 	// goes back to it. Defaults to none.
 	Queues map[string]string
+	// GuardAfter is the dispatch guard's After (guard.Options.After): a
+	// guard's check that finds its job not yet due (a debounce fold moved
+	// its run later) is sent again, due this long past the new run time.
+	// Defaults to enqueue.DefaultRedispatchAfter, the guard's default.
+	GuardAfter time.Duration
 }
 
 // Handler runs the jobs of SQS batches. Its Handle method is the Lambda
@@ -196,6 +201,9 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 	}
 	if o.UnknownKindBackoff == nil {
 		o.UnknownKindBackoff = DefaultBackoff
+	}
+	if o.GuardAfter <= 0 {
+		o.GuardAfter = enqueue.DefaultRedispatchAfter
 	}
 	p, err := enqueue.New(cfg, table, queueURL, &enqueue.ClientOptions{
 		DynamoDB: o.DynamoDB, SQS: o.SQS, Ledger: o.Ledger, Logger: o.Logger, MaxDelay: o.MaxDelay, XRay: o.XRay, Far: o.Far, FarAfter: o.FarAfter, Queues: o.Queues,
@@ -343,12 +351,16 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	}
 	byCheck := false
 	if msg.Check {
-		run, first, err := h.stillWaiting(ctx, msg, now)
+		run, first, later, err := h.stillWaiting(ctx, msg, now)
 		if err != nil {
 			// The read failed (a throttle past the SDK's retries): the
 			// check comes back rather than vanish.
 			h.log.ErrorContext(ctx, "nexjob: dispatch check failed; it comes back", "job_id", msg.ID, "err", err)
 			return false
+		}
+		if later != 0 {
+			msg.RunAt = later // not yet due: the check waits for the new run time
+			return h.carryForward(ctx, msg, now)
 		}
 		if !run {
 			return true // the job's own message did its work
@@ -464,23 +476,32 @@ func (h *Handler) unclaimed(ctx context.Context, m events.SQSMessage, msg enqueu
 // the job stayed Scheduled, or Processing, for good). One eventually
 // consistent read; a stale answer costs at most a refused claim. A job
 // that is gone is no error: there is nothing to run.
-func (h *Handler) stillWaiting(ctx context.Context, msg enqueue.Message, now time.Time) (run, first bool, err error) {
+//
+// A job never started and not yet due gives later, the unix-ms time the
+// check is due again (GuardAfter past its run time): its run moved later
+// after the guard sent the check (a debounce fold), and the check may be
+// all that names it (its producer died before the send), so it must not
+// vanish. Its own message, if any, runs it first and the check is
+// dropped then.
+func (h *Handler) stillWaiting(ctx context.Context, msg enqueue.Message, now time.Time) (run, first bool, later int64, err error) {
 	rec, err := h.store.Peek(ctx, msg.ID)
 	if errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrBadID) {
-		return false, false, nil
+		return false, false, 0, nil
 	}
 	if err != nil {
-		return false, false, err
+		return false, false, 0, err
 	}
 	waiting := rec.State == ledger.Enqueued || rec.State == ledger.Scheduled && rec.RunAt <= now.UnixMilli()
 	switch {
 	case rec.ByCheck:
-		return true, false, nil
+		return true, false, 0, nil
 	case waiting && rec.Attempt == 0:
 		h.log.WarnContext(ctx, "nexjob: job was never sent; the guard's check runs it", "job_id", rec.ID, "kind", rec.Kind)
-		return true, true, nil
+		return true, true, 0, nil
+	case rec.State == ledger.Scheduled && rec.Attempt == 0:
+		return false, false, rec.RunAt + h.o.GuardAfter.Milliseconds(), nil
 	}
-	return false, false, nil
+	return false, false, 0, nil
 }
 
 // lease returns the claim's lease, the run's deadline and the cause its

@@ -429,6 +429,9 @@ func (s Settings) HandlerOptions(base *handler.Options) *handler.Options {
 	if o.Queues == nil {
 		o.Queues = s.QueueURLs()
 	}
+	if o.GuardAfter == 0 {
+		o.GuardAfter = s.GuardAfter // re-armed checks keep the guard's lateness (zero: its default)
+	}
 	now := o.Ledger.Now
 	o.Ledger = s.LedgerOptions()
 	o.Ledger.Now = now

@@ -7,7 +7,10 @@
 // attempt spent (a new job, a requeue, a released continuation) it sends one
 // delayed check message, due After past the job's run time. When the check
 // arrives, the worker reads the job (one eventually consistent read) and,
-// if it was never started, runs it; otherwise it drops the check.
+// if it was never started, runs it; if its run moved later meanwhile (a
+// debounce fold) and it is not yet due, the check goes back, due After
+// past the new run time (the worker's handler.Options.GuardAfter), since
+// it may be all that names the job; otherwise it drops the check.
 //
 // # Cost and latency
 //

@@ -219,7 +219,7 @@ func ChildMain() {
 	fc := faulty(cfg, n)
 	log := logTo(os.Getenv(envRuns) + ".log")
 	env := Env{QueueURL: os.Getenv(envQueue), BulkURL: os.Getenv(envBulk)}
-	h, err := handler.New(fc, os.Getenv(envTable), env.QueueURL, Registry(l), &handler.Options{Logger: log, Lease: 20 * time.Second, Queues: env.queues()})
+	h, err := handler.New(fc, os.Getenv(envTable), env.QueueURL, Registry(l), &handler.Options{Logger: log, Lease: 20 * time.Second, Queues: env.queues(), GuardAfter: 2 * time.Second})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -286,7 +286,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		defer func() { _ = l.Close() }()
 		fc := faulty(env.Cfg, nemesis())
 		wlog := logTo(filepath.Join(c.Dir, fmt.Sprintf("worker-%d.runs.log", i)))
-		o := &handler.Options{Logger: wlog, Lease: 20 * time.Second, Queues: env.queues()}
+		o := &handler.Options{Logger: wlog, Lease: 20 * time.Second, Queues: env.queues(), GuardAfter: 2 * time.Second}
 		if i == 0 {
 			o.Ledger.Now = func() time.Time { return time.Now().Add(c.Skew) }
 		}
