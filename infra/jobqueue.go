@@ -288,10 +288,12 @@ func (q *JobQueue) Settings(role settings.Role) *map[string]*string {
 			settings.EnvScheduleTarget, settings.EnvSchedulerRole} {
 			delete(e, v)
 		}
-		e[settings.EnvGuardAfter] = jsii.String(q.guardAfter)
 		fallthrough
 	default:
 		e[settings.EnvRole] = jsii.String(string(role))
+	}
+	if role == settings.Guard || role == settings.Worker {
+		e[settings.EnvGuardAfter] = jsii.String(q.guardAfter) // the worker's re-armed checks keep the guard's lateness
 	}
 	return &e
 }

@@ -113,7 +113,10 @@ func Vars(r Role) []string {
 	switch r {
 	case Guard:
 		return []string{EnvQueueURL, EnvGuardAfter, EnvQueues}
-	case Worker, Operator:
+	case Worker:
+		// GuardAfter: a re-armed guard check is due as late as the guard's.
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues, EnvGuardAfter}
+	case Operator:
 		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues}
 	case Dashboard:
 		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvDashboardWrite, EnvQueues}
