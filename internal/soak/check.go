@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -113,90 +115,128 @@ func scan(ctx context.Context, db *dynamodb.Client, table string) ([]ledger.Reco
 
 // check reads the ledger and the run logs against the invariants; it
 // returns the violations, each with the job's history.
-func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs runs, kills []kill, rep *Report) []string {
-	var bad []string
-	fail := func(id, format string, args ...any) {
-		h := history(rs.byJob[id])
-		bad = append(bad, fmt.Sprintf("job %s: %s; runs: %s; logs:\n%s", id, fmt.Sprintf(format, args...), h, logLines(rs.dir, id)))
-	}
+// facts are what the checkers read: the ledger at quiet, what the
+// producers were told, the run logs and the kills.
+type facts struct {
+	env      Env
+	st       *ledger.Store
+	led      *ledgerOf
+	rs       runs
+	killedAt map[int]int64 // pid → kill time (unix ns)
+	recs     []ledger.Record
+	byID     map[string]ledger.Record
+	rep      *Report
+	c        Config
+}
+
+// fail formats a violation about job id with its runs and log lines.
+func (f *facts) fail(id, format string, args ...any) string {
+	h := history(f.rs.byJob[id])
+	return fmt.Sprintf("job %s: %s; runs: %s; logs:\n%s", id, fmt.Sprintf(format, args...), h, logLines(f.rs.dir, id))
+}
+
+// check runs every checker (Checkers) over the facts of a run.
+func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs runs, kills []kill, rep *Report, c Config) []string {
 	recs, err := scan(ctx, dynamodb.NewFromConfig(env.Cfg), env.Table)
 	if err != nil {
 		return []string{"scan: " + err.Error()}
 	}
-	byID := map[string]ledger.Record{}
+	f := &facts{env: env, st: st, led: led, rs: rs, killedAt: map[int]int64{}, recs: recs, byID: map[string]ledger.Record{}, rep: rep, c: c}
 	for _, r := range recs {
-		byID[r.ID] = r
+		f.byID[r.ID] = r
+	}
+	for _, k := range kills {
+		f.killedAt[k.pid] = k.at
 	}
 	rep.Jobs = len(recs)
-	killedAt := map[int]int64{}
-	for _, k := range kills {
-		killedAt[k.pid] = k.at
+	var bad []string
+	for _, name := range slices.Sorted(maps.Keys(Checkers)) {
+		bad = append(bad, Checkers[name](ctx, f)...)
 	}
+	return bad
+}
 
+// checkRecords: no call of the mix was refused as bad input; every job a
+// producer was given has its record (a replaced recurring firing's is
+// gone by design: its run is checked instead); no record appears that no
+// call could have made.
+func checkRecords(_ context.Context, f *facts) []string {
+	var bad []string
 	// The mix makes no bad input: a refusal as such is the soak's own bug
 	// (its first debounced enqueues asked for a 500 ms period, and every
 	// one was refused unnoticed).
-	for _, r := range led.all {
+	for _, r := range f.led.all {
 		if errors.Is(r.err, enqueue.ErrInvalidInput) {
 			bad = append(bad, fmt.Sprintf("a %s call (%s) was refused as bad input: %v", r.call, r.kind, r.err))
 		}
 	}
-	// Every job a producer was given has exactly one record.
 	unknown := 0
-	for _, r := range led.all {
+	for _, r := range f.led.all {
 		if !r.created && r.err != nil && r.rejected == nil && !r.limited {
 			unknown++ // the call failed: its job may or may not exist
 		}
 		if !r.created {
 			continue
 		}
-		rec, ok := byID[r.id]
-		if !ok {
-			fail(r.id, "returned by %s (%s) and not in the ledger", r.call, r.kind)
+		rec, ok := f.byID[r.id]
+		if !ok && r.call != "firing" {
+			bad = append(bad, f.fail(r.id, "returned by %s (%s) and not in the ledger", r.call, r.kind))
 		}
 		if ok && !r.duplicate && rec.Queue != r.queue {
-			fail(r.id, "sent to queue %q, but its record says %q", r.queue, rec.Queue)
+			bad = append(bad, f.fail(r.id, "sent to queue %q, but its record says %q", r.queue, rec.Queue))
 		}
 	}
-	// Records nobody was told of: at most one per failed call.
 	extra := 0
-	for id := range byID {
-		if led.results[id] == nil {
+	for id := range f.byID {
+		if f.led.results[id] == nil {
 			extra++
 		}
 	}
 	if extra > unknown {
 		bad = append(bad, fmt.Sprintf("%d records no enqueue returned, but only %d calls failed with an outcome left open", extra, unknown))
 	}
+	return bad
+}
 
-	// Duplicates and rejections name the key's holder, as the policy says.
-	for _, r := range led.all {
+// checkPolicy: every duplicate names the key's holder and every rejection
+// matches the policy table for the holder's state.
+func checkPolicy(_ context.Context, f *facts) []string {
+	var bad []string
+	for _, r := range f.led.all {
 		switch {
-		case r.duplicate:
-			h, ok := byID[r.id]
-			if !ok || h.KeyHash != st.HashKey(r.key) {
-				fail(r.id, "returned as the duplicate for key %q, but it does not hold that key", r.key)
+		case r.duplicate && r.call != "firing":
+			h, ok := f.byID[r.id]
+			if !ok || h.KeyHash != f.st.HashKey(r.key) {
+				bad = append(bad, f.fail(r.id, "returned as the duplicate for key %q, but it does not hold that key", r.key))
 			}
 		case r.rejected != nil:
 			if r.policy.Allows(r.rejected.ExistingState) || !r.rejected.ExistingState.Terminal() {
-				fail(r.id, "rejected under %s with the holder %s: the policy lets that state go", r.policy, r.rejected.ExistingState)
+				bad = append(bad, f.fail(r.id, "rejected under %s with the holder %s: the policy lets that state go", r.policy, r.rejected.ExistingState))
 			}
 		}
 	}
+	return bad
+}
 
+// checkEnds: every record ended (none waits for ever), as its kind and
+// its runs say; a recorded hook ran once per failure; continuations and
+// fan-in children followed their parents; runs never overlap and never
+// outnumber the attempts.
+func checkEnds(_ context.Context, f *facts) []string {
+	var bad []string
 	// Each record ended as its runs say, with no two runs at once.
-	uncleared := clearFailures(rs.dir)
-	for _, rec := range recs {
-		jr := rs.byJob[rec.ID]
-		rep.Runs += len(jr)
-		rep.MaxRuns = max(rep.MaxRuns, len(jr))
+	uncleared := clearFailures(f.rs.dir)
+	for _, rec := range f.recs {
+		jr := f.rs.byJob[rec.ID]
+		f.rep.Runs += len(jr)
+		f.rep.MaxRuns = max(f.rep.MaxRuns, len(jr))
 		if !rec.State.Terminal() {
 			told := "no producer was told of it"
-			if r := led.results[rec.ID]; r != nil {
+			if r := f.led.results[rec.ID]; r != nil {
 				told = fmt.Sprintf("%s returned it (err: %v)", r.call, r.err)
 			}
-			fail(rec.ID, "left %s: attempt %d, run at %d, created %d, updated %d, undispatched %v, key hash %q; %s",
-				rec.State, rec.Attempt, rec.RunAt, rec.CreatedAt, rec.UpdatedAt, rec.Undispatched, rec.KeyHash, told)
+			bad = append(bad, f.fail(rec.ID, "left %s: attempt %d, run at %d, created %d, updated %d, undispatched %v, key hash %q; %s",
+				rec.State, rec.Attempt, rec.RunAt, rec.CreatedAt, rec.UpdatedAt, rec.Undispatched, rec.KeyHash, told))
 			continue
 		}
 		if rec.Kind == ledger.DeadLetterKind {
@@ -209,56 +249,62 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 		switch {
 		case rec.Cancelled:
 			if rec.State != ledger.Failed {
-				fail(rec.ID, "cancelled but %s", rec.State)
+				bad = append(bad, f.fail(rec.ID, "cancelled but %s", rec.State))
 			}
 		case rec.Kind == "soak.doomed":
 			if rec.State != ledger.Failed {
-				fail(rec.ID, "a doomed job ended %s", rec.State)
+				bad = append(bad, f.fail(rec.ID, "a doomed job ended %s", rec.State))
 			}
 			// Once per time it became Failed (a requeue fails it again);
 			// more only after a kill between the hook and the write that
 			// clears its mark, or that write's failure past its retries
 			// (at least once, by design).
-			calls := rs.dead[rec.ID]
+			calls := f.rs.dead[rec.ID]
 			want, extra := 1, 0
-			if r := led.results[rec.ID]; r != nil {
+			if r := f.led.results[rec.ID]; r != nil {
 				want, extra = 1+r.requeued, r.requeueUnknown
 			}
 			killedHooks := 0
 			for _, pid := range calls {
-				if killedAt[pid] != 0 {
+				if f.killedAt[pid] != 0 {
 					killedHooks++
 				}
 			}
 			if len(calls) < want || len(calls) > want+extra+killedHooks+uncleared[rec.ID] {
-				fail(rec.ID, "Failed %d times (requeued %d, %d requeues unknown) with its dead-letter hook run %d times (%d in killed processes)", want, want-1, extra, len(calls), killedHooks)
+				bad = append(bad, f.fail(rec.ID, "Failed %d times (requeued %d, %d requeues unknown) with its dead-letter hook run %d times (%d in killed processes)", want, want-1, extra, len(calls), killedHooks))
+			}
+		case rec.Kind == (Keyed{}).Kind() && keyPanics(rec):
+			// Its key function panics: the run fails as a worker's panic
+			// does (never escaping Handle), every attempt, and never starts.
+			if rec.State != ledger.Failed || !strings.Contains(rec.LastError, "panicked") || len(jr) != 0 {
+				bad = append(bad, f.fail(rec.ID, "a job whose key function panics ended %s after %d runs (last error %q); want Failed, never run", rec.State, len(jr), rec.LastError))
 			}
 		case len(rec.Parents) > 0:
 			// A fan-in child: Succeeded once every parent did; otherwise it
 			// ended as a parent that did not.
 			all := true
 			for _, id := range rec.Parents {
-				p, ok := byID[id]
+				p, ok := f.byID[id]
 				all = all && ok && p.State == ledger.Succeeded
 			}
 			// A child whose call failed ends Failed (its link or count
 			// failed: the caller was told of an error).
-			if all && rec.State != ledger.Succeeded && led.results[rec.ID] != nil {
-				fail(rec.ID, "a fan-in child of parents that all Succeeded ended %s", rec.State)
+			if all && rec.State != ledger.Succeeded && f.led.results[rec.ID] != nil {
+				bad = append(bad, f.fail(rec.ID, "a fan-in child of parents that all Succeeded ended %s", rec.State))
 			}
 			if !all && rec.State == ledger.Succeeded {
-				fail(rec.ID, "a fan-in child Succeeded though a parent did not")
+				bad = append(bad, f.fail(rec.ID, "a fan-in child Succeeded though a parent did not"))
 			}
 		case rec.ParentID != "":
-			if p, ok := byID[rec.ParentID]; ok && p.State == ledger.Succeeded && rec.State != ledger.Succeeded {
-				fail(rec.ID, "a continuation of a Succeeded parent ended %s", rec.State)
+			if p, ok := f.byID[rec.ParentID]; ok && p.State == ledger.Succeeded && rec.State != ledger.Succeeded {
+				bad = append(bad, f.fail(rec.ID, "a continuation of a Succeeded parent ended %s", rec.State))
 			}
 		case rec.State == ledger.Expired:
-			if r := led.results[rec.ID]; r == nil || !r.mayExpire {
-				fail(rec.ID, "Expired, but it had no deadline")
+			if r := f.led.results[rec.ID]; r == nil || !r.mayExpire {
+				bad = append(bad, f.fail(rec.ID, "Expired, but it had no deadline"))
 			}
 			if len(jr) > 0 {
-				fail(rec.ID, "Expired after %d runs", len(jr))
+				bad = append(bad, f.fail(rec.ID, "Expired after %d runs", len(jr)))
 			}
 		default:
 			// Kills spend attempts: a run claimed in a process killed before
@@ -272,25 +318,25 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 			// next delivery failed it as an orphan out of attempts).
 			ended := 0
 			for _, r := range jr {
-				if r.end != 0 && (killedAt[r.pid] == 0 || laterIn(jr, r)) {
+				if r.end != 0 && (f.killedAt[r.pid] == 0 || laterIn(jr, r)) {
 					ended++
 				}
 			}
 			orphaned := rec.State == ledger.Failed && strings.Contains(rec.LastError, "orphaned") && ended < rec.Attempt
 			if rec.State != ledger.Succeeded && !orphaned {
-				fail(rec.ID, "a %s job ended %s (last error %q)", rec.Kind, rec.State, rec.LastError)
+				bad = append(bad, f.fail(rec.ID, "a %s job ended %s (last error %q)", rec.Kind, rec.State, rec.LastError))
 			}
 		}
 		if rec.State == ledger.Succeeded && !okRun {
-			fail(rec.ID, "Succeeded with no run that ended well")
+			bad = append(bad, f.fail(rec.ID, "Succeeded with no run that ended well"))
 		}
 		// A requeue starts the attempts again.
 		limit := rec.Attempt + rec.CutOffs
-		if r := led.results[rec.ID]; r != nil {
+		if r := f.led.results[rec.ID]; r != nil {
 			limit += (r.requeued + r.requeueUnknown) * rec.MaxAttempts
 		}
 		if len(jr) > limit {
-			fail(rec.ID, "%d runs for %d attempts (at most %d with its requeues)", len(jr), rec.Attempt, limit)
+			bad = append(bad, f.fail(rec.ID, "%d runs for %d attempts (at most %d with its requeues)", len(jr), rec.Attempt, limit))
 		}
 		// No overlap: a run with no end ended when its process was killed.
 		sorted := append([]*run(nil), jr...)
@@ -299,15 +345,20 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 			prev := sorted[i-1]
 			end := prev.end
 			if end == 0 {
-				end = killedAt[prev.pid]
+				end = f.killedAt[prev.pid]
 			}
 			if end == 0 || end > sorted[i].start {
-				fail(rec.ID, "run %d (pid %d) started before run %d (pid %d) ended", sorted[i].attempt, sorted[i].pid, prev.attempt, prev.pid)
+				bad = append(bad, f.fail(rec.ID, "run %d (pid %d) started before run %d (pid %d) ended", sorted[i].attempt, sorted[i].pid, prev.attempt, prev.pid))
 			}
 		}
 	}
-	bad = append(bad, concurrencyViolations(recs, rs)...)
 	return bad
+}
+
+// keyPanics reports whether a Keyed record's key function panics.
+func keyPanics(rec ledger.Record) bool {
+	var a Keyed
+	return json.Unmarshal([]byte(rec.Args), &a) == nil && panics(a.N)
 }
 
 // concurrencyViolations: no more than LimitPerTenant runs of one tenant's

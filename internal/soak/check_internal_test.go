@@ -1,8 +1,11 @@
 package soak
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nexjob/nexjob-aws/ledger"
 )
@@ -32,5 +35,69 @@ func TestConcurrencyViolations(t *testing.T) {
 	bad := concurrencyViolations(recs, rs)
 	if len(bad) != 1 || !strings.Contains(bad[0], "tenant t0: 3 runs") {
 		t.Fatalf("a, b and c overlap at 8..10: got %v", bad)
+	}
+}
+
+// TestThrottleCheck: ThrottleLimit+1 starts of one tenant within the
+// allowed span are a violation (a backlog starting together); spread
+// starts and other tenants' are not.
+func TestThrottleCheck(t *testing.T) {
+	sec := int64(time.Second)
+	f := &facts{c: Config{Skew: 2 * time.Second}, rs: runs{byJob: map[string][]*run{}}}
+	add := func(id, tenant string, start int64) {
+		f.recs = append(f.recs, ledger.Record{ID: id, Kind: "soak.throttled", Args: `{"N":1,"Tenant":"` + tenant + `"}`})
+		f.rs.byJob[id] = []*run{{id: id, start: start}}
+	}
+	for i := range 6 {
+		add(fmt.Sprint("a", i), "t0", int64(i)*sec/5*2) // 0.4 s apart: 6 span 2 s, over the 1 s the lag and skew leave of 4 s
+		add(fmt.Sprint("b", i), "t1", int64(i)*sec)
+	}
+	if bad := checkThrottle(context.Background(), f); len(bad) != 0 {
+		t.Fatalf("starts spread as the throttle allows: %v", bad)
+	}
+	for i := range 5 {
+		add(fmt.Sprint("d", i), "t2", 60*sec+int64(i)) // a backlog starting together
+	}
+	add("d5", "t2", 60*sec+10)
+	bad := checkThrottle(context.Background(), f)
+	if len(bad) != 1 || !strings.Contains(bad[0], "tenant t2") {
+		t.Fatalf("the backlog of t2 started together: got %v", bad)
+	}
+}
+
+// TestRateLimitCheck: a refusal with fewer than RateLimitLimit calls of
+// its key within a Period is a violation; a refusal after two is not.
+func TestRateLimitCheck(t *testing.T) {
+	at := time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC)
+	call := func(key string, d time.Duration, limited bool) *result {
+		return &result{rlKey: key, at: at.Add(d), done: at.Add(d + 10*time.Millisecond), limited: limited}
+	}
+	f := &facts{led: &ledgerOf{}}
+	f.led.all = []*result{call("k", 0, false), call("k", 20*time.Millisecond, false), call("k", 40*time.Millisecond, true)}
+	if bad := checkRateLimit(context.Background(), f); len(bad) != 0 {
+		t.Fatalf("the third in a burst of three refused: %v", bad)
+	}
+	f.led.all = append(f.led.all, call("j", 5*time.Second, false), call("j", 5*time.Second+20*time.Millisecond, true))
+	if bad := checkRateLimit(context.Background(), f); len(bad) != 1 || !strings.Contains(bad[0], "on j") {
+		t.Fatalf("a refusal at 1 of 2: got %v", bad)
+	}
+}
+
+// TestFiringsCheck: a firing that made two jobs, or a job a firing made
+// that never ran to its end, is a violation.
+func TestFiringsCheck(t *testing.T) {
+	f := &facts{led: &ledgerOf{}, rs: runs{byJob: map[string][]*run{"j1": {{id: "j1", ok: true}}, "j2": {{id: "j2", ok: true}}, "j3": {{id: "j3"}}}}}
+	f.led.all = []*result{
+		{call: "firing", firing: "T1", id: "j1", created: true},
+		{call: "firing", firing: "T1", id: "j1", duplicate: true},
+		{call: "firing", firing: "T2", id: "j2", created: true},
+	}
+	if bad := checkFirings(context.Background(), f); len(bad) != 0 {
+		t.Fatalf("one job a firing, each run: %v", bad)
+	}
+	f.led.all = append(f.led.all, &result{call: "firing", firing: "T1", id: "j3", created: true})
+	bad := checkFirings(context.Background(), f)
+	if len(bad) != 2 || !strings.Contains(bad[0], "T1 made 2 jobs") || !strings.Contains(bad[1], "never ran to its end") {
+		t.Fatalf("a late retry made a second job, which never ran: got %v", bad)
 	}
 }

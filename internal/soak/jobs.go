@@ -28,11 +28,20 @@ type (
 		N      int
 		Tenant string
 	}
-	// Throttled starts at most ThrottlePerSecond a second per Tenant.
+	// Throttled starts at most ThrottleLimit times per ThrottlePeriod per
+	// Tenant.
 	Throttled struct {
 		N      int
 		Tenant string
 	}
+	// Keyed is limited per Tenant by a concurrency key function that
+	// panics for every fourth N (a team's bug): those fail, never run.
+	Keyed struct {
+		N      int
+		Tenant string
+	}
+	// Fired is a recurring firing's job (recurring.Fire).
+	Fired struct{ N int }
 )
 
 func (OK) Kind() string     { return "soak.ok" }
@@ -42,13 +51,23 @@ func (Slow) Kind() string   { return "soak.slow" }
 
 func (Limited) Kind() string   { return "soak.limited" }
 func (Throttled) Kind() string { return "soak.throttled" }
+func (Keyed) Kind() string     { return "soak.keyed" }
+func (Fired) Kind() string     { return "soak.fired" }
 
-// The flow-control kinds' limits.
+// The flow-control kinds' limits. The throttle's period is long enough
+// that the checker (which allows a run's lag behind its slot and the
+// skewed worker's clock) still sees a backlog that starts together.
 const (
-	LimitPerTenant    = 2
-	ThrottlePerSecond = 5
-	limitedRun        = 30 * time.Millisecond
+	LimitPerTenant  = 2
+	ThrottleLimit   = 5
+	ThrottlePeriod  = 4 * time.Second
+	RateLimitLimit  = 2
+	RateLimitPeriod = time.Second
+	limitedRun      = 30 * time.Millisecond
 )
+
+// panics reports whether Keyed's key function panics for n.
+func panics(n int) bool { return n%4 == 0 }
 
 // SlowTimeout is the slow kind's timeout; its first attempt runs twice as
 // long (ending when its context does).
@@ -136,7 +155,16 @@ func Registry(l *RunLog) *handler.Registry {
 		Key: handler.ArgsKey(func(a Limited) string { return a.Tenant }), Limit: LimitPerTenant, MaxBackoff: 2 * time.Second,
 	}})
 	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Throttled]) error { return nil }), &handler.KindOptions{Backoff: fast, Throttle: &handler.Throttle{
-		Key: handler.ArgsKey(func(a Throttled) string { return a.Tenant }), Limit: ThrottlePerSecond, Period: time.Second,
+		Key: handler.ArgsKey(func(a Throttled) string { return a.Tenant }), Limit: ThrottleLimit, Period: ThrottlePeriod,
 	}})
+	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Keyed]) error { return nil }), &handler.KindOptions{Backoff: fast, Concurrency: &handler.Concurrency{
+		Key: handler.ArgsKey(func(a Keyed) string {
+			if panics(a.N) {
+				panic("soak: a key function with a bug")
+			}
+			return a.Tenant
+		}), Limit: 3, MaxBackoff: time.Second,
+	}})
+	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Fired]) error { return nil }), &handler.KindOptions{Backoff: fast})
 	return reg
 }

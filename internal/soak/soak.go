@@ -62,6 +62,7 @@ type Config struct {
 	FaultRate float64 // share of AWS requests faulted (default 0.03)
 	Skew      time.Duration
 	KillEvery time.Duration // mean time between kills (default 1.5 s)
+	Outage    time.Duration // every worker down at once, once (default 15 ms a job, 3 s to 1 min)
 	Quiet     time.Duration // the longest wait for quiet after the faults stop (default 3 min)
 	Dir       string        // run logs (required)
 	Logf      func(format string, args ...any)
@@ -90,6 +91,9 @@ func (c *Config) defaults() {
 	}
 	if c.KillEvery <= 0 {
 		c.KillEvery = 1500 * time.Millisecond
+	}
+	if c.Outage <= 0 {
+		c.Outage = min(max(time.Duration(c.Jobs)*15*time.Millisecond, 3*time.Second), time.Minute)
 	}
 	if c.Quiet <= 0 {
 		c.Quiet = 3 * time.Minute
@@ -240,9 +244,18 @@ type duplicating struct {
 	mu     sync.Mutex
 	rng    *rand.Rand
 	copies atomic.Int64
+	down   *atomic.Bool // the outage: receives nothing
 }
 
 func (d *duplicating) ReceiveMessage(ctx context.Context, in *sqs.ReceiveMessageInput, o ...func(*sqs.Options)) (*sqs.ReceiveMessageOutput, error) {
+	if d.down != nil && d.down.Load() {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+		return &sqs.ReceiveMessageOutput{}, nil
+	}
 	out, err := d.Client.ReceiveMessage(ctx, in, o...)
 	if err != nil || len(out.Messages) == 0 {
 		return out, err
@@ -276,6 +289,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	defer stop()
 	var wg sync.WaitGroup
 	var dups []*duplicating
+	down := new(atomic.Bool) // the outage nemesis
 
 	// In-process workers, the first with its clock ahead.
 	for i := range c.Workers {
@@ -294,7 +308,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		if err != nil {
 			return rep, err
 		}
-		d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 7))}
+		d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 7)), down: down}
 		dups = append(dups, d)
 		for _, url := range env.jobQueues() {
 			p := poller.New(d, url, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: wlog})
@@ -330,7 +344,11 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 			n = c.Jobs - per*(c.Producers-1)
 		}
 		fc := faulty(env.Cfg, nemesis())
-		cl, err := enqueue.New(fc, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("producer-%d.log", i))), RedispatchAfter: 3 * time.Second, Queues: env.queues()})
+		co := &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("producer-%d.log", i))), RedispatchAfter: 3 * time.Second, Queues: env.queues()}
+		if i == 1 { // a producer whose clock runs ahead (rate limits under skew)
+			co.Ledger.Now = func() time.Time { return time.Now().Add(producerSkew) }
+		}
+		cl, err := enqueue.New(fc, env.Table, env.QueueURL, co)
 		if err != nil {
 			return rep, err
 		}
@@ -341,12 +359,36 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
+	fireClient, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, "firings.log")), RedispatchAfter: 3 * time.Second, Queues: env.queues()})
+	if err != nil {
+		return rep, err
+	}
 	opDone := make(chan struct{})
 	opCtx, opStop := context.WithCancel(ctx)
 	go func() { defer close(opDone); operate(opCtx, op, led, rand.New(rand.NewPCG(root.Uint64(), 5))) }()
+	fireDone := make(chan struct{})
+	go func() { defer close(fireDone); fire(opCtx, fireClient, led, rand.New(rand.NewPCG(root.Uint64(), 11))) }()
+	outageDone := make(chan struct{})
+	go func() {
+		defer close(outageDone)
+		// All workers down at once, a third of the way through the mix:
+		// deferred and scheduled jobs pile up and come back together.
+		for led.calls() < c.Jobs/3 && opCtx.Err() == nil {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if opCtx.Err() != nil {
+			return
+		}
+		c.Logf("soak seed=%d: outage: every worker down for %s", c.Seed, c.Outage)
+		down.Store(true)
+		kills.outage(ctx, c.Outage)
+		down.Store(false)
+	}()
 	prod.Wait()
+	<-outageDone
 	opStop()
 	<-opDone
+	<-fireDone
 	c.Logf("soak seed=%d: producers done (%d enqueues); stopping the faults and the kills", c.Seed, led.calls())
 
 	// The quiet period: no faults, no kills, until every record has ended.
@@ -386,7 +428,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	rep.Violations = append(rep.Violations, check(context.Background(), env, st, led, runs, kills.killed(), &rep)...)
+	rep.Violations = append(rep.Violations, check(context.Background(), env, st, led, runs, kills.killed(), &rep, c)...)
 	return rep, nil
 }
 
@@ -517,12 +559,43 @@ func (k *killer) run(ctx context.Context) {
 		}
 		k.mu.Lock()
 		p := k.procs[i]
+		if p == nil { // down for the outage
+			k.mu.Unlock()
+			continue
+		}
 		_ = p.Process.Signal(syscall.SIGKILL)
 		k.kills = append(k.kills, kill{pid: p.Process.Pid, at: time.Now().UnixNano()})
 		if cmd, err := k.spawn(i); err == nil {
 			k.procs[i] = cmd
 		}
 		k.mu.Unlock()
+	}
+}
+
+// outage kills every worker process and holds their restart for d (with
+// the in-process workers paused: every worker down at once).
+func (k *killer) outage(ctx context.Context, d time.Duration) {
+	k.mu.Lock()
+	for i, p := range k.procs {
+		if p != nil {
+			_ = p.Process.Signal(syscall.SIGKILL)
+			k.kills = append(k.kills, kill{pid: p.Process.Pid, at: time.Now().UnixNano()})
+			k.procs[i] = nil
+		}
+	}
+	k.mu.Unlock()
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for i, p := range k.procs {
+		if p == nil {
+			if cmd, err := k.spawn(i); err == nil {
+				k.procs[i] = cmd
+			}
+		}
 	}
 }
 
@@ -533,13 +606,17 @@ func (k *killer) stop() { k.done.Store(true) }
 // quiet) and waits for them.
 func (k *killer) wait() {
 	k.mu.Lock()
+	live := 0
 	for _, p := range k.procs {
-		_ = p.Process.Signal(syscall.SIGKILL)
-		k.kills = append(k.kills, kill{pid: p.Process.Pid, at: time.Now().UnixNano()})
+		if p != nil {
+			_ = p.Process.Signal(syscall.SIGKILL)
+			k.kills = append(k.kills, kill{pid: p.Process.Pid, at: time.Now().UnixNano()})
+			live++
+		}
 	}
 	k.mu.Unlock()
 	k.all.Wait()
-	k.rep.Kills = len(k.killed()) - len(k.procs)
+	k.rep.Kills = len(k.killed()) - live
 }
 
 func (k *killer) killed() []kill {
