@@ -154,7 +154,11 @@ type shardRead struct {
 // next record could be the newest of all; the cursor keeps each shard's
 // place, so pages neither skip nor repeat a record.
 func (s *Store) findIndexed(ctx context.Context, f Filter) ([]Record, string, error) {
-	keys := s.listKeys(f.State)
+	shards, err := s.listShards(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	keys := s.listKeys(f.State, shards)
 	reads := make([]*shardRead, len(keys))
 	pos, err := decodeShardCursor(f.Cursor, len(keys))
 	if err != nil {
@@ -247,8 +251,9 @@ func encodeShardCursor(reads []*shardRead) (string, error) {
 	}
 	b, err := json.Marshal(struct {
 		V int                  `json:"v"`
+		N int                  `json:"n"`
 		S map[string]*shardPos `json:"s"`
-	}{2, pos})
+	}{3, len(reads), pos})
 	return base64.RawURLEncoding.EncodeToString(b), err
 }
 
@@ -264,9 +269,12 @@ func decodeShardCursor(c string, shards int) (map[int]*shardPos, error) {
 	}
 	var v struct {
 		V int                  `json:"v"`
+		N int                  `json:"n"`
 		S map[string]*shardPos `json:"s"`
 	}
-	if json.Unmarshal(b, &v) != nil || v.V != 2 {
+	if json.Unmarshal(b, &v) != nil || v.V != 3 || v.N != shards {
+		// Another version, or made when the index had another shard count
+		// (its positions would name other shards: entries listed twice).
 		return nil, ErrBadCursor
 	}
 	out := map[int]*shardPos{}
@@ -307,7 +315,7 @@ func (s *Store) scanPage(ctx context.Context, f Filter, start map[string]types.A
 // record's full size all the same). For an operator's overview.
 func (s *Store) Counts(ctx context.Context) (map[State]map[string]int, error) {
 	now := s.now().Unix()
-	proj := expression.NamesList(expression.Name(AttrState), expression.Name(AttrKind), expression.Name(AttrExpiresAt))
+	proj := expression.NamesList(expression.Name(AttrPK), expression.Name(AttrState), expression.Name(AttrKind), expression.Name(AttrExpiresAt))
 	expr, err := expression.NewBuilder().WithProjection(proj).Build()
 	if err != nil {
 		return nil, fmt.Errorf("nexjob: build scan: %w", err)
@@ -328,8 +336,8 @@ func (s *Store) Counts(ctx context.Context) (map[State]map[string]int, error) {
 			return nil, fmt.Errorf("nexjob: decode job records: %w", err)
 		}
 		for _, r := range page {
-			if r.ExpiredAt(time.Unix(now, 0)) {
-				continue
+			if r.ExpiredAt(time.Unix(now, 0)) || !isJobPK(r.PK) {
+				continue // flow control's items, the index item: not jobs
 			}
 			if counts[r.State] == nil {
 				counts[r.State] = map[string]int{}

@@ -45,9 +45,9 @@ func (s *Store) listKey(st State, id string) string {
 // listKeys are every partition key value state st's entries may have:
 // each shard's, and the unsharded one of records written before the
 // index was sharded (they move to their shard at their next write).
-func (s *Store) listKeys(st State) []string {
-	keys := make([]string, 0, s.shards+1)
-	for i := range s.shards {
+func (s *Store) listKeys(st State, shards int) []string {
+	keys := make([]string, 0, shards+1)
+	for i := range shards {
 		keys = append(keys, string(st)+"#"+strconv.Itoa(i))
 	}
 	return append(keys, string(st))

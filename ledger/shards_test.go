@@ -2,6 +2,7 @@ package ledger_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -136,4 +137,73 @@ func keys(m map[string]types.AttributeValue) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// listAll pages through state st's listing and returns the ids.
+func listAll(t *testing.T, s *ledger.Store, st ledger.State) map[string]bool {
+	t.Helper()
+	got := map[string]bool{}
+	for cursor, first := "", true; first || cursor != ""; first = false {
+		page, next, err := s.List(context.Background(), st, 7, cursor)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range page {
+			if got[r.ID] {
+				t.Fatalf("%s listed twice", r.ID)
+			}
+			got[r.ID] = true
+		}
+		cursor = next
+	}
+	return got
+}
+
+// Issue 27 item 25: a deployment that lowers its shard count still lists
+// the Failed jobs an earlier one wrote on the shards it dropped: 8 → 2
+// (below the default: a listing reads at least DefaultIndexShards) and
+// 40 → 2 (above it: the earlier count was recorded in the table's index
+// item, which a listing reads). A cursor made before the count changed is
+// refused (ErrBadCursor), never a page that lists entries twice.
+func TestLoweredShardsHideNothing(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	var now atomic.Int64
+	now.Store(time.Unix(2_000_000_000, 0).UnixNano())
+	clock := func() time.Time { return time.Unix(0, now.Load()) }
+	store := func(shards int) *ledger.Store {
+		s, err := ledger.New(e.DB, e.Table, &ledger.Options{Now: clock, IndexShards: shards})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	eight, forty, two := store(8), store(40), store(2)
+	want := failedJobs(t, eight, &now, 12, 10)
+	if got := listAll(t, two, ledger.Failed); len(got) != len(want) {
+		t.Fatalf("after 8 → 2 shards: %d of %d Failed jobs listed", len(got), len(want))
+	}
+	_, cursor, err := two.List(context.Background(), ledger.Failed, 3, "")
+	if err != nil || cursor == "" {
+		t.Fatalf("first page: %q %v", cursor, err)
+	}
+	if err := forty.RecordIndexShards(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := forty.RecordIndexShards(context.Background()); err != nil { // again: no error
+		t.Fatal(err)
+	}
+	want = append(want, failedJobs(t, forty, &now, 30, 10)...)
+	if got := listAll(t, two, ledger.Failed); len(got) != len(want) {
+		t.Fatalf("after 40 → 2 shards: %d of %d Failed jobs listed", len(got), len(want))
+	}
+	if _, _, err := two.List(context.Background(), ledger.Failed, 3, cursor); !errors.Is(err, ledger.ErrBadCursor) {
+		t.Fatalf("a cursor made before the count was raised: %v, want ErrBadCursor", err)
+	}
+	if _, _, err := two.Reserve(context.Background(), "tenant", "tag", ledger.Rate{Limit: 1, Period: time.Second}, true); err != nil { // a flow-control item
+		t.Fatal(err)
+	}
+	if n, err := two.Counts(context.Background()); err != nil || len(n[ledger.State("")]) != 0 || n[ledger.Failed]["k"] != len(want) {
+		t.Fatalf("counts %v %v: want %d Failed of kind k and nothing else", n, err, len(want))
+	}
 }

@@ -16,7 +16,8 @@
 //	NEXJOB_ROLE                  worker, deadletter or guard: for one binary serving all three
 //	NEXJOB_RETENTION             "succeeded=168h,failed=720h,expired=168h" (any subset; 0 keeps forever)
 //	NEXJOB_INDEX_ALL_STATES      "true" lists every state (ledger.Options.IndexAllStates)
-//	NEXJOB_INDEX_SHARDS          the byState index's shards per state (ledger.Options.IndexShards; default 16)
+//	NEXJOB_INDEX_SHARDS          the byState index's shards per state (ledger.Options.IndexShards; default 16;
+//	                             a count above 16 is recorded in the table at start, so lowering it later hides nothing)
 //	NEXJOB_KEY_SECRET_PARAMETER  an SSM SecureString parameter holding the key secret (every role but the guard)
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
@@ -61,6 +62,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/scheduler"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
@@ -301,6 +303,20 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 	if v := getenv(EnvGuardAfter); v != "" {
 		if s.GuardAfter, err = time.ParseDuration(v); err != nil || s.GuardAfter < 0 {
 			return Settings{}, &InvalidError{Var: EnvGuardAfter, Reason: "want a Go duration such as 2m"}
+		}
+	}
+	writes := role != Guard && (role != Dashboard || s.DashboardWrite)
+	if s.IndexShards > ledger.DefaultIndexShards && writes {
+		// Recorded before any write with it, so that a later deployment
+		// with fewer shards still lists this one's entries (one
+		// conditional UpdateItem at start; a read-only role writes no
+		// index entry and is granted no write).
+		st, err := ledger.New(dynamodb.NewFromConfig(cfg), s.Table, &ledger.Options{IndexShards: s.IndexShards})
+		if err == nil {
+			err = st.RecordIndexShards(ctx)
+		}
+		if err != nil {
+			return Settings{}, err
 		}
 	}
 	if !NeedsKeySecret(role) {

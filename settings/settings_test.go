@@ -8,10 +8,13 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/ssm"
 	ssmtypes "github.com/aws/aws-sdk-go-v2/service/ssm/types"
 
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/settings"
 )
@@ -147,5 +150,33 @@ func TestKeySecretFromSSM(t *testing.T) {
 	e = env(map[string]string{settings.EnvTable: "t", settings.EnvQueueURL: "q", settings.EnvKeySecretParameter: name + "-missing"})
 	if _, err := settings.FromEnv(context.Background(), cfg, settings.Producer, e); err == nil || !strings.Contains(err.Error(), settings.EnvKeySecretParameter) {
 		t.Fatalf("missing parameter: %v", err)
+	}
+}
+
+// TestShardCountAboveTheDefaultIsRecorded: a writing role loaded with
+// NEXJOB_INDEX_SHARDS above the default records it in the table (so a
+// later deployment with fewer shards lists every entry this one writes);
+// the guard and a read-only dashboard write nothing.
+func TestShardCountAboveTheDefaultIsRecorded(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	vars := map[string]string{settings.EnvTable: e.Table, settings.EnvQueueURL: e.QueueURL, settings.EnvIndexShards: "40"}
+	for _, role := range []settings.Role{settings.Guard, settings.Dashboard} {
+		if _, err := settings.FromEnv(context.Background(), e.Cfg, role, env(vars)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(e.Scan(t)); n != 0 {
+		t.Fatalf("the guard and a read-only dashboard wrote %d items", n)
+	}
+	if _, err := settings.FromEnv(context.Background(), e.Cfg, settings.Producer, env(vars)); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.DB.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: aws.String(e.Table),
+		Key: map[string]types.AttributeValue{ledger.AttrPK: &types.AttributeValueMemberS{Value: "x#index"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, ok := out.Item[ledger.AttrMaxShards].(*types.AttributeValueMemberN); !ok || n.Value != "40" {
+		t.Fatalf("index item %v, want maxShards 40", out.Item)
 	}
 }
