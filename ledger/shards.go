@@ -20,8 +20,8 @@ import (
 // records before it writes (RecordIndexShards; settings.Load calls it).
 // Lowering the count never hides a Failed or Expired job.
 const (
-	indexItemPK    = "x#index"
-	AttrMaxShards  = "maxShards" // the index item's highest shard count any writer used
+	indexItemPK   = "x#index"
+	AttrMaxShards = "maxShards" // the index item's highest shard count any writer used
 )
 
 // RecordIndexShards records this Store's shard count in the table's index
