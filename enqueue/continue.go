@@ -18,8 +18,9 @@ import (
 // parent succeeds; if the parent already succeeded it is enqueued at once.
 // When the parent fails or expires, its dead-letter hook may release them
 // (ReleaseContinuations); the worker then ends every child still waiting
-// as the parent ended (Failed or Expired, naming the parent), so no child
-// waits forever holding its key.
+// as the parent ended (Failed or Expired, naming the parent), and their
+// own continuations after them, down the whole tree (CancelContinuations),
+// so no child waits forever holding its key.
 //
 // Children take idempotency keys like any job; a waiting child is active, so
 // a duplicate returns it. Delay and RunAt are refused: a continuation runs
@@ -283,29 +284,6 @@ func parentEnded(parent ledger.Record) string {
 	return fmt.Sprintf("parent job %s ended %s", parent.ID, parent.State)
 }
 
-// CancelContinuations ends every child still waiting on parent as the
-// parent ended (Failed or Expired; Failed for a parent in any other
-// state), with the reason (a reason of "" names the parent and its
-// state); the record is kept for retention. A child already released or
-// ended is left alone, so a replay cancels nothing twice.
-func (c *Client) CancelContinuations(ctx context.Context, parent ledger.Record, reason string, retention time.Duration) error {
-	exp := c.store.ExpiresAfter(retention)
-	as := parent.State
-	if as != ledger.Expired {
-		as = ledger.Failed
-	}
-	if reason == "" {
-		reason = parentEnded(parent)
-	}
-	var errs []error
-	for _, id := range parent.Children {
-		if _, _, err := c.store.Cancel(ctx, id, as, reason, exp); err != nil && !errors.Is(err, ledger.ErrNotFound) {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
 // Requeue moves a terminal job (Succeeded, Failed, Expired) back to
 // Enqueued with a fresh attempt budget and sends it: one conditional
 // update and one send. The job is active again, so enqueues with its key
@@ -465,7 +443,8 @@ func (e *NotTerminalError) Error() string {
 // Cancel withdraws a job that has not started (Enqueued or Scheduled): its
 // record becomes Failed, marked Cancelled, with the reason (default
 // "cancelled by an operator") and kept for retention (0 keeps it until
-// deleted); its continuations end Failed too. Its message, when it comes,
+// deleted); its continuations end Failed too, down the whole tree (see
+// CancelContinuations). Its message, when it comes,
 // is acknowledged without a run. Any other state gives a
 // *NotCancellableError and nothing is written; an unknown job,
 // ledger.ErrNotFound. Requeue runs a cancelled job after all.
@@ -484,10 +463,14 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 		return rec, &NotCancellableError{JobID: jobID, State: rec.State}
 	}
 	c.log.InfoContext(ctx, "nexjob: cancelled", "job_id", rec.ID, "kind", rec.Kind)
+	// Its continuations first: until its schedule is gone, a crash here
+	// leaves its message to come and end them (the worker ends an ended
+	// job's children).
+	err = c.CancelContinuations(ctx, rec, "", retention)
 	if ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
 		c.unschedule(ctx, rec.ID) // it was far: its message waits in a schedule
 	}
-	return rec, c.CancelContinuations(ctx, rec, "", retention)
+	return rec, err
 }
 
 // unschedule removes a job's one-time schedules (its message's and a
