@@ -148,7 +148,9 @@ func (a *Admin) Cancel(ctx context.Context, id, reason string) (ledger.Record, e
 	return a.client.Cancel(ctx, id, reason, a.retention.Failed)
 }
 
-// Delete removes a job's record and frees its key: see enqueue.Client.Delete.
+// Delete removes a job's record and frees its key, its waiting
+// continuations ended first (released if it Succeeded): see
+// enqueue.Client.Delete.
 func (a *Admin) Delete(ctx context.Context, id string) error {
 	return a.client.Delete(ctx, id)
 }

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/nexjob/nexjob-aws/ledger"
-	"github.com/nexjob/nexjob-aws/onetime"
 )
 
 // ContinueWith adds a job that runs once the parent job succeeds. The child
@@ -438,74 +436,6 @@ type NotTerminalError struct {
 
 func (e *NotTerminalError) Error() string {
 	return fmt.Sprintf("nexjob: job %s is %s; only terminal jobs can be requeued", e.JobID, e.State)
-}
-
-// Cancel withdraws a job that has not started (Enqueued or Scheduled): its
-// record becomes Failed, marked Cancelled, with the reason (default
-// "cancelled by an operator") and kept for retention (0 keeps it until
-// deleted); its continuations end Failed too, down the whole tree (see
-// CancelContinuations). Its message, when it comes,
-// is acknowledged without a run. Any other state gives a
-// *NotCancellableError and nothing is written; an unknown job,
-// ledger.ErrNotFound. Requeue runs a cancelled job after all.
-//
-// The record is kept, not deleted, so the operator's decision is visible
-// and the key stays held as by any Failed job (RejectIfFailed refuses it).
-func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention time.Duration) (ledger.Record, error) {
-	if reason == "" {
-		reason = "cancelled by an operator"
-	}
-	rec, ok, err := c.store.Withdraw(ctx, jobID, reason, c.store.ExpiresAfter(retention))
-	if err != nil {
-		return ledger.Record{}, c.missing(err)
-	}
-	if !ok {
-		return rec, &NotCancellableError{JobID: jobID, State: rec.State}
-	}
-	c.log.InfoContext(ctx, "nexjob: cancelled", "job_id", rec.ID, "kind", rec.Kind)
-	// Its continuations first: until its schedule is gone, a crash here
-	// leaves its message to come and end them (the worker ends an ended
-	// job's children).
-	err = c.CancelContinuations(ctx, rec, "", retention)
-	if ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
-		c.unschedule(ctx, rec.ID) // it was far: its message waits in a schedule
-	}
-	return rec, err
-}
-
-// unschedule removes a job's one-time schedules (its message's and a
-// guard check's), if Far is set: best effort, as one that fires anyway
-// finds the job no longer waiting and does nothing.
-func (c *Client) unschedule(ctx context.Context, jobID string) {
-	if c.far == nil {
-		return
-	}
-	for _, check := range []bool{false, true} {
-		if err := c.far.Unschedule(ctx, onetime.Name(jobID, check)); err != nil {
-			c.log.WarnContext(ctx, "nexjob: could not remove a one-time schedule; when it fires it finds the job ended", "job_id", jobID, "err", err)
-		}
-	}
-}
-
-// NotCancellableError: Cancel of a job that already started or ended.
-type NotCancellableError struct {
-	JobID string
-	State ledger.State
-}
-
-func (e *NotCancellableError) Error() string {
-	return fmt.Sprintf("nexjob: job %s is %s; only Enqueued or Scheduled jobs can be cancelled", e.JobID, e.State)
-}
-
-// Delete removes a job's record; a keyed job's key is free at once.
-// Deleting a job that does not exist is not an error. An active job's
-// message, if any, is then acknowledged by the worker without running.
-func (c *Client) Delete(ctx context.Context, jobID string) error {
-	if err := c.store.Delete(ctx, jobID); err != nil {
-		return c.missing(err)
-	}
-	c.unschedule(ctx, jobID)
-	return nil
 }
 
 // sameSet reports whether a and b hold the same strings (a DynamoDB set

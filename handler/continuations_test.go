@@ -129,3 +129,21 @@ func TestEndingCascadesDownTheTree(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteOfAParentEndsItsWaitingChildren: deleting a parent that has
+// not run ends every continuation waiting on it, down the tree, and frees
+// a keyed one's key; the parent's record is gone.
+func TestDeleteOfAParentEndsItsWaitingChildren(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	root := r.enqueue(t, email{To: "later@example.com"}, &enqueue.Opts{Delay: time.Hour})
+	tr := growTree(t, r, root)
+	if err := newAdmin(t, r).Delete(context.Background(), root); err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	if _, err := r.prod.Store().Get(context.Background(), root); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("the deleted parent: %v, want ErrNotFound", err)
+	}
+	tr.endedBelow(t, r, ledger.Failed)
+}

@@ -247,6 +247,20 @@ func (s *Store) Withdraw(ctx context.Context, id, reason string, expiresAt time.
 	return s.transition(ctx, id, cond, upd, Failed, reason, expiresAt)
 }
 
+// EndActive ends an active job (Enqueued, Scheduled, Processing or
+// AwaitingContinuation) before its record is deleted: one update to
+// Failed, marked Cancelled, keeping the reason and setting the TTL if
+// given. Ended, it takes no continuation any more (Link refuses an ended
+// parent) and a run of it is fenced off (its Finish finds it no longer
+// Processing). ended=false (with the current record) means the job was
+// not active: nothing was written.
+func (s *Store) EndActive(ctx context.Context, id, reason string, expiresAt time.Time) (Record, bool, error) {
+	st := expression.Name(AttrState)
+	cond := isJob(id).And(st.In(expression.Value(Enqueued), expression.Value(Scheduled), expression.Value(Processing), expression.Value(AwaitingContinuation)))
+	upd := expression.Set(st, expression.Value(Failed)).Set(expression.Name(AttrCancelled), expression.Value(true))
+	return s.transition(ctx, id, cond, upd, Failed, reason, expiresAt)
+}
+
 // ErrDeadLetterRecord: the record keeps a message that was not a job
 // (DeadLetterKind); there is nothing to run, so it cannot be requeued.
 var ErrDeadLetterRecord = errors.New("nexjob: a dead-letter record keeps a message that was not a job; it cannot be requeued")

@@ -48,7 +48,8 @@ usage: nexjob COMMAND [flags] [args]
   requeue ID...                       run terminal jobs again
   requeue --state S [--kind K] [--since D] [--limit N]
                                       requeue every match, with a progress bar
-  delete ID...                        remove jobs' records (frees their keys)
+  delete ID...                        remove jobs' records (frees their keys; their waiting
+                                      continuations end, or run if the job Succeeded)
   redrive [--from NAME]               move the DLQ's (or named queue NAME's DLQ's) messages back into work
                                       (requeue, delete and redrive ask first on a terminal:
                                       --yes skips the question, --dry-run changes nothing)
