@@ -639,10 +639,10 @@ func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
 
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:
 // Enqueue, ContinueWith, Requeue, Get, Delete (item reads and conditional
-// writes; TransactWriteItems, used to re-use a key, is authorised by the
-// PutItem of its items; DeleteItem also undoes a continuation whose parent
-// ended before its link) and Ping (DescribeTable, GetQueueAttributes), and
-// sending to the queue. The README's table lists the actions per call.
+// writes; TransactWriteItems, used to re-use a key and to write a
+// continuation with its links, is authorised by the PutItem and
+// UpdateItem of its items) and Ping (DescribeTable, GetQueueAttributes),
+// and sending to the queue. The README's table lists the actions per call.
 func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:DescribeTable"))

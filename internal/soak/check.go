@@ -241,9 +241,11 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 				p, ok := byID[id]
 				all = all && ok && p.State == ledger.Succeeded
 			}
-			// A child whose call failed ends Failed (its link or count
-			// failed: the caller was told of an error).
-			if all && rec.State != ledger.Succeeded && led.results[rec.ID] != nil {
+			// Its write and its links are one transaction: a call that
+			// failed wrote no child, and one whose outcome stayed open
+			// wrote it whole, so every child here runs once its parents
+			// all Succeeded.
+			if all && rec.State != ledger.Succeeded {
 				fail(rec.ID, "a fan-in child of parents that all Succeeded ended %s", rec.State)
 			}
 			if !all && rec.State == ledger.Succeeded {
