@@ -223,23 +223,6 @@ func (c *Client) ReleaseContinuations(ctx context.Context, parent ledger.Record)
 	return nil
 }
 
-// unlink undoes a child whose link failed: a child this call created is
-// removed (nothing half-written); one that existed before ends as as.
-func (c *Client) unlink(ctx context.Context, child ledger.Record, created bool, as ledger.State, reason string) {
-	bctx, cancel := bookkeeping(ctx)
-	defer cancel()
-	var err error
-	if created {
-		err = c.store.Delete(bctx, child.ID)
-	} else {
-		// Kept as long as a worker keeps a record that ended so.
-		_, _, err = c.store.Cancel(bctx, child.ID, as, reason, c.store.ExpiresAfter(c.retention.For(as)))
-	}
-	if err != nil && !errors.Is(err, ledger.ErrNotFound) {
-		c.log.ErrorContext(ctx, "nexjob: could not undo an unlinked continuation", "job_id", child.ID, "err", err)
-	}
-}
-
 func parentEnded(parent ledger.Record) string {
 	return fmt.Sprintf("parent job %s ended %s", parent.ID, parent.State)
 }

@@ -17,13 +17,20 @@ import (
 // a record of a message that was not a job, ledger.ErrDeadLetterRecord; an
 // unknown one, ledger.ErrNotFound.
 //
-// Continuations: the requeued job's children that its end ended without a
-// run (Failed or Expired as their parent did) wait for it again, and run
-// once it Succeeds. A continuation itself is requeued only once its
-// parent Succeeded: while the parent is active it waits for it again,
-// and after the parent Failed or Expired the requeue is refused with a
-// *ParentNotSucceededError (requeue the parent). Runs it already made stay
-// in its history.
+// Continuations, one rule for a single parent's and a fan-in child: a
+// continuation runs only after every parent of it Succeeded. Requeued
+// itself, its parents decide (one read each): all Succeeded (or gone),
+// it is requeued and runs; one still active, it goes back to
+// AwaitingContinuation (Result.State says so) with the parents that
+// Succeeded counted, linked again to the active ones in the same
+// transaction, and runs once they Succeed; one Failed or Expired, the
+// requeue is refused with a *ParentNotSucceededError naming it, nothing
+// written (requeue that parent). Requeueing a parent puts back to waiting
+// its children that its end ended without a run (Failed or Expired as it
+// did): a single parent's with one update, a fan-in child with its other
+// parents read, unless one of them Failed or Expired too (that one's
+// requeue brings it back), before the parent's message is sent. Runs a
+// job already made stay in its history.
 func (c *Client) Requeue(ctx context.Context, jobID string) (Result, error) {
 	return c.RequeueFrom(ctx, jobID, ledger.Succeeded, ledger.Failed, ledger.Expired)
 }
@@ -45,11 +52,11 @@ func (c *Client) RequeueFrom(ctx context.Context, jobID string, from ...ledger.S
 func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.State) (Result, error) {
 	rec, err := c.store.RequeueFrom(ctx, jobID, from...)
 	var nc *ledger.NotClaimableError
-	if errors.As(err, &nc) && nc.Current.ParentID != "" && slices.Contains(from, nc.Current.State) {
-		// A continuation: its parent decides (one more read, only here).
+	if errors.As(err, &nc) && nc.Current.Continues() && slices.Contains(from, nc.Current.State) {
+		// A continuation: its parents decide (a read each, only here).
 		var done bool
 		var res Result
-		if res, done, err = c.requeueChild(ctx, nc.Current); done {
+		if res, done, err = c.requeueChild(ctx, nc.Current, from); done {
 			return res, err
 		}
 		rec, err = c.store.RequeueContinuation(ctx, jobID, from...)
@@ -57,20 +64,17 @@ func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.St
 	if errors.Is(err, ledger.ErrDeadLetterRecord) {
 		return Result{}, err
 	}
-	switch {
-	case errors.As(err, &nc) && nc.Current.State.Terminal():
-		return Result{}, &StateChangedError{JobID: jobID, Want: from, State: nc.Current.State}
-	case errors.As(err, &nc):
-		return Result{}, &NotTerminalError{JobID: jobID, State: nc.Current.State}
+	if errors.As(err, &nc) {
+		return Result{}, notRequeued(jobID, from, nc.Current)
 	}
 	if err != nil {
 		return Result{}, c.missing(err)
 	}
-	res := Result{ID: rec.ID, State: rec.State}
+	res := Result{ID: rec.ID, Kind: rec.Kind, State: rec.State}
 	// Its children that its end ended without a run wait for it again,
 	// before it is sent: once it Succeeds it releases them. A crash here
 	// leaves it Enqueued unsent (the dispatch guard sends it) and those
-	// children ended, to be requeued once it Succeeded.
+	// children ended, to be requeued (they wait for it then).
 	rewaitErr := c.rewaitChildren(ctx, rec)
 	if err := c.Dispatch(ctx, rec); err != nil {
 		return res, &DispatchError{JobID: rec.ID, Err: c.missing(err)}
@@ -79,56 +83,124 @@ func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.St
 	return res, rewaitErr
 }
 
-// requeueChild handles the requeue of a continuation cur: its parent
-// decides. Succeeded (or gone past its retention): requeued as any job
-// (done false). Still active: the child waits for it again (done).
-// Failed or Expired: a *ParentNotSucceededError, nothing written: requeue
-// the parent, which brings its ended children back. Cost: the parent's
-// read.
-func (c *Client) requeueChild(ctx context.Context, cur ledger.Record) (Result, bool, error) {
-	jobID := cur.ID
-	parent, err := c.store.Get(ctx, cur.ParentID)
+// notRequeued is the error of a requeue whose condition found cur.
+func notRequeued(jobID string, from []ledger.State, cur ledger.Record) error {
 	switch {
-	case errors.Is(err, ledger.ErrNotFound):
-		return Result{}, false, nil
-	case err != nil:
-		return Result{}, true, c.missing(err)
-	case parent.State == ledger.Succeeded:
-		return Result{}, false, nil
-	case parent.State.Terminal():
-		return Result{}, true, &ParentNotSucceededError{JobID: jobID, ParentID: parent.ID, ParentState: parent.State}
+	case cur.ID != jobID || (cur.State.Terminal() && slices.Contains(from, cur.State) && cur.KeyHash != ""):
+		return ledger.ErrKeyReused
+	case cur.State.Terminal():
+		return &StateChangedError{JobID: jobID, Want: from, State: cur.State}
 	}
-	rec, ok, err := c.store.Rewait(ctx, jobID, parent.ID)
-	if err != nil {
-		return Result{}, true, c.missing(err)
-	}
-	if !ok {
-		return Result{}, true, &NotTerminalError{JobID: jobID, State: rec.State}
-	}
-	if _, linked, err := c.store.Link(ctx, parent.ID, jobID); err != nil || !linked {
-		// The parent ended meanwhile: end the child as it did, again.
-		c.unlink(ctx, rec, false, ledger.Failed, parentEnded(parent))
-		if err == nil {
-			err = &ParentNotSucceededError{JobID: jobID, ParentID: parent.ID, ParentState: ledger.Failed}
+	return &NotTerminalError{JobID: jobID, State: cur.State}
+}
+
+// requeueChild handles the requeue of the continuation cur (see
+// Requeue): every parent Succeeded or gone, it is requeued as any job
+// (done false); one Failed or Expired, a *ParentNotSucceededError,
+// nothing written; else it waits again (WaitAgain: one transaction of the
+// child and a link per active parent; a parent that changed meanwhile is
+// read again). Cost: a read per parent.
+func (c *Client) requeueChild(ctx context.Context, cur ledger.Record, from []ledger.State) (Result, bool, error) {
+	for range maxLinkTries {
+		released, waiting, err := c.parentsOf(ctx, cur, "")
+		if err != nil {
+			return Result{}, true, err
 		}
-		return Result{}, true, err
+		if len(waiting) == 0 {
+			return Result{}, false, nil
+		}
+		err = c.store.WaitAgain(ctx, cur, from, false, released, waiting, "waiting again for its parents: requeued")
+		var refused *ledger.LinkRefusedError
+		var nc *ledger.NotClaimableError
+		switch {
+		case errors.As(err, &refused):
+			continue // a parent moved on meanwhile: read them again
+		case errors.As(err, &nc):
+			return Result{}, true, notRequeued(cur.ID, from, nc.Current)
+		case err != nil:
+			return Result{}, true, c.missing(err)
+		}
+		c.log.InfoContext(ctx, "nexjob: requeued continuation waits for its parents", "job_id", cur.ID, "waiting_for", len(waiting))
+		return Result{ID: cur.ID, Kind: cur.Kind, State: ledger.AwaitingContinuation}, true, nil
 	}
-	return Result{ID: rec.ID, State: rec.State}, true, nil
+	return Result{}, true, ledger.ErrContention
+}
+
+// parentsOf reads the parents of the continuation cur but skip: those
+// that Succeeded or are gone (released), and those still active
+// (waiting). One that Failed or Expired is a *ParentNotSucceededError.
+func (c *Client) parentsOf(ctx context.Context, cur ledger.Record, skip string) (released []string, waiting []ledger.Record, err error) {
+	for _, id := range cur.ParentIDs() {
+		if id == skip {
+			continue
+		}
+		p, err := c.store.Get(ctx, id)
+		switch {
+		case errors.Is(err, ledger.ErrNotFound) || p.State == ledger.Succeeded:
+			released = append(released, id)
+		case err != nil:
+			return nil, nil, c.missing(err)
+		case p.State.Terminal():
+			return nil, nil, &ParentNotSucceededError{JobID: cur.ID, ParentID: id, ParentState: p.State}
+		default:
+			waiting = append(waiting, p)
+		}
+	}
+	return released, waiting, nil
 }
 
 // rewaitChildren puts back to waiting the parent's children that its end
-// ended without a run.
+// ended without a run: a single parent's by one update (Rewait); a
+// fan-in child, read then, by rewaitFanIn.
 func (c *Client) rewaitChildren(ctx context.Context, parent ledger.Record) error {
 	var errs []error
 	for _, id := range parent.Children {
-		if _, _, err := c.store.Rewait(ctx, id, parent.ID); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		cur, ok, err := c.store.Rewait(ctx, id, parent.ID)
+		switch {
+		case errors.Is(err, ledger.ErrNotFound) || ok:
+			continue
+		case err != nil:
 			errs = append(errs, err)
+		case slices.Contains(cur.Parents, parent.ID) && endedUnrun(cur):
+			if err := c.rewaitFanIn(ctx, cur, parent); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("nexjob: requeued %s, but some of its ended continuations stay ended: %w", parent.ID, errors.Join(errs...))
 	}
 	return nil
+}
+
+// rewaitFanIn puts the fan-in child cur, ended unrun, back to waiting
+// for the requeued parent and its other parents still active (the ones
+// that Succeeded counted), in one transaction with their links. One of
+// them Failed or Expired: it stays ended (that parent's requeue brings
+// it back).
+func (c *Client) rewaitFanIn(ctx context.Context, cur, parent ledger.Record) error {
+	for range maxLinkTries {
+		released, waiting, err := c.parentsOf(ctx, cur, parent.ID)
+		var pns *ParentNotSucceededError
+		if errors.As(err, &pns) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		err = c.store.WaitAgain(ctx, cur, []ledger.State{ledger.Failed, ledger.Expired}, true, released, append(waiting, parent),
+			"waiting again: its parent "+parent.ID+" was requeued")
+		var refused *ledger.LinkRefusedError
+		var nc *ledger.NotClaimableError
+		switch {
+		case errors.As(err, &refused):
+			continue
+		case errors.As(err, &nc) || errors.Is(err, ledger.ErrNotFound):
+			return nil // it moved on meanwhile (another requeue brought it back)
+		}
+		return err
+	}
+	return ledger.ErrContention
 }
 
 // ParentNotSucceededError: Requeue of a continuation whose parent ended

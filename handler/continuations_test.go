@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,6 +34,49 @@ func newAdmin(t *testing.T, r *rig) *admin.Admin {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// TestRequeueAllOfAFanInChildWaitsForItsParents: parent a failed and
+// ended the fan-in child of a and b, while b waits for its time (an hour
+// ahead). `requeue-all --state Failed` requeues a and the child: the
+// child must wait for both parents again, not run before b ever ran. Once
+// b's hour comes, it runs once, after both.
+func TestRequeueAllOfAFanInChildWaitsForItsParents(t *testing.T) {
+	t.Parallel()
+	var broken atomic.Bool
+	broken.Store(true)
+	r := newRig(t, func(_ context.Context, j *handler.Job[email]) error {
+		if broken.Load() && j.Args.To == "a@example.com" {
+			return handler.Permanent(errors.New("mailbox full"))
+		}
+		return nil
+	}, nil)
+	ctx := context.Background()
+	a := r.enqueue(t, email{To: "a@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	b := r.enqueue(t, email{To: "b@example.com"}, &enqueue.Opts{Delay: time.Hour})
+	child, err := r.prod.ContinueWhenAll(ctx, []string{a, b}, email{To: "child@example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	expect(t, r.get(t, child.ID), ledger.Failed, 0, "parent job "+a+" ended Failed")
+	broken.Store(false)
+	rep, err := newAdmin(t, r).RequeueAll(ctx, ledger.Filter{State: ledger.Failed}, nil)
+	if err != nil || rep.Err() != nil {
+		t.Fatalf("requeue-all: %v %v", err, rep.Err())
+	}
+	r.drain(t)
+	if n := r.runs(child.ID); n != 0 {
+		t.Fatalf("requeue-all ran the fan-in child %d times before its parent %s ever ran (%s)", n, b, r.get(t, b).State)
+	}
+	if got := r.get(t, child.ID); got.State != ledger.AwaitingContinuation {
+		t.Fatalf("after requeue-all the fan-in child is %s, want AwaitingContinuation", got.State)
+	}
+	r.ranAs(t, a, ledger.Succeeded, 1, "mailbox full", 2)
+	r.clock.Advance(time.Hour)
+	r.drain(t)
+	r.ranAs(t, b, ledger.Succeeded, 1, "", 1)
+	r.ranAs(t, child.ID, ledger.Succeeded, 1, "", 1)
 }
 
 // tree is a parent and the continuations below it: b continues root;

@@ -31,7 +31,9 @@ func (e *LinkRefusedError) Error() string {
 }
 
 // linkCond: the item is parentID, it has not ended, and it has room for
-// childID (or holds it already, so a resent link reads as applied).
+// childID (or holds it already, so a resent link passes). The child's id
+// kept in the parent, not found through an index, is what the parent's
+// completing write returns: its children, strongly consistent, no query.
 func linkCond(parentID, childID string) expression.ConditionBuilder {
 	st := expression.Name(AttrState)
 	children := expression.Name(AttrChildren)
@@ -170,4 +172,123 @@ func (s *Store) InsertContinuation(ctx context.Context, rec Record, key string, 
 		// try again.
 	}
 	return Record{}, false, ErrContention
+}
+
+// WaitAgain puts the ended continuation cur (as read: its partition key
+// is used) back to waiting for the parents in waitFor, in one
+// TransactWriteItems: the child becomes AwaitingContinuation with a fresh
+// attempt budget as Requeue gives one (attempt 0; no TTL, deadline, run
+// time, cut-offs, returns, unsent or cancelled mark; its history kept,
+// reason as its last error), its Released set becomes released (the
+// parents that count already; none removes it), and each of waitFor
+// links it under Link's condition. The child's part is conditional on it
+// being in one of from (all terminal), at attempt 0 if unrun, and still
+// holding its key (not moved aside by a newer job's).
+//
+// A parent's refusal is a *LinkRefusedError, a child not as required a
+// *NotClaimableError with its record (ErrNotFound when it is gone):
+// nothing was written in either case. A resend of the applied transaction
+// (its reply lost), or a read after an error of open outcome, finds the
+// child's nonce: applied.
+func (s *Store) WaitAgain(ctx context.Context, cur Record, from []State, unrun bool, released []string, waitFor []Record, reason string) error {
+	if len(from) == 0 || len(waitFor) == 0 {
+		return errors.New("nexjob: WaitAgain needs a state and a parent to wait for")
+	}
+	st := expression.Name(AttrState)
+	inFrom := st.Equal(expression.Value(from[0]))
+	for _, f := range from[1:] {
+		inFrom = inFrom.Or(st.Equal(expression.Value(f)))
+	}
+	cond := isJob(cur.ID).And(inFrom).
+		And(expression.AttributeNotExists(expression.Name(AttrKeyHash)).Or(expression.Name(AttrPK).BeginsWith(keyPrefix)))
+	if unrun {
+		cond = cond.And(expression.Name(AttrAttempt).Equal(expression.Value(0)))
+	}
+	nowMs := s.now().UnixMilli()
+	upd := expression.Set(st, expression.Value(AwaitingContinuation)).
+		Set(expression.Name(AttrAttempt), expression.Value(0)).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched, AttrCancelled, AttrLeaseUntil} {
+		upd = upd.Remove(expression.Name(a))
+	}
+	if len(released) > 0 {
+		upd = upd.Set(expression.Name(AttrReleased), expression.Value(&types.AttributeValueMemberSS{Value: released}))
+	} else {
+		upd = upd.Remove(expression.Name(AttrReleased))
+	}
+	if reason != "" {
+		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError))).
+			Set(expression.Name(AttrListErr), expression.Value(truncate(reason, MaxListError)))
+	}
+	nonce := NewNonce()
+	in, err := buildUpdate(cond, stampBuilder(s.withIndex(upd, AwaitingContinuation, cur.ID, nowMs), nonce))
+	if err != nil {
+		return err
+	}
+	links, err := s.linkItems(waitFor, cur.ID, NewNonce())
+	if err != nil {
+		return err
+	}
+	items := append([]types.TransactWriteItem{{Update: &types.Update{
+		TableName:                           aws.String(s.table),
+		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: cur.PK}},
+		ConditionExpression:                 in.cond,
+		UpdateExpression:                    in.update,
+		ExpressionAttributeNames:            in.names,
+		ExpressionAttributeValues:           in.values,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}}}, links...)
+	const tries = 4
+	for range tries {
+		_, err = s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items})
+		if err == nil {
+			return nil
+		}
+		var tce *types.TransactionCanceledException
+		if !errors.As(err, &tce) {
+			err = fmt.Errorf("nexjob: put continuation %s back to waiting in %s: %w", cur.ID, s.table, err)
+			if !unknownOutcome(err) {
+				return err
+			}
+			// Applied, its reply lost, then the resends throttled: look.
+			now, found, rerr := s.getPK(ctx, cur.PK, true)
+			switch {
+			case rerr != nil:
+				return &UnknownOutcomeError{ID: cur.ID, Err: errors.Join(err, rerr)}
+			case found && now.Wrote(nonce):
+				return nil
+			}
+			return err
+		}
+		reasons := tce.CancellationReasons
+		if len(reasons) > 0 && aws.ToString(reasons[0].Code) == "ConditionalCheckFailed" {
+			if len(reasons[0].Item) == 0 {
+				return ErrNotFound
+			}
+			now, derr := decodeRecord(reasons[0].Item)
+			switch {
+			case derr != nil:
+				return fmt.Errorf("nexjob: decode job record: %w", derr)
+			case now.Wrote(nonce):
+				return nil // our own transaction, applied, its reply lost
+			case now.ExpiredAt(s.now()):
+				return ErrNotFound
+			}
+			return &NotClaimableError{Current: now}
+		}
+		for i := range links {
+			if 1+i < len(reasons) && aws.ToString(reasons[1+i].Code) == "ConditionalCheckFailed" {
+				return &LinkRefusedError{ParentID: waitFor[i].ID}
+			}
+		}
+		for _, r := range reasons {
+			switch aws.ToString(r.Code) {
+			case "", "None", "TransactionConflict":
+			default:
+				return fmt.Errorf("nexjob: put continuation %s back to waiting in %s: %w", cur.ID, s.table, err)
+			}
+		}
+		// A conflict with another writer's transaction: try again.
+	}
+	return fmt.Errorf("nexjob: put continuation %s back to waiting in %s: %w", cur.ID, s.table, err)
 }
