@@ -376,10 +376,10 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	q.grantFar(q.DeadLetter) // far jobs sent back from the DLQ
 
 	// The worker: claims, finishes, releases (UpdateItem), reads (GetItem),
-	// enqueues and continues from jobs (PutItem; DeleteItem undoes a
-	// continuation whose parent ended before its link); re-sends retries
-	// and schedules, hides messages of running jobs, moves non-jobs to the
-	// DLQ.
+	// enqueues and continues from jobs (PutItem; a continuation's
+	// transaction is authorised as PutItem and UpdateItem; DeleteItem for
+	// a job's Delete and ReleaseKey); re-sends retries and schedules, hides
+	// messages of running jobs, moves non-jobs to the DLQ.
 	q.Table.Grant(q.Worker, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
 	q.grantQueues(q.Worker, "sqs:SendMessage", "sqs:ChangeMessageVisibility")
 	q.DeadLetterQueue.Grant(q.Worker, jsii.String("sqs:SendMessage"))
