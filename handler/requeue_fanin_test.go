@@ -170,3 +170,37 @@ func TestWaitAgainThrottledPastTheRetries(t *testing.T) {
 	r.ranAs(t, b, ledger.Succeeded, 1, "", 1)
 	r.ranAs(t, child, ledger.Succeeded, 1, "", 1)
 }
+
+// TestRequeueAllBringsBackAnEndedTree: a root's failure ended the whole
+// tree below it (a continuation, its fan-in child, its keyed child and
+// that one's child). `requeue-all --state Failed` lists all five in any
+// order; each continuation is requeued after its parent, so every one
+// waits again, none is refused, and once the root Succeeds the tree runs,
+// each job once, after its parents.
+func TestRequeueAllBringsBackAnEndedTree(t *testing.T) {
+	t.Parallel()
+	var broken atomic.Bool
+	broken.Store(true)
+	r := newRig(t, func(ctx context.Context, j *handler.Job[email]) error {
+		if broken.Load() {
+			return failing(ctx, j)
+		}
+		return nil
+	}, nil)
+	root := r.enqueue(t, email{To: "fail@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	tr := growTree(t, r, root)
+	r.drain(t)
+	for _, id := range []string{tr.b, tr.fanIn, tr.keyed, tr.deep} {
+		expect(t, r.get(t, id), ledger.Failed, 0, "parent job")
+	}
+	broken.Store(false)
+	rep, err := newAdmin(t, r).RequeueAll(context.Background(), ledger.Filter{State: ledger.Failed}, nil)
+	if err != nil || rep.Err() != nil || len(rep.Outcomes) != 5 {
+		t.Fatalf("requeue-all: %d outcomes, %v %v; want 5, no error", len(rep.Outcomes), err, rep.Err())
+	}
+	r.drain(t)
+	r.ranAs(t, root, ledger.Succeeded, 1, "mailbox gone", 2)
+	for _, id := range []string{tr.b, tr.fanIn, tr.keyed, tr.deep} {
+		r.ranAs(t, id, ledger.Succeeded, 1, "", 1)
+	}
+}
