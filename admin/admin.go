@@ -148,7 +148,9 @@ func (a *Admin) Cancel(ctx context.Context, id, reason string) (ledger.Record, e
 	return a.client.Cancel(ctx, id, reason, a.retention.Failed)
 }
 
-// Delete removes a job's record and frees its key: see enqueue.Client.Delete.
+// Delete removes a job's record and frees its key, its waiting
+// continuations ended first (released if it Succeeded): see
+// enqueue.Client.Delete.
 func (a *Admin) Delete(ctx context.Context, id string) error {
 	return a.client.Delete(ctx, id)
 }
@@ -232,106 +234,6 @@ func (a *Admin) depth(ctx context.Context, url string) (visible, inFlight int, e
 	visible, _ = strconv.Atoi(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)])
 	inFlight, _ = strconv.Atoi(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
 	return visible, inFlight, nil
-}
-
-// Outcome is what a bulk action did to one job.
-type Outcome struct {
-	ID  string
-	Err error // nil: done, or skipped
-	// Skipped says why a job was left as it is though nothing failed
-	// (Redrive: a stray copy of a job that Succeeded or was cancelled).
-	Skipped string
-}
-
-// Report is a bulk action's result, one Outcome per job it tried.
-type Report struct {
-	Outcomes []Outcome
-	// Hidden (Redrive) counts the DLQ messages this run could not see:
-	// the queue's depth after it, less what it left there itself. They
-	// are in flight, received by someone else (a consumer, a peek from an
-	// older version) and visible again when their visibility timeout ends.
-	Hidden int
-}
-
-// Done counts the jobs the action succeeded on (not the skipped ones).
-func (r Report) Done() int {
-	n := 0
-	for _, o := range r.Outcomes {
-		if o.Err == nil && o.Skipped == "" {
-			n++
-		}
-	}
-	return n
-}
-
-// Skipped counts the jobs the action left alone, each with its reason.
-func (r Report) Skipped() int {
-	n := 0
-	for _, o := range r.Outcomes {
-		if o.Skipped != "" {
-			n++
-		}
-	}
-	return n
-}
-
-// Err joins the failures, each naming its job; nil if there were none.
-func (r Report) Err() error {
-	var errs []error
-	for _, o := range r.Outcomes {
-		if o.Err != nil {
-			errs = append(errs, fmt.Errorf("job %s: %w", o.ID, o.Err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// Progress is told after each job of a bulk action: done of total tried.
-type Progress func(done, total int)
-
-// RequeueAll requeues every job Find(f) returns (f.State must be terminal;
-// f.Limit caps how many, 0 for all), telling progress after each. It first
-// collects the ids, so the jobs it requeues do not come back into its own
-// listing, then requeues them one by one.
-func (a *Admin) RequeueAll(ctx context.Context, f ledger.Filter, progress Progress) (Report, error) {
-	if !f.State.Terminal() {
-		return Report{}, fmt.Errorf("nexjob: only terminal jobs can be requeued, not %s ones", f.State)
-	}
-	max := f.Limit
-	var ids []string
-	for {
-		f.Limit = 100
-		if max > 0 && max-len(ids) < f.Limit {
-			f.Limit = max - len(ids)
-		}
-		recs, next, err := a.store.Find(ctx, f)
-		if err != nil {
-			return Report{}, err
-		}
-		for _, r := range recs {
-			if r.Kind != ledger.DeadLetterKind {
-				ids = append(ids, r.ID)
-			}
-		}
-		if next == "" || (max > 0 && len(ids) >= max) {
-			break
-		}
-		f.Cursor = next
-	}
-	var rep Report
-	for i, id := range ids {
-		// Only if still as listed: another operator may have requeued it,
-		// and it may have Succeeded since.
-		_, err := a.client.RequeueFrom(ctx, id, f.State)
-		rep.Outcomes = append(rep.Outcomes, Outcome{ID: id, Err: err})
-		if progress != nil {
-			progress(i+1, len(ids))
-		}
-		if ctx.Err() != nil {
-			break
-		}
-	}
-	return rep, nil
 }
 
 // DeadLetter is one message in the DLQ, as DeadLetters shows it.

@@ -406,6 +406,13 @@ func (c *Client) unsent(rec ledger.Record) bool {
 
 func (c *Client) insert(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, error) {
 	got, created, err := c.store.Insert(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy, &ledger.InsertOptions{ReplaceEnded: o.ReplaceEnded, ID: rec.ID})
+	return c.inserted(ctx, rec, got, created, err)
+}
+
+// inserted reads an insert's outcome (Insert's, or InsertContinuation's)
+// as the caller needs it: a write of unknown outcome looked up, the
+// ledger's errors as the producer API's.
+func (c *Client) inserted(ctx context.Context, rec, got ledger.Record, created bool, err error) (ledger.Record, bool, error) {
 	var uo *ledger.UnknownOutcomeError
 	if errors.As(err, &uo) {
 		// The write may have been applied (its reply lost, the caller's

@@ -64,7 +64,7 @@ func TestPathCosts(t *testing.T) {
 
 	var parent, child enqueue.Result
 	step("continuation: parent enqueue", []string{put, send}, func() { parent, _ = c.Enqueue(ctx, email{To: "p@example.com"}, nil) })
-	step("continuation: add child", []string{get, put, upd}, func() { child, _ = c.ContinueWith(ctx, parent.ID, email{To: "c@example.com"}, nil) })
+	step("continuation: add child", []string{get, "DynamoDB.TransactWriteItems"}, func() { child, _ = c.ContinueWith(ctx, parent.ID, email{To: "c@example.com"}, nil) })
 	step("continuation: parent runs, child released", []string{upd, upd, upd, send}, runOne)
 	step("continuation: child runs", []string{upd, upd}, runOne)
 	if r, _ := c.Store().Get(ctx, child.ID); r.State != ledger.Succeeded {

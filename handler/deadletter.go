@@ -38,6 +38,8 @@ const maxKeptBody = 300 * 1024
 //     poison: the job is sent back, the reason kept in its LastError, up
 //     to Options.MaxReturns times; then it becomes Failed saying so, and
 //     its hook runs with a cause matching ErrNeverStarted.
+//   - Failed or Expired with continuations: they are ended (again), as
+//     the worker ends them, down the tree.
 //   - ended, or waiting on its parent: a duplicate; dropped.
 //
 // A message that is not a job (or names no job in the ledger) is kept as a

@@ -12,7 +12,11 @@
 // continuations), Scheduled for a retry with backoff (sent again as a new
 // delayed message, so retries never count against the DLQ's
 // maxReceiveCount), or Failed (the dead-letter hook runs). A job past its
-// deadline becomes Expired without running.
+// deadline becomes Expired without running. A Failed or Expired job ends
+// the continuations still waiting on it, and theirs after them, down the
+// whole tree: an ended child with continuations of its own is sent its
+// message, and the worker that receives it ends them (one level per
+// message; a crash mid-way is resumed by the message coming back).
 //
 // # How it fails
 //

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -79,7 +78,8 @@ func TestFanInEndsWithAFailedParent(t *testing.T) {
 }
 
 // The requests of a fan-in of two parents, pinned (the README's cost
-// table): the call; each parent's success (its claim and finish, then the
+// table): the call (the parents' reads, then the child and its two links
+// in one transaction); each parent's success (its claim and finish, then the
 // child's failed single-parent release and its count; the last parent's
 // release and send); the child's run.
 func TestFanInCosts(t *testing.T) {
@@ -98,7 +98,7 @@ func TestFanInCosts(t *testing.T) {
 	a, _ := c.Enqueue(ctx, email{To: "a@example.com"}, nil)
 	b, _ := c.Enqueue(ctx, email{To: "b@example.com"}, nil)
 	e.Purge(t, e.QueueURL) // the parents' messages are handed in below, one at a time
-	put, upd, get, send := "DynamoDB.PutItem", "DynamoDB.UpdateItem", "DynamoDB.GetItem", "SQS.SendMessage"
+	upd, get, send := "DynamoDB.UpdateItem", "DynamoDB.GetItem", "SQS.SendMessage"
 	step := stepper(t, counter)
 	run := func(id string) {
 		ev := events.SQSEvent{Records: []events.SQSMessage{{MessageId: id, ReceiptHandle: "not-a-receipt", Body: enqueue.Message{V: 1, ID: id, Kind: "email"}.Encode()}}}
@@ -107,7 +107,7 @@ func TestFanInCosts(t *testing.T) {
 		}
 	}
 	var child enqueue.Result
-	step("ContinueWhenAll of two", []string{get, get, put, upd, upd}, func() {
+	step("ContinueWhenAll of two", []string{get, get, "DynamoDB.TransactWriteItems"}, func() {
 		child, err = c.ContinueWhenAll(ctx, []string{a.ID, b.ID}, email{To: "child@example.com"}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -169,46 +169,4 @@ func ranOnceAfterAll(t *testing.T, r *rig, parents []string, child string) {
 	if n := r.runs(child); n != 1 || len(got.Released) != len(parents) {
 		t.Fatalf("the child ran %d times with %d parents counted; want once, %d", n, len(got.Released), len(parents))
 	}
-}
-
-// TestFanInLinkThrottledPastTheRetries (short soak, seed 2): an unkeyed
-// ContinueWhenAll whose link to a parent is throttled past the SDK's
-// retries returns the error, and the child it made ends Failed with the
-// reason, instead of waiting for ever on a parent that never counts
-// it (it stayed AwaitingContinuation). The caller's retry makes a child
-// that runs once, after every parent.
-func TestFanInLinkThrottledPastTheRetries(t *testing.T) {
-	t.Parallel()
-	r := newRigWith(t, ok, rigConfig{queue: fastQueue})
-	ft, cfg := r.e.Faulty()
-	prod, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quiet, Ledger: ledger.Options{Now: r.clock.Now}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	parents := []string{r.enqueue(t, email{To: "p0@example.com"}, nil), r.enqueue(t, email{To: "p1@example.com"}, nil)}
-	h := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Throttle, Times: faults.Attempts, Match: func(b []byte) bool {
-		return bytes.Contains(b, []byte(`"children"`)) && bytes.Contains(b, []byte(parents[1]))
-	}})
-	if res, err := prod.ContinueWhenAll(ctx, parents, email{To: "child@example.com"}, nil); err == nil || h.Fired() != faults.Attempts {
-		t.Fatalf("a link throttled past the retries: %+v %v (fired %d), want an error", res, err, h.Fired())
-	}
-	var stranded []ledger.Record
-	for _, rec := range r.e.Records(t) {
-		if len(rec.Parents) > 0 {
-			stranded = append(stranded, rec)
-		}
-	}
-	if len(stranded) != 1 || stranded[0].State != ledger.Failed || !strings.Contains(stranded[0].LastError, "its link to parent "+parents[1]+" failed") {
-		t.Fatalf("the failed call's child: %+v, want one, Failed, saying why", stranded)
-	}
-	if want := r.clock.Now().Add(ledger.DefaultRetention.Failed).Unix(); stranded[0].ExpiresAt < want-3600 || stranded[0].ExpiresAt > want+3600 {
-		t.Fatalf("the failed call's child expires at %d, want the Failed retention's %d", stranded[0].ExpiresAt, want)
-	}
-	child, err := prod.ContinueWhenAll(ctx, parents, email{To: "child@example.com"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.drain(t)
-	ranOnceAfterAll(t, r, parents, child.ID)
 }

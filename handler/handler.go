@@ -738,8 +738,10 @@ func (h *Handler) retrying(ctx context.Context, until int64, what, id string, wr
 
 // endChildren ends the continuations still waiting on a Failed or Expired
 // parent as it ended (its dead-letter hook ran first and may have released
-// some). On failure the message comes back, finds the parent ended and
-// ends them then.
+// some), and hands the ending on to theirs (CancelContinuations sends an
+// ended child with children its message, which comes back here: one level
+// per message). On failure the message comes back, finds the parent ended
+// and ends them then.
 func (h *Handler) endChildren(ctx context.Context, parent ledger.Record) bool {
 	if len(parent.Children) == 0 {
 		return true
@@ -863,7 +865,9 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		}
 		return true
 	case (cur.State == ledger.Failed || cur.State == ledger.Expired) && len(cur.Children) > 0:
-		// A replay after a failure to end the children of an ended job.
+		// A replay after a failure to end the children of an ended job,
+		// or the message that hands a parent's ending down to the
+		// continuations of the child it ended (CancelContinuations).
 		return h.endChildren(ctx, cur)
 	case cur.State.Terminal() || cur.State == ledger.AwaitingContinuation:
 		return true // a duplicate delivery, or the parent will dispatch it

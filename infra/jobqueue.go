@@ -378,10 +378,10 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	q.grantFar(q.DeadLetter) // far jobs sent back from the DLQ
 
 	// The worker: claims, finishes, releases (UpdateItem), reads (GetItem),
-	// enqueues and continues from jobs (PutItem; DeleteItem undoes a
-	// continuation whose parent ended before its link); re-sends retries
-	// and schedules, hides messages of running jobs, moves non-jobs to the
-	// DLQ.
+	// enqueues and continues from jobs (PutItem; a continuation's
+	// transaction is authorised as PutItem and UpdateItem; DeleteItem for
+	// a job's Delete and ReleaseKey); re-sends retries and schedules, hides
+	// messages of running jobs, moves non-jobs to the DLQ.
 	q.Table.Grant(q.Worker, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
 	q.grantQueues(q.Worker, "sqs:SendMessage", "sqs:ChangeMessageVisibility")
 	q.DeadLetterQueue.Grant(q.Worker, jsii.String("sqs:SendMessage"))
@@ -641,10 +641,10 @@ func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
 
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:
 // Enqueue, ContinueWith, Requeue, Get, Delete (item reads and conditional
-// writes; TransactWriteItems, used to re-use a key, is authorised by the
-// PutItem of its items; DeleteItem also undoes a continuation whose parent
-// ended before its link) and Ping (DescribeTable, GetQueueAttributes), and
-// sending to the queue. The README's table lists the actions per call.
+// writes; TransactWriteItems, used to re-use a key and to write a
+// continuation with its links, is authorised by the PutItem and
+// UpdateItem of its items) and Ping (DescribeTable, GetQueueAttributes),
+// and sending to the queue. The README's table lists the actions per call.
 func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:DescribeTable"))

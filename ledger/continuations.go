@@ -10,40 +10,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 )
 
-// Link records child as a continuation of parent: one update adding the
-// child's id to the parent's Children set, conditional on the parent not
-// having ended and having fewer than MaxChildren children. It returns
-// linked=false with the parent when the parent already ended: the caller
-// must then release the child (parent Succeeded) or end it as the parent
-// ended (Failed, Expired). A parent with MaxChildren children gives
-// ErrTooManyChildren. The child's id is kept in the parent, not found
-// through an index, so that the parent's completing write returns its
-// children (strongly consistent, no query, no index write).
-//
-// Linking a child that is already linked is a success (the set holds it
-// once), so a resent Link reads as applied.
-func (s *Store) Link(ctx context.Context, parentID, childID string) (Record, bool, error) {
-	st := expression.Name(AttrState)
-	children := expression.Name(AttrChildren)
-	cond := isJob(parentID).
-		And(st.NotEqual(expression.Value(Succeeded)), st.NotEqual(expression.Value(Failed)), st.NotEqual(expression.Value(Expired))).
-		And(expression.Or(
-			expression.AttributeNotExists(children),
-			expression.Size(children).LessThan(expression.Value(MaxChildren)),
-			expression.Contains(children, childID),
-		))
-	upd := expression.Add(children, expression.Value(stringSet(childID)))
-	rec, err := s.updateByID(ctx, parentID, cond, upd)
-	var nc *NotClaimableError
-	if errors.As(err, &nc) {
-		if !nc.Current.State.Terminal() {
-			return nc.Current, false, ErrTooManyChildren
-		}
-		return nc.Current, false, nil
-	}
-	return rec, err == nil, err
-}
-
 // Release moves a waiting continuation to Enqueued: one update conditional
 // on it still waiting, so a child is released once however many times its
 // parent's completion is replayed. released=false means it was not waiting.
@@ -100,8 +66,10 @@ func (s *Store) Cancel(ctx context.Context, childID string, as State, reason str
 // without a run (Failed or Expired, attempt 0, ParentID parentID): one
 // conditional update to AwaitingContinuation, its TTL and cancelled mark
 // removed. Requeueing the parent does it for every such child, so they
-// run once the parent Succeeds. rewaited=false (with the current record)
-// means the child was not such: it ran, or is waiting already.
+// run once the parent Succeeds; the child's id stayed in the parent's
+// Children, so no link is written. rewaited=false (with the current
+// record) means the child was not such: it ran, is waiting already, or
+// is a fan-in child (see WaitAgain).
 func (s *Store) Rewait(ctx context.Context, childID, parentID string) (Record, bool, error) {
 	st := expression.Name(AttrState)
 	cond := isJob(childID).
@@ -175,15 +143,16 @@ func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 // Succeeded. A job in another state gives a *NotClaimableError with its
 // record, and nothing is written.
 //
-// A continuation (a record with a ParentID) is not requeued here: the
-// error is a *NotClaimableError whose Current has the ParentID, for the
-// caller to look at the parent first (RequeueContinuation).
+// A continuation (a record with a ParentID, or a fan-in child's Parents)
+// is not requeued here: the error is a *NotClaimableError whose Current
+// names them, for the caller to look at the parents first
+// (RequeueContinuation, WaitAgain).
 func (s *Store) RequeueFrom(ctx context.Context, id string, from ...State) (Record, error) {
 	return s.requeue(ctx, id, false, from)
 }
 
 // RequeueContinuation is RequeueFrom of a continuation, for a caller that
-// saw its parent Succeeded (or gone).
+// saw every parent of it Succeeded (or gone).
 func (s *Store) RequeueContinuation(ctx context.Context, id string, from ...State) (Record, error) {
 	return s.requeue(ctx, id, true, from)
 }
@@ -203,7 +172,8 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 		inFrom = inFrom.Or(st.Equal(expression.Value(f)))
 	}
 	if !continuation {
-		inFrom = inFrom.And(expression.AttributeNotExists(expression.Name(AttrParentID)))
+		inFrom = inFrom.And(expression.AttributeNotExists(expression.Name(AttrParentID))).
+			And(expression.AttributeNotExists(expression.Name(AttrParents)))
 	}
 	cond := isJob(id).
 		And(inFrom).
@@ -222,8 +192,8 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	switch {
 	case errors.As(err, &nc) && nc.Current.NonJob:
 		return Record{}, ErrDeadLetterRecord
-	case errors.As(err, &nc) && nc.Current.ParentID != "" && !continuation:
-		return Record{}, err // a continuation: the caller looks at its parent
+	case errors.As(err, &nc) && nc.Current.Continues() && !continuation:
+		return Record{}, err // a continuation: the caller looks at its parents
 	case errors.As(err, &nc) && nc.Current.State.Terminal() && nc.Current.KeyHash != "" && slices.Contains(from, nc.Current.State):
 		return Record{}, ErrKeyReused
 	}
@@ -243,6 +213,20 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 func (s *Store) Withdraw(ctx context.Context, id, reason string, expiresAt time.Time) (Record, bool, error) {
 	st := expression.Name(AttrState)
 	cond := isJob(id).And(st.Equal(expression.Value(Enqueued)).Or(st.Equal(expression.Value(Scheduled))))
+	upd := expression.Set(st, expression.Value(Failed)).Set(expression.Name(AttrCancelled), expression.Value(true))
+	return s.transition(ctx, id, cond, upd, Failed, reason, expiresAt)
+}
+
+// EndActive ends an active job (Enqueued, Scheduled, Processing or
+// AwaitingContinuation) before its record is deleted: one update to
+// Failed, marked Cancelled, keeping the reason and setting the TTL if
+// given. Ended, it takes no continuation any more (Link refuses an ended
+// parent) and a run of it is fenced off (its Finish finds it no longer
+// Processing). ended=false (with the current record) means the job was
+// not active: nothing was written.
+func (s *Store) EndActive(ctx context.Context, id, reason string, expiresAt time.Time) (Record, bool, error) {
+	st := expression.Name(AttrState)
+	cond := isJob(id).And(st.In(expression.Value(Enqueued), expression.Value(Scheduled), expression.Value(Processing), expression.Value(AwaitingContinuation)))
 	upd := expression.Set(st, expression.Value(Failed)).Set(expression.Name(AttrCancelled), expression.Value(true))
 	return s.transition(ctx, id, cond, upd, Failed, reason, expiresAt)
 }

@@ -32,6 +32,16 @@
 // that token, so a worker whose lease ran out cannot overwrite the result
 // of the run that took over (ErrFenced).
 //
+// # Continuations
+//
+// A continuation's id is kept in each parent's Children set, so the
+// parent's completing write returns its children (strongly consistent,
+// no index). The child and those links are written in one
+// TransactWriteItems (InsertContinuation, and WaitAgain when a requeue
+// puts a child back to waiting): a crash leaves both or neither, never a
+// child that no parent counts. A fan-in child counts its parents'
+// successes in its Released set and is released when it holds them all.
+//
 // # How it fails
 //
 // AWS errors are wrapped with %w (errors.As reaches the SDK's types, e.g.
@@ -56,5 +66,8 @@
 // a timeout) is followed by one consistent read that looks for its nonce;
 // when that read fails too, the error is an *UnknownOutcomeError. An
 // insert whose outcome its error does not tell is an *UnknownOutcomeError
-// naming the id to look for.
+// naming the id to look for. The continuations' transactions are
+// recognised the same way: the child's fresh id (InsertContinuation) or
+// its update's nonce (WaitAgain), in the item the cancelled resend
+// returns or in the read after an open outcome.
 package ledger

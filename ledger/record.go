@@ -118,6 +118,18 @@ type Record struct {
 	Queue string `dynamodbav:"queue,omitempty"`
 }
 
+// Continues reports whether the job is a continuation: of one parent
+// (ParentID) or of several (a fan-in child's Parents).
+func (r Record) Continues() bool { return r.ParentID != "" || len(r.Parents) > 0 }
+
+// ParentIDs are the job's parents: ParentID, or a fan-in child's Parents.
+func (r Record) ParentIDs() []string {
+	if r.ParentID != "" {
+		return []string{r.ParentID}
+	}
+	return r.Parents
+}
+
 // ExpiredAt reports whether the record is past its retention at now: such a
 // record counts as gone in every read and condition, although DynamoDB
 // deletes it later (up to days) and emulators never do.

@@ -45,10 +45,13 @@ usage: nexjob COMMAND [flags] [args]
   schedules                           recurring jobs: expression, concurrency, next firing
   cancel ID... [--reason R]           withdraw Enqueued or Scheduled jobs: each becomes Failed, marked
                                       cancelled, kept for the failed retention
-  requeue ID...                       run terminal jobs again
+  requeue ID...                       run terminal jobs again (a continuation only after
+                                      its parents Succeed: it waits for them again)
   requeue --state S [--kind K] [--since D] [--limit N]
-                                      requeue every match, with a progress bar
-  delete ID...                        remove jobs' records (frees their keys)
+                                      requeue every match, with a progress bar (parents
+                                      first; their continuations wait for them)
+  delete ID...                        remove jobs' records (frees their keys; their waiting
+                                      continuations end, or run if the job Succeeded)
   redrive [--from NAME]               move the DLQ's (or named queue NAME's DLQ's) messages back into work
                                       (requeue, delete and redrive ask first on a terminal:
                                       --yes skips the question, --dry-run changes nothing)

@@ -378,6 +378,11 @@ func (o *ops) requeueAll(ctx context.Context, f *flags) error {
 		return err
 	}
 	fmt.Fprintf(o.stdout, "requeued %d of %d %s jobs\n", rep.Done(), len(rep.Outcomes), flt.State)
+	for _, oc := range rep.Outcomes {
+		if oc.Skipped != "" { // a continuation its parent's requeue brought back
+			fmt.Fprintf(o.stdout, "skipped job %s: %s\n", clean(oc.ID), oc.Skipped)
+		}
+	}
 	return rep.Err()
 }
 

@@ -287,9 +287,11 @@ func checkEnds(_ context.Context, f *facts) []string {
 				p, ok := f.byID[id]
 				all = all && ok && p.State == ledger.Succeeded
 			}
-			// A child whose call failed ends Failed (its link or count
-			// failed: the caller was told of an error).
-			if all && rec.State != ledger.Succeeded && f.led.results[rec.ID] != nil {
+			// Its write and its links are one transaction: a call that
+			// failed wrote no child, and one whose outcome stayed open
+			// wrote it whole, so every child here runs once its parents
+			// all Succeeded.
+			if all && rec.State != ledger.Succeeded {
 				bad = append(bad, f.fail(rec.ID, "a fan-in child of parents that all Succeeded ended %s", rec.State))
 			}
 			if !all && rec.State == ledger.Succeeded {

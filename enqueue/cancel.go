@@ -1,0 +1,125 @@
+package enqueue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/onetime"
+)
+
+// Cancel withdraws a job that has not started (Enqueued or Scheduled): its
+// record becomes Failed, marked Cancelled, with the reason (default
+// "cancelled by an operator") and kept for retention (0 keeps it until
+// deleted); its continuations end Failed too, down the whole tree (see
+// CancelContinuations). Its message, when it comes,
+// is acknowledged without a run. Any other state gives a
+// *NotCancellableError and nothing is written; an unknown job,
+// ledger.ErrNotFound. Requeue runs a cancelled job after all.
+//
+// The record is kept, not deleted, so the operator's decision is visible
+// and the key stays held as by any Failed job (RejectIfFailed refuses it).
+func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention time.Duration) (ledger.Record, error) {
+	if reason == "" {
+		reason = "cancelled by an operator"
+	}
+	rec, ok, err := c.store.Withdraw(ctx, jobID, reason, c.store.ExpiresAfter(retention))
+	if err != nil {
+		return ledger.Record{}, c.missing(err)
+	}
+	if !ok {
+		return rec, &NotCancellableError{JobID: jobID, State: rec.State}
+	}
+	c.log.InfoContext(ctx, "nexjob: cancelled", "job_id", rec.ID, "kind", rec.Kind)
+	// Its continuations first: until its schedule is gone, a crash here
+	// leaves its message to come and end them (the worker ends an ended
+	// job's children).
+	err = c.CancelContinuations(ctx, rec, "", retention)
+	if ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
+		c.unschedule(ctx, rec.ID) // it was far: its message waits in a schedule
+	}
+	return rec, err
+}
+
+// unschedule removes a job's one-time schedules (its message's and a
+// guard check's), if Far is set: best effort, as one that fires anyway
+// finds the job no longer waiting and does nothing.
+func (c *Client) unschedule(ctx context.Context, jobID string) {
+	if c.far == nil {
+		return
+	}
+	for _, check := range []bool{false, true} {
+		if err := c.far.Unschedule(ctx, onetime.Name(jobID, check)); err != nil {
+			c.log.WarnContext(ctx, "nexjob: could not remove a one-time schedule; when it fires it finds the job ended", "job_id", jobID, "err", err)
+		}
+	}
+}
+
+// NotCancellableError: Cancel of a job that already started or ended.
+type NotCancellableError struct {
+	JobID string
+	State ledger.State
+}
+
+func (e *NotCancellableError) Error() string {
+	return fmt.Sprintf("nexjob: job %s is %s; only Enqueued or Scheduled jobs can be cancelled", e.JobID, e.State)
+}
+
+// Delete removes a job's record; a keyed job's key is free at once.
+// Deleting a job that does not exist is not an error. An active job's
+// message, if any, is then acknowledged by the worker without running.
+//
+// Its continuations still waiting are settled first, by the rule its end
+// would have applied: released (and sent) if it Succeeded, else ended
+// Failed ("parent job … was deleted"), down the whole tree as
+// CancelContinuations does, keyed ones freeing their keys. An active job
+// is ended before that (Failed, marked cancelled, "deleted by an
+// operator": one more update), so that no continuation links to it
+// meanwhile and a run of it going on is fenced off. A crash in between
+// leaves it Failed and cancelled, its continuations ended by its message
+// if it has one: Delete it again. If they cannot all be settled the error
+// says so and the record stays, for a Delete again.
+//
+// Cost: a read, then one DeleteItem per place the job may live; an
+// active job one update more; per waiting continuation one update (and a
+// send for one released, or with continuations of its own).
+func (c *Client) Delete(ctx context.Context, jobID string) error {
+	rec, err := c.store.Get(ctx, jobID)
+	switch {
+	case err == nil:
+		if err := c.settleChildren(ctx, rec); err != nil {
+			return err
+		}
+	case !errors.Is(err, ledger.ErrNotFound):
+		return c.missing(err)
+	}
+	if err := c.store.Delete(ctx, jobID); err != nil {
+		return c.missing(err)
+	}
+	c.unschedule(ctx, jobID)
+	return nil
+}
+
+// settleChildren ends the job rec if it is active and settles its
+// waiting continuations as its end says (see Delete).
+func (c *Client) settleChildren(ctx context.Context, rec ledger.Record) error {
+	if rec.State.Active() {
+		ended, _, err := c.store.EndActive(ctx, rec.ID, "deleted by an operator", c.store.ExpiresAfter(c.retention.Failed))
+		switch {
+		case errors.Is(err, ledger.ErrNotFound):
+			return nil
+		case err != nil:
+			return c.missing(err)
+		}
+		rec = ended // ended now, by this or by its own run meanwhile
+	}
+	if len(rec.Children) == 0 {
+		return nil
+	}
+	if rec.State == ledger.Succeeded {
+		return c.ReleaseContinuations(ctx, rec)
+	}
+	return c.CancelContinuations(ctx, rec, fmt.Sprintf("parent job %s was deleted", rec.ID), c.retention.Failed)
+}

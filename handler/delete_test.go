@@ -1,0 +1,82 @@
+package handler_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// isEndForDelete matches the update that ends an active job before its
+// record is deleted.
+func isEndForDelete(b []byte) bool { return bytes.Contains(b, []byte("deleted by an operator")) }
+
+// faultyProducer is a producer whose requests go through a fault
+// transport of their own.
+func faultyProducer(t *testing.T, r *rig) (*faults.Transport, *enqueue.Client) {
+	t.Helper()
+	ft, cfg := r.e.Faulty()
+	prod, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quiet, Ledger: ledger.Options{Now: r.clock.Now}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ft, prod
+}
+
+// TestDeleteEndAppliedThenThrottled: the update that ends the deleted
+// parent is applied, its reply lost, and the SDK's resends throttled past
+// its retries: read back, it is recognised as applied, and the delete
+// goes on: the parent is gone, every continuation below it ended.
+func TestDeleteEndAppliedThenThrottled(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	root := r.enqueue(t, email{To: "later@example.com"}, &enqueue.Opts{Delay: time.Hour})
+	tr := growTree(t, r, root)
+	ft, prod := faultyProducer(t, r)
+	lost := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: isEndForDelete, Fault: faults.LostReply})
+	throttled := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: isEndForDelete, Fault: faults.Throttle, Times: faults.Attempts - 1})
+	if err := prod.Delete(context.Background(), root); err != nil {
+		t.Fatalf("delete with its end applied, then throttled: %v", err)
+	}
+	fired(t, lost, 1)
+	fired(t, throttled, faults.Attempts-1)
+	r.drain(t)
+	if _, err := r.prod.Store().Get(context.Background(), root); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("the deleted parent: %v, want ErrNotFound", err)
+	}
+	tr.endedBelow(t, r, ledger.Failed)
+}
+
+// TestDeleteEndThrottledPastTheRetries: the update that ends the deleted
+// parent is throttled past the SDK's retries: Delete returns the error
+// and nothing changed (the parent and its continuations wait as they
+// did); deleting it again settles the tree.
+func TestDeleteEndThrottledPastTheRetries(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	root := r.enqueue(t, email{To: "later@example.com"}, &enqueue.Opts{Delay: time.Hour})
+	tr := growTree(t, r, root)
+	ft, prod := faultyProducer(t, r)
+	throttled := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: isEndForDelete, Fault: faults.Throttle, Times: faults.Attempts})
+	ctx := context.Background()
+	if err := prod.Delete(ctx, root); err == nil {
+		t.Fatal("delete with its end throttled past the retries: no error")
+	}
+	fired(t, throttled, faults.Attempts)
+	if got, b := r.get(t, root), r.get(t, tr.b); got.State != ledger.Scheduled || b.State != ledger.AwaitingContinuation {
+		t.Fatalf("after the failed delete: parent %s, its continuation %s; want both as they were", got.State, b.State)
+	}
+	if err := prod.Delete(ctx, root); err != nil {
+		t.Fatal(err)
+	}
+	r.drain(t)
+	if _, err := r.prod.Store().Get(ctx, root); !errors.Is(err, ledger.ErrNotFound) {
+		t.Fatalf("the deleted parent: %v, want ErrNotFound", err)
+	}
+	tr.endedBelow(t, r, ledger.Failed)
+}
