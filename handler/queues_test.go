@@ -81,8 +81,12 @@ func TestNamedQueuesDoNotStarveEachOther(t *testing.T) {
 		}
 		ids = append(ids, res.ID)
 	}
-	if got := [3]int{e.QueueDepth(t, e.QueueURL), e.QueueDepth(t, e.Queues["bulk"]), e.QueueDepth(t, e.Queues["payments"])}; got != [3]int{0, 30, 3} {
-		t.Fatalf("messages on the job, bulk and payments queues: %v, want [0 30 3]", got)
+	// At least one message a job (a send the SDK resent after a lost
+	// reply, on a loaded machine, leaves two: SQS delivers at least once),
+	// none on the job queue.
+	got := [3]int{e.QueueDepth(t, e.QueueURL), e.QueueDepth(t, e.Queues["bulk"]), e.QueueDepth(t, e.Queues["payments"])}
+	if got[0] != 0 || got[1] < 30 || got[2] < 3 {
+		t.Fatalf("messages on the job, bulk and payments queues: %v, want 0, at least 30, at least 3", got)
 	}
 	// Only the payments queue is consumed until every payment is done.
 	p := pollOnly(e, "payments", h)
@@ -111,8 +115,8 @@ func TestNamedQueuesDoNotStarveEachOther(t *testing.T) {
 	if rec := e.Get(t, ids[1]); rec.Queue != "payments" || rec.Attempt != 2 {
 		t.Fatalf("o-1: queue %q attempt %d, want payments 2", rec.Queue, rec.Attempt)
 	}
-	if n := e.QueueDepth(t, e.Queues["bulk"]); n != 30 {
-		t.Fatalf("the bulk backlog is %d, want the 30 untouched", n)
+	if n := e.QueueDepth(t, e.Queues["bulk"]); n != got[1] {
+		t.Fatalf("the bulk backlog is %d, want the %d untouched", n, got[1])
 	}
 	e.Drain(t, h)
 	mu.Lock()

@@ -71,8 +71,10 @@ func (e *Env) Purge(t testing.TB, queueURL string) {
 	}
 }
 
-// Counter records the AWS requests made through a config, one per HTTP
-// attempt, as "Service.Operation".
+// Counter records the AWS requests our code makes through a config, one
+// per operation call (not per HTTP attempt: a retry the SDK makes on a
+// loaded machine is not a request of ours, and counting it made cost
+// tests fail by luck), as "Service.Operation".
 type Counter struct {
 	mu    sync.Mutex
 	calls []string
@@ -83,12 +85,12 @@ type Counter struct {
 func Count(cfg *aws.Config) *Counter {
 	c := &Counter{}
 	cfg.APIOptions = append(cfg.APIOptions, func(s *middleware.Stack) error {
-		return s.Finalize.Add(middleware.FinalizeMiddlewareFunc("nexjobCount",
-			func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+		return s.Initialize.Add(middleware.InitializeMiddlewareFunc("nexjobCount",
+			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
 				c.mu.Lock()
 				c.calls = append(c.calls, awsmiddleware.GetServiceID(ctx)+"."+awsmiddleware.GetOperationName(ctx))
 				c.mu.Unlock()
-				return next.HandleFinalize(ctx, in)
+				return next.HandleInitialize(ctx, in)
 			}), middleware.After)
 	})
 	return c
