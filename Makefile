@@ -59,13 +59,13 @@ bench: ## ours vs the bare SDK (the four ratios), then the emulator benchmarks
 	@echo; echo "ours / bare SDK, per operation:"; grep -E '^ratio|jobs/s' build/bench.txt
 	$(EMU) $(GO) test -run '^$$' -bench 'Enqueue$$' -benchtime 200x ./enqueue/
 
-# The long chaos soak (internal/soak): JOBS jobs under every fault at once,
+# The long chaos soak (internal/proof/soak): JOBS jobs under every fault at once,
 # a fresh seed unless SEED= replays one. make test runs the short soak
 # (TestShortSoak: three fixed seeds, 200 jobs each).
 SEED ?=
 JOBS ?= 10000
 soak: ## the long chaos soak: JOBS (10000) jobs, faults, kills and duplicates at once; SEED=... replays a seed
-	set -o pipefail; NEXJOB_SOAK_SEED=$(SEED) NEXJOB_SOAK_JOBS=$(JOBS) $(EMU) $(GO) test -tags soak -count=1 -timeout 180m -run '^TestSoak$$' -v ./internal/soak/ | grep -vE '^=== (RUN|PAUSE|CONT)'
+	set -o pipefail; NEXJOB_SOAK_SEED=$(SEED) NEXJOB_SOAK_JOBS=$(JOBS) $(EMU) $(GO) test -tags soak -count=1 -timeout 180m -run '^TestSoak$$' -v ./internal/proof/soak/ | grep -vE '^=== (RUN|PAUSE|CONT)'
 
 vet: ## no tracked file over 1 MB, gofmt check and go vet
 	@./.ci/check-sizes

@@ -19,8 +19,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
-	"github.com/nexjob/nexjob-aws/internal/awstest"
-	"github.com/nexjob/nexjob-aws/internal/benchcmp"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
+	"github.com/nexjob/nexjob-aws/internal/proof/benchcmp"
 	"github.com/nexjob/nexjob-aws/metrics"
 )
 

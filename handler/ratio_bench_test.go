@@ -17,7 +17,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
-	"github.com/nexjob/nexjob-aws/internal/benchcmp"
+	"github.com/nexjob/nexjob-aws/internal/proof/benchcmp"
 	"github.com/nexjob/nexjob-aws/metrics"
 )
 

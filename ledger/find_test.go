@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 

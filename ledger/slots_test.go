@@ -8,8 +8,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
-	"github.com/nexjob/nexjob-aws/internal/awstest"
-	"github.com/nexjob/nexjob-aws/internal/faults"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
+	"github.com/nexjob/nexjob-aws/internal/proof/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 )
 
 // endpointOnly is an environment with only the emulator's endpoint: what

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nexjob/nexjob-aws/internal/awstest"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 )
 
 func buildCLI(t *testing.T) string {

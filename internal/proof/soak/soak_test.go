@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/nexjob/nexjob-aws/internal/soak"
+	"github.com/nexjob/nexjob-aws/internal/proof/soak"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
 

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nexjob/nexjob-aws/internal/capacity"
+	"github.com/nexjob/nexjob-aws/internal/proof/capacity"
 )
 
 var (
