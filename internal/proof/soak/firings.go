@@ -6,12 +6,31 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/recurring"
 )
 
 // producerSkew is how far ahead the second producer's clock runs.
 const producerSkew = 300 * time.Millisecond
+
+// The index shard counts one producer and one worker are deployed with,
+// beside the default (DefaultIndexShards) of the rest: a count changed
+// between deployments, both ways; every listing must still show every job.
+const (
+	moreShards  = 40
+	fewerShards = 4
+)
+
+// ledgerOn is a ledger store over env's table with opts, through no fault.
+func ledgerOn(env Env, opts ledger.Options) *ledger.Store {
+	st, err := ledger.New(dynamodb.NewFromConfig(env.Cfg), env.Table, &opts)
+	if err != nil {
+		panic(err) // options the soak set itself
+	}
+	return st
+}
 
 // fire plays EventBridge Scheduler for one recurring schedule
 // (SkipIfRunning) until ctx ends: a firing every 150 to 450 ms, each an

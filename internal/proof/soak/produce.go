@@ -42,6 +42,7 @@ type result struct {
 	rlKey          string // its RateLimit's key
 	at, done       time.Time
 	firing         string // a recurring firing's scheduled time
+	deleted        bool   // the operator deleted it (or may have: its Delete's outcome was left open)
 }
 
 // ledgerOf is what the producers were told.
@@ -107,6 +108,23 @@ func (l *ledgerOf) pick(rng *rand.Rand, kind string) *result {
 		}
 	}
 	return nil
+}
+
+// pickParent returns a created job some continuation names as its parent
+// (nil: none yet).
+func (l *ledgerOf) pickParent(rng *rand.Rand) *result {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var parents []string
+	for _, r := range l.all {
+		if r.call == "continue" && r.created && r.parent != "" {
+			parents = append(parents, r.parent)
+		}
+	}
+	if len(parents) == 0 {
+		return nil
+	}
+	return l.results[parents[rng.IntN(len(parents))]]
 }
 
 // producer enqueues its share of the mix.
@@ -309,15 +327,29 @@ func record(r *result, res enqueue.Result, err error) *result {
 	return r
 }
 
-// operate cancels jobs and requeues Failed doomed ones now and then, as an
-// operator would. A requeue whose outcome is left open counts in
-// requeueUnknown.
+// operate cancels jobs, requeues Failed doomed ones and deletes parents
+// of continuations now and then, as an operator would. A requeue whose
+// outcome is left open counts in requeueUnknown; a Delete tried marks the
+// job deleted whatever its outcome (its record may be gone).
 func operate(ctx context.Context, c *enqueue.Client, led *ledgerOf, rng *rand.Rand) {
 	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(time.Duration(100+rng.IntN(300)) * time.Millisecond):
+		}
+		if rng.IntN(8) == 0 {
+			// Delete a job some continuation was made of: its waiting
+			// children must end (or be released), never wait for ever.
+			r := led.pickParent(rng)
+			if r == nil {
+				continue
+			}
+			led.mu.Lock()
+			r.deleted = true
+			led.mu.Unlock()
+			_ = c.Delete(ctx, r.id)
+			continue
 		}
 		if rng.IntN(2) == 0 {
 			r := led.pick(rng, "soak.ok")

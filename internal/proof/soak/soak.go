@@ -193,8 +193,11 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		fc := faulty(env.Cfg, nemesis())
 		wlog := logTo(filepath.Join(c.Dir, fmt.Sprintf("worker-%d.runs.log", i)))
 		o := &handler.Options{Logger: wlog, Lease: 20 * time.Second, Queues: env.queues(), GuardAfter: 2 * time.Second}
-		if i == 0 {
+		switch i {
+		case 0:
 			o.Ledger.Now = func() time.Time { return time.Now().Add(c.Skew) }
+		case 1: // a worker deployed with fewer index shards than the rest (listing)
+			o.Ledger.IndexShards = fewerShards
 		}
 		h, err := handler.New(fc, env.Table, env.QueueURL, Registry(l), o)
 		if err != nil {
@@ -237,11 +240,20 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		}
 		fc := faulty(env.Cfg, nemesis())
 		co := &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("producer-%d.log", i))), RedispatchAfter: 3 * time.Second, Queues: env.queues()}
-		if i == 1 { // a producer whose clock runs ahead (rate limits under skew)
+		switch i {
+		case 1: // a producer whose clock runs ahead (rate limits under skew)
 			co.Ledger.Now = func() time.Time { return time.Now().Add(producerSkew) }
+		case 2: // a producer deployed with more index shards than the rest (listing)
+			co.Ledger.IndexShards = moreShards
 		}
 		cl, err := enqueue.New(fc, env.Table, env.QueueURL, co)
 		if err != nil {
+			return rep, err
+		}
+		// As settings.Load does at start: a count above the default is
+		// recorded before the first write (through no fault: a failure
+		// here would stop the process, not the soak's point).
+		if err := ledgerOn(env, co.Ledger).RecordIndexShards(ctx); err != nil {
 			return rep, err
 		}
 		pr := &producer{c: cl, db: dynamodb.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 3)), led: led, keys: max(8, c.Jobs/5), id: i, bulk: env.BulkURL != ""}
