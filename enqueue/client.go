@@ -593,14 +593,15 @@ func (c *Client) delaySeconds(delay time.Duration) int32 {
 	return int32((delay + time.Second - 1) / time.Second)
 }
 
-// Send sends one job message with a delay: an SQS delay capped at
-// MaxDelay, or, with ClientOptions.Far and a delay beyond FarAfter, one
-// one-time schedule that sends it at its time. The worker uses it to
-// carry a long schedule forward.
 // GoesFar reports whether Send of a message delay ahead makes a one-time
 // schedule (ClientOptions.Far) rather than an SQS message.
 func (c *Client) GoesFar(delay time.Duration) bool { return c.far != nil && delay > c.farAfter }
 
+// Send sends one job message with a delay: an SQS delay capped at
+// MaxDelay, or, with ClientOptions.Far and a delay beyond FarAfter, one
+// one-time schedule that sends it at its time, named by the job and the
+// run time the message carries (onetime.Name). The worker uses it to
+// carry a long schedule forward.
 func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
 	url, err := c.QueueURL(msg.Queue)
 	if err != nil {
@@ -609,7 +610,18 @@ func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) err
 		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
 	}
 	if c.far != nil && delay > c.farAfter {
-		if err := c.far.Schedule(ctx, onetime.Name(msg.ID, msg.Check), c.store.Now().Add(delay), msg.Queue, msg.Encode()); err != nil {
+		// Named by the run time the message carries (the job's, from its
+		// record), so a resend or a second dispatch of this run finds its
+		// own schedule, and no later run's write reuses the name.
+		if msg.RunAt == 0 {
+			msg.RunAt = c.store.Now().Add(delay).UnixMilli()
+		}
+		at := ledger.Millis(msg.RunAt)
+		name := onetime.Name(msg.ID, at)
+		if msg.Check {
+			name = onetime.CheckName(msg.ID, at)
+		}
+		if err := c.far.Schedule(ctx, name, at, msg.Queue, msg.Encode()); err != nil {
 			return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
 		}
 		return nil

@@ -39,6 +39,12 @@ type farRig struct {
 
 func newFarRig(t *testing.T, faulty bool) *farRig {
 	t.Helper()
+	return newFarRigWith(t, faulty, nil)
+}
+
+// newFarRigWith is newFarRig with more workers registered by add.
+func newFarRigWith(t *testing.T, faulty bool, add func(*handler.Registry)) *farRig {
+	t.Helper()
 	e := awstest.New(t, nil)
 	r := &farRig{e: e, clock: &clock{}, sched: scheduler.NewFromConfig(e.Cfg), group: "far-" + e.Table[len(e.Table)-9:]}
 	if _, err := r.sched.CreateScheduleGroup(context.Background(), &scheduler.CreateScheduleGroupInput{Name: aws.String(r.group)}); err != nil {
@@ -61,6 +67,9 @@ func newFarRig(t *testing.T, faulty bool) *farRig {
 	}
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[email](ok), nil)
+	if add != nil {
+		add(reg)
+	}
 	if r.h, err = handler.New(cfg, e.Table, e.QueueURL, reg, &handler.Options{Ledger: ledger.Options{Now: r.clock.Now}, Far: far, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +185,7 @@ func TestFarScheduleResentAndCancelled(t *testing.T) {
 		t.Fatalf("dispatch again: %v", err)
 	}
 	list, err := r.sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(r.group)})
-	if err != nil || len(list.Schedules) != 1 || aws.ToString(list.Schedules[0].Name) != onetime.Name(res.ID, false) {
+	if err != nil || len(list.Schedules) != 1 || aws.ToString(list.Schedules[0].Name) != onetime.Name(res.ID, ledger.Millis(rec.RunAt)) {
 		t.Fatalf("schedules after two dispatches: %v %+v", err, list)
 	}
 	got, err := r.sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: list.Schedules[0].Name, GroupName: aws.String(r.group)})
@@ -327,7 +336,11 @@ func TestFarScheduleOnANamedQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name(res.ID, false)), GroupName: aws.String(group)})
+	rec, err := e.Client.Store().Get(ctx, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name(res.ID, ledger.Millis(rec.RunAt))), GroupName: aws.String(group)})
 	if err != nil {
 		t.Fatal(err)
 	}

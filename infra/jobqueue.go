@@ -593,7 +593,7 @@ func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) 
 }
 
 // grantFar lets grantee make, move and remove far jobs' one-time
-// schedules (named nj-… and njc-… in the group) and pass FarRole to
+// schedules (named nj-… and njc… in the group) and pass FarRole to
 // Scheduler, nothing else of Scheduler's.
 func (q *JobQueue) grantFar(grantee awsiam.IGrantable) {
 	q.grantFarActions(grantee, "scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule")

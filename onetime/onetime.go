@@ -4,28 +4,40 @@
 // an invocation each); with a schedule it costs one CreateSchedule, and
 // Scheduler's one SendMessage at the run time, whatever the distance.
 //
-// The schedule is named after the message ("nj-<job id>", "njc-<job id>"
-// for a dispatch guard's check), fires at(run time) with no flexible
-// window, sends the message's body to the job queue through the
-// construct's scheduler role, and deletes itself after (ActionAfterCompletion
-// DELETE). A schedule that fires for a job no longer waiting does
-// nothing: the worker's claim refuses it, as it refuses any stray copy.
+// A schedule is named after the job and its run time, "nj-<job id>-<run
+// second>" (Name): one name per run of a job, never reused for another
+// time. It fires at(run time) with no flexible window, sends the message's
+// body to the job's queue through the construct's scheduler role, and
+// deletes itself after (ActionAfterCompletion DELETE). A schedule that
+// fires for a job no longer waiting does nothing: the worker's claim
+// refuses it, as it refuses any stray copy.
+//
+// Why per run time: a name per job was written again for the job's next
+// run (a far retry, a debounce fold's carry, a later rate-limit slot),
+// and a delete meant for the earlier run (a cancel's slow DeleteSchedule,
+// or a fired schedule's own ActionAfterCompletion DELETE, which Scheduler
+// applies after the firing, at a time of its choosing) could land after
+// that write and remove the later run's schedule: the job stayed
+// Scheduled with nothing to send it. Now a delete names a run time, and no
+// later run shares it.
 //
 // # How it fails
 //
 // Schedule is idempotent: a create that meets its own name (a resend of
-// an applied create, or the job dispatched again) updates the schedule to
-// the time and body given, so the last dispatch wins and a lost reply
-// reads as done. Unschedule of a missing schedule is done. Any other
-// error is returned wrapped: the caller treats it as a failed send (the
-// job is marked unsent; a retry of its key, or the dispatch guard, sends
-// it again).
+// an applied create, or the same run dispatched again) updates the
+// schedule to the body given, and an update that finds the schedule gone
+// (it fired, or a cancel removed it, between the two) creates it again;
+// a lost reply reads as done. Unschedule of a missing schedule is done.
+// Any other error is returned wrapped: the caller treats it as a failed
+// send (the job is marked unsent; a retry of its key, or the dispatch
+// guard, sends it again).
 package onetime
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,17 +83,26 @@ func New(s Scheduler, o Options) (*Client, error) {
 	return &Client{s: s, o: o}, nil
 }
 
-// Name is the schedule name of a job's message (check: a dispatch guard's
-// check): within Scheduler's 64 characters for every job id.
-func Name(jobID string, check bool) string {
-	if check {
-		return "njc-" + jobID
-	}
-	return "nj-" + jobID
+// Name is the schedule name of a job's run at runAt: "nj-" + job id +
+// "-" + the run's second (rounded up, as the schedule's at() is) in base
+// 32. Within Scheduler's 64 characters for every job id (53 at most).
+func Name(jobID string, runAt time.Time) string {
+	return "nj-" + jobID + "-" + strconv.FormatInt(second(runAt).Unix(), 32)
 }
 
-// Schedule makes (or moves) the schedule name to send body at at
+// CheckName is the schedule name of a dispatch guard's check of a job,
+// due at: "njc" + job id + "-" + its second, as Name (no dash after njc:
+// 64 characters for the longest id).
+func CheckName(jobID string, at time.Time) string {
+	return "njc" + jobID + "-" + strconv.FormatInt(second(at).Unix(), 32)
+}
+
+// second is t rounded up to the second: when an at() schedule fires.
+func second(t time.Time) time.Time { return t.UTC().Add(time.Second - 1).Truncate(time.Second) }
+
+// Schedule makes (or refreshes) the schedule name to send body at at
 // (rounded up to the second, UTC) to the named queue, "" the job queue.
+// The name should be Name(job, at): one schedule per run time.
 func (c *Client) Schedule(ctx context.Context, name string, at time.Time, queue, body string) error {
 	arn := c.o.QueueARN
 	if queue != "" {
@@ -90,23 +111,36 @@ func (c *Client) Schedule(ctx context.Context, name string, at time.Time, queue,
 			return fmt.Errorf("nexjob: schedule %s: no ARN for the named queue %q (Options.QueueARNs)", name, queue)
 		}
 	}
-	expr := "at(" + at.UTC().Add(time.Second-1).Truncate(time.Second).Format("2006-01-02T15:04:05") + ")"
+	expr := "at(" + second(at).Format("2006-01-02T15:04:05") + ")"
 	target := &types.Target{Arn: aws.String(arn), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body)}
 	window := &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff}
-	_, err := c.s.CreateSchedule(ctx, &scheduler.CreateScheduleInput{
-		Name: aws.String(name), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(expr),
-		ScheduleExpressionTimezone: aws.String("UTC"), Target: target, FlexibleTimeWindow: window,
-		ActionAfterCompletion: types.ActionAfterCompletionDelete,
-	})
+	create := func() error {
+		_, err := c.s.CreateSchedule(ctx, &scheduler.CreateScheduleInput{
+			Name: aws.String(name), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(expr),
+			ScheduleExpressionTimezone: aws.String("UTC"), Target: target, FlexibleTimeWindow: window,
+			ActionAfterCompletion: types.ActionAfterCompletionDelete,
+		})
+		return err
+	}
 	var conflict *types.ConflictException
+	var gone *types.ResourceNotFoundException
+	err := create()
 	if errors.As(err, &conflict) {
-		// Ours already (a resent create, or the job dispatched again):
-		// the given time and body win.
+		// Ours already (a resent create, or the run dispatched again):
+		// the body given wins.
 		_, err = c.s.UpdateSchedule(ctx, &scheduler.UpdateScheduleInput{
 			Name: aws.String(name), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(expr),
 			ScheduleExpressionTimezone: aws.String("UTC"), Target: target, FlexibleTimeWindow: window,
 			ActionAfterCompletion: types.ActionAfterCompletionDelete,
 		})
+		if errors.As(err, &gone) {
+			// Gone between the two (it fired and deleted itself, or a
+			// cancel removed it): made again. A conflict now is the same
+			// run's schedule, made meanwhile by another dispatch.
+			if err = create(); errors.As(err, &conflict) {
+				err = nil
+			}
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("nexjob: schedule %s: %w", name, err)

@@ -87,7 +87,7 @@ func TestFarCheckIsScheduled(t *testing.T) {
 	if n := e.QueueDepth(t, e.QueueURL); n != 0 {
 		t.Fatalf("%d SQS messages for a far job's check, want none", n)
 	}
-	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name("far-job", true)), GroupName: aws.String(group)})
+	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.CheckName("far-job", runAt.Add(enqueue.DefaultRedispatchAfter))), GroupName: aws.String(group)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ type Options struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Far, when set, carries a check due beyond MaxDelay (a far job's)
-	// in one one-time schedule (package onetime, named "njc-<job id>")
+	// in one one-time schedule (package onetime, onetime.CheckName)
 	// instead of an SQS delay: a far job's check hops no more than its
 	// message. Defaults to none: the check's message is carried forward by
 	// the worker.
@@ -189,7 +189,7 @@ func (g *Guard) Check(ctx context.Context, changes []Change) error {
 		msg := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: checkAt.UnixMilli(), Check: true, Queue: c.Queue}
 		if g.o.Far != nil && checkAt.Sub(now) > g.o.MaxDelay {
 			// Idempotent: a retried batch moves the same schedule.
-			if err := g.o.Far.Schedule(ctx, onetime.Name(c.ID, true), checkAt, c.Queue, msg.Encode()); err != nil {
+			if err := g.o.Far.Schedule(ctx, onetime.CheckName(c.ID, checkAt), checkAt, c.Queue, msg.Encode()); err != nil {
 				return fmt.Errorf("nexjob guard: schedule a check: %w", err)
 			}
 			continue
