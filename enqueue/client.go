@@ -136,6 +136,9 @@ type ClientOptions struct {
 type FarScheduler interface {
 	// Schedule sends body to the named queue ("" the job queue) at at.
 	Schedule(ctx context.Context, name string, at time.Time, queue, body string) error
+	// Ensure is Schedule unless a schedule of that name exists (the
+	// name is one run of one job: it sends this message already).
+	Ensure(ctx context.Context, name string, at time.Time, queue, body string) error
 	Unschedule(ctx context.Context, name string) error
 }
 
@@ -593,6 +596,26 @@ func (c *Client) delaySeconds(delay time.Duration) int32 {
 	return int32((delay + time.Second - 1) / time.Second)
 }
 
+// EnsureFar makes sure the far run of rec (Scheduled more than FarAfter
+// ahead, ClientOptions.Far set) has its one-time schedule: one
+// CreateSchedule of the run's name (onetime.Name), and a create that
+// meets it is done. This is the dispatch guard's check of a far job, by
+// the guard or by the worker carrying a check: the job's own schedule
+// made if its producer never made it, instead of a second schedule that
+// fires a check (two schedules and two firings per far job). ok is false
+// when the run is not far: the caller's check then hops through SQS.
+func (c *Client) EnsureFar(ctx context.Context, rec ledger.Record) (ok bool, err error) {
+	msg, delay := c.message(rec)
+	if !c.GoesFar(delay) {
+		return false, nil
+	}
+	at := ledger.Millis(msg.RunAt)
+	if err := c.far.Ensure(ctx, onetime.Name(msg.ID, at), at, msg.Queue, msg.Encode()); err != nil {
+		return true, fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
+	}
+	return true, nil
+}
+
 // GoesFar reports whether Send of a message delay ahead makes a one-time
 // schedule (ClientOptions.Far) rather than an SQS message.
 func (c *Client) GoesFar(delay time.Duration) bool { return c.far != nil && delay > c.farAfter }
@@ -609,19 +632,16 @@ func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) err
 		// message comes back (or the job is marked unsent) until it is.
 		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
 	}
-	if c.far != nil && delay > c.farAfter {
+	if c.GoesFar(delay) && !msg.Check {
 		// Named by the run time the message carries (the job's, from its
 		// record), so a resend or a second dispatch of this run finds its
-		// own schedule, and no later run's write reuses the name.
+		// own schedule, and no later run's write reuses the name. A check
+		// never takes a schedule of its own (see EnsureFar): it hops.
 		if msg.RunAt == 0 {
 			msg.RunAt = c.store.Now().Add(delay).UnixMilli()
 		}
 		at := ledger.Millis(msg.RunAt)
-		name := onetime.Name(msg.ID, at)
-		if msg.Check {
-			name = onetime.CheckName(msg.ID, at)
-		}
-		if err := c.far.Schedule(ctx, name, at, msg.Queue, msg.Encode()); err != nil {
+		if err := c.far.Schedule(ctx, onetime.Name(msg.ID, at), at, msg.Queue, msg.Encode()); err != nil {
 			return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
 		}
 		return nil

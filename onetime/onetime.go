@@ -27,7 +27,9 @@
 // an applied create, or the same run dispatched again) updates the
 // schedule to the body given, and an update that finds the schedule gone
 // (it fired, or a cancel removed it, between the two) creates it again;
-// a lost reply reads as done. Unschedule of a missing schedule is done.
+// a lost reply reads as done. Ensure, the dispatch guard's check of a far
+// job, is one create, and meeting the name is done (the name is the run:
+// its message is there already). Unschedule of a missing schedule is done.
 // Any other error is returned wrapped: the caller treats it as a failed
 // send (the job is marked unsent; a retry of its key, or the dispatch
 // guard, sends it again).
@@ -90,13 +92,6 @@ func Name(jobID string, runAt time.Time) string {
 	return "nj-" + jobID + "-" + strconv.FormatInt(second(runAt).Unix(), 32)
 }
 
-// CheckName is the schedule name of a dispatch guard's check of a job,
-// due at: "njc" + job id + "-" + its second, as Name (no dash after njc:
-// 64 characters for the longest id).
-func CheckName(jobID string, at time.Time) string {
-	return "njc" + jobID + "-" + strconv.FormatInt(second(at).Unix(), 32)
-}
-
 // second is t rounded up to the second: when an at() schedule fires.
 func second(t time.Time) time.Time { return t.UTC().Add(time.Second - 1).Truncate(time.Second) }
 
@@ -104,34 +99,25 @@ func second(t time.Time) time.Time { return t.UTC().Add(time.Second - 1).Truncat
 // (rounded up to the second, UTC) to the named queue, "" the job queue.
 // The name should be Name(job, at): one schedule per run time.
 func (c *Client) Schedule(ctx context.Context, name string, at time.Time, queue, body string) error {
-	arn := c.o.QueueARN
-	if queue != "" {
-		var ok bool
-		if arn, ok = c.o.QueueARNs[queue]; !ok {
-			return fmt.Errorf("nexjob: schedule %s: no ARN for the named queue %q (Options.QueueARNs)", name, queue)
-		}
+	arn, err := c.queueARN(name, queue)
+	if err != nil {
+		return err
 	}
-	expr := "at(" + second(at).Format("2006-01-02T15:04:05") + ")"
-	target := &types.Target{Arn: aws.String(arn), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body)}
-	window := &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff}
 	create := func() error {
-		_, err := c.s.CreateSchedule(ctx, &scheduler.CreateScheduleInput{
-			Name: aws.String(name), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(expr),
-			ScheduleExpressionTimezone: aws.String("UTC"), Target: target, FlexibleTimeWindow: window,
-			ActionAfterCompletion: types.ActionAfterCompletionDelete,
-		})
+		_, err := c.s.CreateSchedule(ctx, c.createInput(name, at, arn, body))
 		return err
 	}
 	var conflict *types.ConflictException
 	var gone *types.ResourceNotFoundException
-	err := create()
+	err = create()
 	if errors.As(err, &conflict) {
 		// Ours already (a resent create, or the run dispatched again):
 		// the body given wins.
+		in := c.createInput(name, at, arn, body)
 		_, err = c.s.UpdateSchedule(ctx, &scheduler.UpdateScheduleInput{
-			Name: aws.String(name), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(expr),
-			ScheduleExpressionTimezone: aws.String("UTC"), Target: target, FlexibleTimeWindow: window,
-			ActionAfterCompletion: types.ActionAfterCompletionDelete,
+			Name: in.Name, GroupName: in.GroupName, ScheduleExpression: in.ScheduleExpression,
+			ScheduleExpressionTimezone: in.ScheduleExpressionTimezone, Target: in.Target,
+			FlexibleTimeWindow: in.FlexibleTimeWindow, ActionAfterCompletion: in.ActionAfterCompletion,
 		})
 		if errors.As(err, &gone) {
 			// Gone between the two (it fired and deleted itself, or a
@@ -146,6 +132,51 @@ func (c *Client) Schedule(ctx context.Context, name string, at time.Time, queue,
 		return fmt.Errorf("nexjob: schedule %s: %w", name, err)
 	}
 	return nil
+}
+
+// Ensure makes the schedule name to send body at at, unless it exists:
+// a create that meets the name is done, with no update. For the
+// dispatch guard's check of a far job: a name is one run of one job
+// (Name), so a schedule of that name already sends this run's message.
+// One CreateSchedule, which Scheduler refuses or applies; a lost reply's
+// resend meets its own schedule.
+func (c *Client) Ensure(ctx context.Context, name string, at time.Time, queue, body string) error {
+	arn, err := c.queueARN(name, queue)
+	if err != nil {
+		return err
+	}
+	_, err = c.s.CreateSchedule(ctx, c.createInput(name, at, arn, body))
+	var conflict *types.ConflictException
+	if err != nil && !errors.As(err, &conflict) {
+		return fmt.Errorf("nexjob: schedule %s: %w", name, err)
+	}
+	return nil
+}
+
+// queueARN is the target of a schedule for the named queue ("" the job
+// queue).
+func (c *Client) queueARN(name, queue string) (string, error) {
+	if queue == "" {
+		return c.o.QueueARN, nil
+	}
+	arn, ok := c.o.QueueARNs[queue]
+	if !ok {
+		return "", fmt.Errorf("nexjob: schedule %s: no ARN for the named queue %q (Options.QueueARNs)", name, queue)
+	}
+	return arn, nil
+}
+
+// createInput is the schedule name: at(at) in UTC, no flexible window,
+// sending body to the queue arn through the role, deleted once fired.
+func (c *Client) createInput(name string, at time.Time, arn, body string) *scheduler.CreateScheduleInput {
+	return &scheduler.CreateScheduleInput{
+		Name: aws.String(name), GroupName: aws.String(c.o.Group),
+		ScheduleExpression:         aws.String("at(" + second(at).Format("2006-01-02T15:04:05") + ")"),
+		ScheduleExpressionTimezone: aws.String("UTC"),
+		Target:                     &types.Target{Arn: aws.String(arn), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body)},
+		FlexibleTimeWindow:         &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff},
+		ActionAfterCompletion:      types.ActionAfterCompletionDelete,
+	}
 }
 
 // Unschedule removes the schedule name; a missing one is done.
