@@ -1,0 +1,91 @@
+package infra
+
+import (
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsscheduler"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+// recurring adds the schedule group, the target and Scheduler's role.
+func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[string]*string) {
+	if q.ScheduleGroup == nil {
+		q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+	}
+	q.RecurringTarget = newFunction(c, p, "RecurringTarget", p.code(settings.Recurring), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
+	q.GrantEnqueue(q.RecurringTarget)
+	// Only Scheduler acting for this account may assume it (the confused
+	// deputy: another account's schedule naming this role).
+	q.SchedulerRole = awsiam.NewRole(c, jsii.String("SchedulerRole"), &awsiam.RoleProps{
+		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
+			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
+		}),
+	})
+	q.RecurringTarget.GrantInvoke(q.SchedulerRole)
+	q.env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
+	q.env[settings.EnvScheduleTarget] = q.RecurringTarget.FunctionArn()
+	q.env[settings.EnvSchedulerRole] = q.SchedulerRole.RoleArn()
+}
+
+// farSchedules adds the schedule group and the role Scheduler assumes to
+// send far jobs' messages (package onetime), and their settings.
+func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) {
+	q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+	q.FarRole = awsiam.NewRole(c, jsii.String("FarScheduleRole"), &awsiam.RoleProps{
+		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
+			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
+		}),
+	})
+	q.grantQueues(q.FarRole, "sqs:SendMessage")
+	env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
+	env[settings.EnvFarRole] = q.FarRole.RoleArn()
+	env[settings.EnvQueueARN] = q.Queue.QueueArn()
+}
+
+// grantFar lets grantee make, move and remove far jobs' one-time
+// schedules (named nj-… and njc… in the group) and pass FarRole to
+// Scheduler, nothing else of Scheduler's.
+func (q *JobQueue) grantFar(grantee awsiam.IGrantable) {
+	q.grantFarActions(grantee, "scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule")
+}
+
+// grantFarActions grants these Scheduler actions on far jobs' schedules
+// and passing FarRole to Scheduler.
+func (q *JobQueue) grantFarActions(grantee awsiam.IGrantable, actions ...string) {
+	if q.FarRole == nil {
+		return
+	}
+	arn := awscdk.Fn_Join(jsii.String(""), jsii.Strings("arn:", *awscdk.Aws_PARTITION(), ":scheduler:", *awscdk.Aws_REGION(), ":", *awscdk.Aws_ACCOUNT_ID(), ":schedule/", *q.ScheduleGroup.ScheduleGroupName(), "/nj*"))
+	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+		Grantee: grantee, Actions: jsii.Strings(actions...), ResourceArns: jsii.Strings(*arn),
+	})
+	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:    jsii.Strings("iam:PassRole"),
+		Resources:  jsii.Strings(*q.FarRole.RoleArn()),
+		Conditions: &map[string]any{"StringEquals": map[string]any{"iam:PassedToService": "scheduler.amazonaws.com"}},
+	}))
+}
+
+// GrantSchedule lets grantee create, update, read, list and remove
+// recurring jobs' schedules in the construct's group (package recurring),
+// and pass Scheduler its role. It panics without the Recurring prop.
+func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
+	if q.ScheduleGroup == nil {
+		panic("nexjob infra: GrantSchedule needs JobQueueProps.Recurring")
+	}
+	q.ScheduleGroup.GrantWriteSchedules(grantee)
+	q.ScheduleGroup.GrantReadSchedules(grantee)
+	q.ScheduleGroup.GrantDeleteSchedules(grantee)
+	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+		Grantee: grantee, Actions: jsii.Strings("scheduler:ListSchedules"), ResourceArns: jsii.Strings("*"),
+	})
+	// Pass the role to Scheduler only.
+	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:    jsii.Strings("iam:PassRole"),
+		Resources:  jsii.Strings(*q.SchedulerRole.RoleArn()),
+		Conditions: &map[string]any{"StringEquals": map[string]any{"iam:PassedToService": "scheduler.amazonaws.com"}},
+	}))
+}
