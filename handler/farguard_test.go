@@ -106,7 +106,8 @@ func (r *farRig) runsAtItsTime(t *testing.T, rec ledger.Record) {
 // The guard's CreateSchedule for a far job whose producer died before
 // making it: applied with its reply lost, the SDK's resend meets it,
 // which is done (one schedule); throttled past the SDK's retries, the
-// stream batch fails and comes again, and then makes it.
+// guard sends an SQS check instead (TestFarGuardFallsBackToSQS), which
+// makes the schedule when it reaches the worker.
 func TestFarGuardCheckUnderFaults(t *testing.T) {
 	t.Parallel()
 	for _, fault := range []faults.Fault{faults.LostReply, faults.Throttle} {
@@ -121,16 +122,20 @@ func TestFarGuardCheckUnderFaults(t *testing.T) {
 				times = faults.Attempts
 			}
 			h := r.ft.Add(faults.Rule{Op: "Scheduler.CreateSchedule", Fault: fault, Times: times})
-			err := sp.Poll(ctx)
+			if err := sp.Poll(ctx); err != nil {
+				t.Fatal(err)
+			}
 			fired(t, h, times)
 			if fault == faults.Throttle {
-				if err == nil {
-					t.Fatal("the guard's CreateSchedule throttled past the retries, and the batch did not fail")
+				if n := r.e.QueueDepth(t, r.e.QueueURL); n != 1 || len(r.schedulesFor(t, rec.ID)) != 0 {
+					t.Fatalf("Scheduler refused: %d SQS checks, schedules %v; want the check, none", n, r.schedulesFor(t, rec.ID))
 				}
-				err = sp.Poll(ctx) // the stream's retry of the batch
-			}
-			if err != nil {
-				t.Fatal(err)
+				r.e.Purge(t, r.e.QueueURL) // delayed: sent again as it comes
+				check := enqueue.Message{V: 1, ID: rec.ID, Kind: rec.Kind, RunAt: rec.RunAt + enqueue.DefaultRedispatchAfter.Milliseconds(), Check: true}
+				if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: aws.String(check.Encode())}); err != nil {
+					t.Fatal(err)
+				}
+				r.e.Drain(t, r.h)
 			}
 			if got := r.schedulesFor(t, rec.ID); len(got) != 1 || got[onetimeName(rec.ID, rec.RunAt)] != atOf(rec.RunAt) {
 				t.Fatalf("the job's schedules: %v, want its own at %s", got, atOf(rec.RunAt))
@@ -180,6 +185,103 @@ func TestFarCheckCarryUnderFaults(t *testing.T) {
 				r.e.Purge(t, r.e.QueueURL)
 				send() // what the hop brings 15 minutes on
 				r.e.Drain(t, r.h)
+			}
+			if got := r.schedulesFor(t, rec.ID); len(got) != 1 || got[onetimeName(rec.ID, rec.RunAt)] != atOf(rec.RunAt) {
+				t.Fatalf("the job's schedules: %v, want its own at %s", got, atOf(rec.RunAt))
+			}
+			r.runsAtItsTime(t, rec)
+		})
+	}
+}
+
+// Issue 27 item 21: Scheduler keeps refusing (its quota, an outage)
+// while the guard looks at three far jobs whose producers died before
+// their schedules. The guard does not fail the stream batch (which
+// Lambda retried for as long as Scheduler refused, holding up the
+// checks of every job behind it, then gave up): it asks Scheduler once
+// for the batch and sends the three an SQS check each, and the checks,
+// reaching the worker once Scheduler is back, make the jobs' schedules.
+func TestFarGuardFallsBackToSQS(t *testing.T) {
+	t.Parallel()
+	r := newFarRig(t, true)
+	sp := r.guardOf(t)
+	ctx := context.Background()
+	var recs []ledger.Record
+	for i := range 3 {
+		recs = append(recs, r.diedBeforeSchedule(t, "refused-"+string(rune('a'+i))))
+	}
+	h := r.ft.Add(faults.Rule{Op: "Scheduler.CreateSchedule", Fault: faults.Throttle, Times: faults.Forever})
+	if err := sp.Poll(ctx); err != nil {
+		t.Fatalf("Scheduler refusing: the guard failed the stream batch: %v", err)
+	}
+	if n := h.Fired(); n != faults.Attempts {
+		t.Fatalf("CreateSchedule asked %d times for the batch, want once (%d attempts)", n, faults.Attempts)
+	}
+	h.Remove()
+	if n := r.e.QueueDepth(t, r.e.QueueURL); n != 3 {
+		t.Fatalf("%d SQS checks, want one per far job", n)
+	}
+	r.e.Purge(t, r.e.QueueURL) // delayed 15 minutes: sent again as they come then
+	for _, rec := range recs {
+		check := enqueue.Message{V: 1, ID: rec.ID, Kind: rec.Kind, RunAt: rec.RunAt + enqueue.DefaultRedispatchAfter.Milliseconds(), Check: true}
+		if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: aws.String(check.Encode())}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r.e.Drain(t, r.h)
+	for _, rec := range recs {
+		if got := r.schedulesFor(t, rec.ID); len(got) != 1 || got[onetimeName(rec.ID, rec.RunAt)] != atOf(rec.RunAt) {
+			t.Fatalf("job %s's schedules: %v, want its own at %s", rec.ID, got, atOf(rec.RunAt))
+		}
+	}
+}
+
+// The guard's fallback check (Scheduler refusing) is an SQS batch send:
+// its reply lost, the SDK's resend sends it twice (two checks of one
+// job: the second finds the schedule made and ends); throttled past the
+// SDK's retries, the stream batch fails, as any check's send does, and
+// its retry (Scheduler back) makes the job's schedule.
+func TestFarGuardFallbackSendUnderFaults(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []faults.Fault{faults.LostReply, faults.Throttle} {
+		t.Run(fault.String(), func(t *testing.T) {
+			t.Parallel()
+			r := newFarRig(t, true)
+			g := guard.New(sqs.NewFromConfig(r.cfg), r.e.QueueURL, &guard.Options{Far: r.far, Now: r.clock.Now, Logger: quiet})
+			sp := guard.NewStreamPoller(dynamodb.NewFromConfig(r.e.Cfg), dynamodbstreams.NewFromConfig(r.e.Cfg), r.e.Table, g)
+			ctx := context.Background()
+			rec := r.diedBeforeSchedule(t, "fallback-"+fault.String())
+			refused := r.ft.Add(faults.Rule{Op: "Scheduler.CreateSchedule", Fault: faults.Throttle, Times: faults.Attempts})
+			times := 1
+			if fault == faults.Throttle {
+				times = faults.Attempts
+			}
+			h := r.ft.Add(faults.Rule{Op: "SQS.SendMessageBatch", Fault: fault, Times: times})
+			err := sp.Poll(ctx)
+			fired(t, refused, faults.Attempts)
+			fired(t, h, times)
+			if fault == faults.LostReply {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := r.e.QueueDepth(t, r.e.QueueURL); n != 2 {
+					t.Fatalf("%d SQS checks, want 2 (sent, and resent)", n)
+				}
+				r.e.Purge(t, r.e.QueueURL)
+				check := enqueue.Message{V: 1, ID: rec.ID, Kind: rec.Kind, RunAt: rec.RunAt + enqueue.DefaultRedispatchAfter.Milliseconds(), Check: true}
+				for range 2 {
+					if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: aws.String(check.Encode())}); err != nil {
+						t.Fatal(err)
+					}
+				}
+				r.e.Drain(t, r.h)
+			} else {
+				if err == nil {
+					t.Fatal("the fallback check's send throttled past the retries, and the batch did not fail")
+				}
+				if err := sp.Poll(ctx); err != nil { // the stream's retry, Scheduler back
+					t.Fatal(err)
+				}
 			}
 			if got := r.schedulesFor(t, rec.ID); len(got) != 1 || got[onetimeName(rec.ID, rec.RunAt)] != atOf(rec.RunAt) {
 				t.Fatalf("the job's schedules: %v, want its own at %s", got, atOf(rec.RunAt))

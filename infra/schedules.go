@@ -25,6 +25,10 @@ func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[st
 		}),
 	})
 	q.RecurringTarget.GrantInvoke(q.SchedulerRole)
+	// A firing Scheduler could not deliver goes to the DLQ (the
+	// schedules' targets name it), where the consumer keeps it.
+	q.DeadLetterQueue.Grant(q.SchedulerRole, jsii.String("sqs:SendMessage"))
+	q.env[settings.EnvScheduleDLQARN] = q.DeadLetterQueue.QueueArn()
 	q.env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
 	q.env[settings.EnvScheduleTarget] = q.RecurringTarget.FunctionArn()
 	q.env[settings.EnvSchedulerRole] = q.SchedulerRole.RoleArn()
@@ -40,6 +44,11 @@ func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) 
 		}),
 	})
 	q.grantQueues(q.FarRole, "sqs:SendMessage")
+	// A message SQS refused for 24 hours goes to the DLQ (the schedules'
+	// targets name it, onetime.Options.DeadLetterARN), whose consumer
+	// sends the job back; Scheduler dropped it before.
+	q.DeadLetterQueue.Grant(q.FarRole, jsii.String("sqs:SendMessage"))
+	env[settings.EnvScheduleDLQARN] = q.DeadLetterQueue.QueueArn()
 	env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
 	env[settings.EnvFarRole] = q.FarRole.RoleArn()
 	env[settings.EnvQueueARN] = q.Queue.QueueArn()

@@ -8,8 +8,12 @@
 // second>" (Name): one name per run of a job, never reused for another
 // time. It fires at(run time) with no flexible window, sends the message's
 // body to the job's queue through the construct's scheduler role, and
-// deletes itself after (ActionAfterCompletion DELETE). A schedule that
-// fires for a job no longer waiting does nothing: the worker's claim
+// deletes itself after (ActionAfterCompletion DELETE). A send that SQS
+// refuses is retried by Scheduler for 24 hours (RetryPolicy), then the
+// message goes to the dead-letter queue (Options.DeadLetterARN), whose
+// consumer sends the job back: without one Scheduler dropped it and
+// deleted the schedule, and the job stayed Scheduled for good. A schedule
+// that fires for a job no longer waiting does nothing: the worker's claim
 // refuses it, as it refuses any stray copy.
 //
 // Why per run time: a name per job was written again for the job's next
@@ -61,7 +65,19 @@ type Options struct {
 	// QueueARNs are the named queues' ARNs (name → ARN), the targets of
 	// schedules for jobs on them. Defaults to none.
 	QueueARNs map[string]string
+	// DeadLetterARN is the SQS queue where Scheduler puts a message it
+	// could not send within the targets' retry policy (RetryPolicy: 24 h,
+	// 185 retries): the job queue's DLQ, whose consumer sends a job that
+	// never started back. RoleARN must be allowed to send to it. Defaults
+	// to none: Scheduler drops such a message (the settings and the
+	// construct always set it).
+	DeadLetterARN string
 }
+
+// RetryPolicy is every schedule target's: Scheduler retries a send SQS
+// refuses (throttling, an outage) for up to 24 hours and 185 times, then
+// puts the message in Options.DeadLetterARN.
+var RetryPolicy = types.RetryPolicy{MaximumEventAgeInSeconds: aws.Int32(86400), MaximumRetryAttempts: aws.Int32(185)}
 
 // Scheduler is the part of *scheduler.Client this package uses.
 type Scheduler interface {
@@ -173,10 +189,21 @@ func (c *Client) createInput(name string, at time.Time, arn, body string) *sched
 		Name: aws.String(name), GroupName: aws.String(c.o.Group),
 		ScheduleExpression:         aws.String("at(" + second(at).Format("2006-01-02T15:04:05") + ")"),
 		ScheduleExpressionTimezone: aws.String("UTC"),
-		Target:                     &types.Target{Arn: aws.String(arn), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body)},
+		Target:                     c.target(arn, body),
 		FlexibleTimeWindow:         &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff},
 		ActionAfterCompletion:      types.ActionAfterCompletionDelete,
 	}
+}
+
+// target sends body to the queue arn through the role, retried for 24
+// hours, then to the dead-letter queue.
+func (c *Client) target(arn, body string) *types.Target {
+	rp := RetryPolicy
+	t := &types.Target{Arn: aws.String(arn), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body), RetryPolicy: &rp}
+	if c.o.DeadLetterARN != "" {
+		t.DeadLetterConfig = &types.DeadLetterConfig{Arn: aws.String(c.o.DeadLetterARN)}
+	}
+	return t
 }
 
 // Unschedule removes the schedule name; a missing one is done.

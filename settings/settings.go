@@ -24,6 +24,7 @@
 //	NEXJOB_SCHEDULE_GROUP        the EventBridge Scheduler group of recurring jobs and far jobs' one-time schedules (optional)
 //	NEXJOB_FAR_ROLE_ARN          far jobs: the role Scheduler assumes to send to the job queue (with the group: one-time schedules)
 //	NEXJOB_QUEUE_ARN             far jobs: the job queue's ARN, the one-time schedules' target
+//	NEXJOB_SCHEDULE_DLQ_ARN      the dead-letter queue of Scheduler's targets (far and recurring jobs' schedules); required with NEXJOB_FAR_ROLE_ARN
 //	NEXJOB_QUEUES                named queues (enqueue.Opts.Queue), JSON: {"bulk":{"url":"…","arn":"…","dlq":"…"}}; arn needed with far jobs, dlq optional
 //	NEXJOB_SCHEDULE_TARGET_ARN   recurring jobs: the target function's ARN
 //	NEXJOB_SCHEDULER_ROLE_ARN    recurring jobs: the role Scheduler assumes to invoke it
@@ -90,6 +91,7 @@ const (
 	EnvSchedulerRole      = "NEXJOB_SCHEDULER_ROLE_ARN"
 	EnvFarRole            = "NEXJOB_FAR_ROLE_ARN"
 	EnvQueueARN           = "NEXJOB_QUEUE_ARN"
+	EnvScheduleDLQARN     = "NEXJOB_SCHEDULE_DLQ_ARN"
 	EnvQueues             = "NEXJOB_QUEUES"
 )
 
@@ -259,12 +261,15 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 		Role: role, AWS: cfg,
 		Table: getenv(EnvTable), QueueURL: getenv(EnvQueueURL), DLQURL: getenv(EnvDLQURL),
 		Retention: handler.DefaultRetention,
-		Schedules: recurring.Options{Group: getenv(EnvScheduleGroup), TargetARN: getenv(EnvScheduleTarget), RoleARN: getenv(EnvSchedulerRole)},
+		Schedules: recurring.Options{Group: getenv(EnvScheduleGroup), TargetARN: getenv(EnvScheduleTarget), RoleARN: getenv(EnvSchedulerRole),
+			DeadLetterARN: getenv(EnvScheduleDLQARN)},
 	}
 	if role := getenv(EnvFarRole); role != "" {
-		s.Far = onetime.Options{Group: getenv(EnvScheduleGroup), RoleARN: role, QueueARN: getenv(EnvQueueARN)}
-		if s.Far.Group == "" || s.Far.QueueARN == "" {
-			return Settings{}, &InvalidError{Var: EnvFarRole, Reason: "one-time schedules also need " + EnvScheduleGroup + " and " + EnvQueueARN}
+		s.Far = onetime.Options{Group: getenv(EnvScheduleGroup), RoleARN: role, QueueARN: getenv(EnvQueueARN), DeadLetterARN: getenv(EnvScheduleDLQARN)}
+		if s.Far.Group == "" || s.Far.QueueARN == "" || s.Far.DeadLetterARN == "" {
+			// Without a DLQ Scheduler drops a message SQS refused for
+			// 24 h, and the far job waits for good.
+			return Settings{}, &InvalidError{Var: EnvFarRole, Reason: "one-time schedules also need " + EnvScheduleGroup + ", " + EnvQueueARN + " and " + EnvScheduleDLQARN}
 		}
 	}
 	var err error

@@ -110,6 +110,7 @@ func TestNamedQueues(t *testing.T) {
 		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q",
 		settings.EnvQueues:  `{"bulk":{"url":"https://sqs/b","arn":"arn:aws:sqs:eu-west-1:1:b","dlq":"https://sqs/b-dlq"}}`,
 		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvScheduleGroup: "g", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
+		settings.EnvScheduleDLQARN: "arn:aws:sqs:eu-west-1:1:dlq",
 	}
 	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
 	if err != nil {
@@ -147,5 +148,25 @@ func TestKeySecretFromSSM(t *testing.T) {
 	e = env(map[string]string{settings.EnvTable: "t", settings.EnvQueueURL: "q", settings.EnvKeySecretParameter: name + "-missing"})
 	if _, err := settings.FromEnv(context.Background(), cfg, settings.Producer, e); err == nil || !strings.Contains(err.Error(), settings.EnvKeySecretParameter) {
 		t.Fatalf("missing parameter: %v", err)
+	}
+}
+
+// TestFarSchedulesNeedADeadLetterQueue (issue 27 item 21): far jobs'
+// schedules need NEXJOB_SCHEDULE_DLQ_ARN (without one Scheduler drops a
+// message SQS refused for 24 hours, and the job waits for good); it goes
+// to the far and the recurring schedules' targets.
+func TestFarSchedulesNeedADeadLetterQueue(t *testing.T) {
+	vars := map[string]string{
+		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q",
+		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvScheduleGroup: "g", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
+	}
+	var ie *settings.InvalidError
+	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || !strings.Contains(ie.Reason, settings.EnvScheduleDLQARN) {
+		t.Fatalf("far jobs with no DLQ for their schedules: %v, want an InvalidError naming %s", err, settings.EnvScheduleDLQARN)
+	}
+	vars[settings.EnvScheduleDLQARN] = "arn:aws:sqs:eu-west-1:1:dlq"
+	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
+	if err != nil || s.Far.DeadLetterARN != vars[settings.EnvScheduleDLQARN] || s.Schedules.DeadLetterARN != vars[settings.EnvScheduleDLQARN] {
+		t.Fatalf("%+v %v", s, err)
 	}
 }

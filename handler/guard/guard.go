@@ -40,8 +40,13 @@
 // # How it fails
 //
 // A send error fails the whole stream batch, which Lambda retries (checks
-// are idempotent: a second check of a started job is dropped). Records
-// that are not jobs, or not in a state that needs a check, are skipped.
+// are idempotent: a second check of a started job is dropped). Scheduler
+// refusing a far job's schedule (past the SDK's retries: its quota, an
+// outage) does not: that job, and the batch's far jobs after it (without
+// asking Scheduler again), get an SQS check, which the worker carries in
+// hops of 15 minutes and which makes the job's schedule once Scheduler
+// takes it. Records that are not jobs, or not in a state that needs a
+// check, are skipped.
 package guard
 
 import (
@@ -195,18 +200,25 @@ func (g *Guard) Check(ctx context.Context, changes []Change) error {
 			claimed[c.ID] = true
 		}
 	}
+	refused := false // Scheduler refused this batch once: the rest go by SQS
 	for i, c := range changes {
 		if !c.needsCheck() || claimedLater[i] {
 			continue
 		}
-		if runAt := ledger.Millis(c.RunAt); g.o.Far != nil && runAt.Sub(now) > g.o.FarAfter {
+		if runAt := ledger.Millis(c.RunAt); g.o.Far != nil && !refused && runAt.Sub(now) > g.o.FarAfter {
 			// A far job: its own schedule, made if its producer never
 			// made it (a retried batch meets it: done).
 			job := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: c.RunAt, Queue: c.Queue}
-			if err := g.o.Far.Ensure(ctx, onetime.Name(c.ID, runAt), runAt, c.Queue, job.Encode()); err != nil {
-				return fmt.Errorf("nexjob guard: make sure a far job is scheduled: %w", err)
+			err := g.o.Far.Ensure(ctx, onetime.Name(c.ID, runAt), runAt, c.Queue, job.Encode())
+			if err == nil {
+				continue
 			}
-			continue
+			// Scheduler refuses (its quota, an outage): an SQS check
+			// instead, which the worker carries and which makes the
+			// schedule once Scheduler takes it. Failing the batch held
+			// up every check behind it for as long as Scheduler refused.
+			refused = true
+			g.o.Logger.WarnContext(ctx, "nexjob guard: Scheduler refused a far job's schedule; this batch's far jobs get SQS checks", "job_id", c.ID, "err", err)
 		}
 		due := max(now.UnixMilli(), c.RunAt)
 		checkAt := ledger.Millis(due).Add(g.o.After)
