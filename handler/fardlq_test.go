@@ -40,11 +40,15 @@ func TestSchedulerTargetsHaveADeadLetterQueue(t *testing.T) {
 		defer mu.Unlock()
 		bodies = append(bodies, string(b))
 	}})
+	recGroup := "rec-" + r.group
+	if _, err := r.sched.CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(recGroup)}); err != nil {
+		t.Fatal(err)
+	}
 	queueARN, _ := onetime.QueueARN(r.cfg.Region, r.e.QueueURL)
 	dlqARN, _ := onetime.QueueARN(r.cfg.Region, r.e.DLQURL)
 	vars := map[string]string{
 		settings.EnvTable: r.e.Table, settings.EnvQueueURL: r.e.QueueURL, settings.EnvDLQURL: r.e.DLQURL,
-		settings.EnvFarRole: "arn:aws:iam::123456789012:role/far", settings.EnvScheduleGroup: r.group, settings.EnvQueueARN: queueARN,
+		settings.EnvFarRole: "arn:aws:iam::123456789012:role/far", settings.EnvFarScheduleGroup: r.group, settings.EnvScheduleGroup: recGroup, settings.EnvQueueARN: queueARN,
 		settings.EnvScheduleTarget: "arn:aws:lambda:us-east-1:123456789012:function:t", settings.EnvSchedulerRole: "arn:aws:iam::123456789012:role/s",
 		"NEXJOB_SCHEDULE_DLQ_ARN": dlqARN,
 	}
@@ -68,7 +72,7 @@ func TestSchedulerTargetsHaveADeadLetterQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nightly, err := r.sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String("nightly"), GroupName: aws.String(r.group)})
+	nightly, err := r.sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String("nightly"), GroupName: aws.String(recGroup)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,18 +164,22 @@ type JobQueueProps struct {
 	// SigV4-signing proxy. Defaults to nil: no dashboard function.
 	WebDashboard *WebDashboardProps
 	// Recurring adds what recurring jobs (package recurring) need: an
-	// EventBridge Scheduler schedule group, the target function (role
+	// EventBridge Scheduler schedule group (theirs alone: far jobs'
+	// schedules have FarScheduleGroup), the target function (role
 	// recurring; it enqueues each firing), and the role Scheduler assumes
-	// to invoke it, and sets NEXJOB_SCHEDULE_* in Settings(Producer).
-	// Grant GrantSchedule to whoever creates schedules. Defaults to false.
+	// to invoke it (and to put an undelivered firing in the DLQ), and
+	// sets NEXJOB_SCHEDULE_* in Settings(Producer). Grant GrantSchedule to
+	// whoever creates schedules. Defaults to false.
 	Recurring *bool
 	// NoFarSchedules leaves out far jobs' one-time schedules: a job due
 	// more than 15 minutes ahead then hops through SQS delays of 900 s
-	// (2,880 hops for 30 days). By default the construct makes the
-	// schedule group (shared with recurring jobs) and FarRole, the role
-	// Scheduler assumes to send a far job's message to the queue, and
-	// grants producers, the worker, the DLQ consumer and operators the
-	// schedule actions in that group. Defaults to false.
+	// (2,880 hops for 30 days). By default the construct makes their
+	// schedule group (FarScheduleGroup: their own, apart from the
+	// recurring jobs'), FarRole, the role Scheduler assumes to send a far
+	// job's message to the queue (and, after 24 h of refusals, to the
+	// DLQ), and grants producers, the worker, the DLQ consumer and
+	// operators the schedule actions on that group's nj-… schedules, the
+	// guard CreateSchedule there. Defaults to false.
 	NoFarSchedules *bool
 	// Environment is added to every function's (settings of your own).
 	Environment *map[string]*string
@@ -256,7 +260,8 @@ type JobQueue struct {
 	WebDashboardURL    awslambda.FunctionUrl      // its IAM-authenticated URL
 	GuardFailures      awssqs.Queue               // stream batches the guard gave up on (nil with NoGuard)
 	GuardFailureAlarm  awscloudwatch.Alarm        // on GuardFailures' depth
-	ScheduleGroup      awsscheduler.ScheduleGroup // nil without the Recurring prop
+	ScheduleGroup      awsscheduler.ScheduleGroup // recurring jobs' schedules; nil without the Recurring prop
+	FarScheduleGroup   awsscheduler.ScheduleGroup // far jobs' one-time schedules, apart (nil with NoFarSchedules)
 	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
 	SchedulerRole      awsiam.Role                // assumed by Scheduler to invoke the target
 	FarRole            awsiam.Role                // assumed by Scheduler to send far jobs' messages (nil with NoFarSchedules)
@@ -352,9 +357,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.keySecretKey = p.KeySecretKey
 	}
 	env[settings.EnvQueues] = named
-	if p.NoFarSchedules == nil || !*p.NoFarSchedules {
-		q.farSchedules(c, env)
-	}
+	q.scheduleGroups(c, p, env)
 	if p.Environment != nil {
 		for k, v := range *p.Environment {
 			env[k] = v
@@ -422,7 +425,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.Table.GrantStream(q.Guard, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
 			jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
 		q.grantQueues(q.Guard, "sqs:SendMessage")
-		q.grantFarActions(q.Guard, "scheduler:CreateSchedule", "scheduler:UpdateSchedule") // far jobs' checks
+		q.grantFarActions(q.Guard, "scheduler:CreateSchedule") // far jobs' checks: their own schedule, made if missing
 		// A batch that fails all its retries is not dropped silently: its
 		// stream position goes to a queue of its own, and an alarm says so
 		// (those jobs lost their recovery check; look them up and Dispatch).

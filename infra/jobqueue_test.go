@@ -187,7 +187,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"logs:CreateLogStream", "logs:PutLogEvents"},
 			{"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator", "dynamodb:ListStreams"},
 			{"sqs:SendMessage"},
-			{"scheduler:CreateSchedule", "scheduler:UpdateSchedule"}, {"iam:PassRole"}, // far jobs' checks
+			{"scheduler:CreateSchedule"}, {"iam:PassRole"}, // far jobs' checks: their own schedule, made if missing
 			{"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}, // its failure queue (the CDK's SqsDlq grant)
 		},
 		"Producer": {
@@ -431,7 +431,7 @@ func TestRecurring(t *testing.T) {
 		}
 	}
 	tpl := assertions.Template_FromStack(stack, nil)
-	tpl.ResourceCountIs(jsii.String("AWS::Scheduler::ScheduleGroup"), jsii.Number(1))
+	tpl.ResourceCountIs(jsii.String("AWS::Scheduler::ScheduleGroup"), jsii.Number(2)) // recurring jobs', far jobs' (TestFarAndRecurringSchedulesApart)
 	tpl.ResourceCountIs(jsii.String("AWS::Lambda::Function"), jsii.Number(4))
 	tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
 		"Environment": map[string]any{"Variables": map[string]any{"NEXJOB_ROLE": "recurring"}},

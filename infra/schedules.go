@@ -10,11 +10,32 @@ import (
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
-// recurring adds the schedule group, the target and Scheduler's role.
-func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[string]*string) {
-	if q.ScheduleGroup == nil {
-		q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+// scheduleGroups adds the schedule groups: the recurring jobs' (with the
+// Recurring prop) and, with far schedules, the far jobs' own
+// (FarScheduleGroup, and FarRole: farSchedules). Apart, so that
+// GrantSchedule cannot touch far jobs' schedules, far grantees cannot
+// touch recurring ones, and a recurring listing reads no far job.
+//
+// The recurring group ("Schedules") is made with far schedules alone
+// too, unexported: far schedules were made in it before they had a group
+// of their own, and deleting a group deletes its schedules (those jobs
+// would wait for good). Once they have fired it stays empty.
+func (q *JobQueue) scheduleGroups(c constructs.Construct, p JobQueueProps, env map[string]*string) {
+	recurring, far := p.Recurring != nil && *p.Recurring, p.NoFarSchedules == nil || !*p.NoFarSchedules
+	if recurring || far {
+		group := awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+		if recurring {
+			q.ScheduleGroup = group
+		}
 	}
+	if far {
+		q.farSchedules(c, env)
+	}
+}
+
+// recurring adds the target and Scheduler's role (the group is made by
+// scheduleGroups).
+func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[string]*string) {
 	q.RecurringTarget = newFunction(c, p, "RecurringTarget", p.code(settings.Recurring), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
 	q.GrantEnqueue(q.RecurringTarget)
 	// Only Scheduler acting for this account may assume it (the confused
@@ -34,10 +55,10 @@ func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[st
 	q.env[settings.EnvSchedulerRole] = q.SchedulerRole.RoleArn()
 }
 
-// farSchedules adds the schedule group and the role Scheduler assumes to
-// send far jobs' messages (package onetime), and their settings.
+// farSchedules adds the far jobs' schedule group and the role Scheduler
+// assumes to send their messages (package onetime), and their settings.
 func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) {
-	q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
+	q.FarScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("FarSchedules"), &awsscheduler.ScheduleGroupProps{})
 	q.FarRole = awsiam.NewRole(c, jsii.String("FarScheduleRole"), &awsiam.RoleProps{
 		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
 			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
@@ -49,25 +70,26 @@ func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) 
 	// sends the job back; Scheduler dropped it before.
 	q.DeadLetterQueue.Grant(q.FarRole, jsii.String("sqs:SendMessage"))
 	env[settings.EnvScheduleDLQARN] = q.DeadLetterQueue.QueueArn()
-	env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
+	env[settings.EnvFarScheduleGroup] = q.FarScheduleGroup.ScheduleGroupName()
 	env[settings.EnvFarRole] = q.FarRole.RoleArn()
 	env[settings.EnvQueueARN] = q.Queue.QueueArn()
 }
 
 // grantFar lets grantee make, move and remove far jobs' one-time
-// schedules (named nj-… and njc… in the group) and pass FarRole to
+// schedules (named nj-… in the far group) and pass FarRole to
 // Scheduler, nothing else of Scheduler's.
 func (q *JobQueue) grantFar(grantee awsiam.IGrantable) {
 	q.grantFarActions(grantee, "scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule")
 }
 
 // grantFarActions grants these Scheduler actions on far jobs' schedules
-// and passing FarRole to Scheduler.
+// (the far group's nj-…: never a recurring job's) and passing FarRole to
+// Scheduler.
 func (q *JobQueue) grantFarActions(grantee awsiam.IGrantable, actions ...string) {
 	if q.FarRole == nil {
 		return
 	}
-	arn := awscdk.Fn_Join(jsii.String(""), jsii.Strings("arn:", *awscdk.Aws_PARTITION(), ":scheduler:", *awscdk.Aws_REGION(), ":", *awscdk.Aws_ACCOUNT_ID(), ":schedule/", *q.ScheduleGroup.ScheduleGroupName(), "/nj*"))
+	arn := awscdk.Fn_Join(jsii.String(""), jsii.Strings("arn:", *awscdk.Aws_PARTITION(), ":scheduler:", *awscdk.Aws_REGION(), ":", *awscdk.Aws_ACCOUNT_ID(), ":schedule/", *q.FarScheduleGroup.ScheduleGroupName(), "/nj-*"))
 	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
 		Grantee: grantee, Actions: jsii.Strings(actions...), ResourceArns: jsii.Strings(*arn),
 	})
@@ -79,8 +101,10 @@ func (q *JobQueue) grantFarActions(grantee awsiam.IGrantable, actions ...string)
 }
 
 // GrantSchedule lets grantee create, update, read, list and remove
-// recurring jobs' schedules in the construct's group (package recurring),
-// and pass Scheduler its role. It panics without the Recurring prop.
+// recurring jobs' schedules in the construct's recurring group (package
+// recurring; far jobs' schedules are in a group of their own, out of its
+// reach), and pass Scheduler its role. It panics without the Recurring
+// prop.
 func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
 	if q.ScheduleGroup == nil {
 		panic("nexjob infra: GrantSchedule needs JobQueueProps.Recurring")

@@ -54,8 +54,8 @@ import (
 
 // Options name where the schedules live and what they send to.
 type Options struct {
-	// Group is the schedule group (the construct's, shared with recurring
-	// jobs). Required.
+	// Group is the far jobs' schedule group (the construct's
+	// FarScheduleGroup: their own, never the recurring jobs'). Required.
 	Group string
 	// QueueARN is the job queue's ARN, the schedules' target. Required.
 	QueueARN string

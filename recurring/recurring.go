@@ -268,7 +268,9 @@ func (s Schedule) NextFiring(now time.Time) (time.Time, bool) {
 
 // List returns the group's recurring jobs (one ListSchedules page per 100
 // and one GetSchedule each). Schedules of the group that are not nexjob's
-// are left out.
+// recurring jobs are left out. Far jobs' one-time schedules are in a
+// group of their own (package onetime, NEXJOB_FAR_SCHEDULE_GROUP), so
+// they are neither read nor listed here.
 func (c *Client) List(ctx context.Context) ([]Schedule, error) {
 	var out []Schedule
 	p := scheduler.NewListSchedulesPaginator(c.s, &scheduler.ListSchedulesInput{GroupName: aws.String(c.o.Group)})
@@ -287,8 +289,8 @@ func (c *Client) List(ctx context.Context) ([]Schedule, error) {
 				return nil, fmt.Errorf("nexjob: read schedule %s: %w", aws.ToString(s.Name), err)
 			}
 			var f Firing
-			if got.Target == nil || json.Unmarshal([]byte(aws.ToString(got.Target.Input)), &f) != nil || f.V != 1 {
-				continue
+			if got.Target == nil || json.Unmarshal([]byte(aws.ToString(got.Target.Input)), &f) != nil || f.V != 1 || len(f.Args) == 0 || f.Concurrency == "" {
+				continue // not a firing (a far job's message, made before far jobs had a group of their own)
 			}
 			out = append(out, Schedule{ID: aws.ToString(got.Name), Expression: aws.ToString(got.ScheduleExpression),
 				Timezone: aws.ToString(got.ScheduleExpressionTimezone), Enabled: got.State == types.ScheduleStateEnabled, Firing: f,

@@ -109,7 +109,7 @@ func TestNamedQueues(t *testing.T) {
 	vars := map[string]string{
 		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q",
 		settings.EnvQueues:  `{"bulk":{"url":"https://sqs/b","arn":"arn:aws:sqs:eu-west-1:1:b","dlq":"https://sqs/b-dlq"}}`,
-		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvScheduleGroup: "g", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
+		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvFarScheduleGroup: "far", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
 		settings.EnvScheduleDLQARN: "arn:aws:sqs:eu-west-1:1:dlq",
 	}
 	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
@@ -158,7 +158,7 @@ func TestKeySecretFromSSM(t *testing.T) {
 func TestFarSchedulesNeedADeadLetterQueue(t *testing.T) {
 	vars := map[string]string{
 		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q",
-		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvScheduleGroup: "g", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
+		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvFarScheduleGroup: "far", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
 	}
 	var ie *settings.InvalidError
 	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || !strings.Contains(ie.Reason, settings.EnvScheduleDLQARN) {
@@ -167,6 +167,29 @@ func TestFarSchedulesNeedADeadLetterQueue(t *testing.T) {
 	vars[settings.EnvScheduleDLQARN] = "arn:aws:sqs:eu-west-1:1:dlq"
 	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
 	if err != nil || s.Far.DeadLetterARN != vars[settings.EnvScheduleDLQARN] || s.Schedules.DeadLetterARN != vars[settings.EnvScheduleDLQARN] {
+		t.Fatalf("%+v %v", s, err)
+	}
+}
+
+// TestFarSchedulesHaveTheirOwnGroup (issue 27 item 22): far jobs'
+// schedules are in NEXJOB_FAR_SCHEDULE_GROUP, which may not be the
+// recurring jobs' NEXJOB_SCHEDULE_GROUP.
+func TestFarSchedulesHaveTheirOwnGroup(t *testing.T) {
+	vars := map[string]string{
+		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q", settings.EnvScheduleGroup: "rec",
+		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q", settings.EnvScheduleDLQARN: "arn:aws:sqs:eu-west-1:1:dlq",
+	}
+	var ie *settings.InvalidError
+	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || !strings.Contains(ie.Reason, settings.EnvFarScheduleGroup) {
+		t.Fatalf("far jobs with no group of their own: %v, want an InvalidError naming %s", err, settings.EnvFarScheduleGroup)
+	}
+	vars[settings.EnvFarScheduleGroup] = "rec"
+	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || ie.Var != settings.EnvFarScheduleGroup {
+		t.Fatalf("far jobs in the recurring jobs' group: %v, want an InvalidError on %s", err, settings.EnvFarScheduleGroup)
+	}
+	vars[settings.EnvFarScheduleGroup] = "far"
+	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
+	if err != nil || s.Far.Group != "far" || s.Schedules.Group != "rec" {
 		t.Fatalf("%+v %v", s, err)
 	}
 }
