@@ -38,22 +38,22 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	// job's children).
 	err = c.CancelContinuations(ctx, rec, "", retention)
 	if ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
-		c.unschedule(ctx, rec.ID) // it was far: its message waits in a schedule
+		c.unschedule(ctx, rec.ID, rec.RunAt) // it was far: its message waits in a schedule
 	}
 	return rec, err
 }
 
-// unschedule removes a job's one-time schedules (its message's and a
-// guard check's), if Far is set: best effort, as one that fires anyway
-// finds the job no longer waiting and does nothing.
-func (c *Client) unschedule(ctx context.Context, jobID string) {
-	if c.far == nil {
+// unschedule removes the one-time schedule of a job's run at runAt (Unix
+// ms), if Far is set: best effort, as one that fires anyway finds the job
+// no longer waiting and does nothing. It names that run only: a delete
+// that lands late (a slow request) cannot remove a later run's schedule
+// (a requeued run's far retry), which has a name of its own.
+func (c *Client) unschedule(ctx context.Context, jobID string, runAt int64) {
+	if c.far == nil || runAt == 0 {
 		return
 	}
-	for _, check := range []bool{false, true} {
-		if err := c.far.Unschedule(ctx, onetime.Name(jobID, check)); err != nil {
-			c.log.WarnContext(ctx, "nexjob: could not remove a one-time schedule; when it fires it finds the job ended", "job_id", jobID, "err", err)
-		}
+	if err := c.far.Unschedule(ctx, onetime.Name(jobID, ledger.Millis(runAt))); err != nil {
+		c.log.WarnContext(ctx, "nexjob: could not remove a one-time schedule; when it fires it finds the job ended", "job_id", jobID, "err", err)
 	}
 }
 
@@ -95,10 +95,16 @@ func (c *Client) Delete(ctx context.Context, jobID string) error {
 	case !errors.Is(err, ledger.ErrNotFound):
 		return c.missing(err)
 	}
-	if err := c.store.Delete(ctx, jobID); err != nil {
+	old, err := c.store.Delete(ctx, jobID)
+	if err != nil {
 		return c.missing(err)
 	}
-	c.unschedule(ctx, jobID)
+	if rec.ID != "" {
+		old = rec // as read before settling ended it: a far run waits in its schedule
+	}
+	if old.State == ledger.Scheduled && ledger.Millis(old.RunAt).Sub(c.store.Now()) > c.farAfter {
+		c.unschedule(ctx, jobID, old.RunAt)
+	}
 	return nil
 }
 

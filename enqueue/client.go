@@ -19,7 +19,6 @@ import (
 	"github.com/nexjob/nexjob-aws/internal/redact"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
-	"github.com/nexjob/nexjob-aws/onetime"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -136,6 +135,9 @@ type ClientOptions struct {
 type FarScheduler interface {
 	// Schedule sends body to the named queue ("" the job queue) at at.
 	Schedule(ctx context.Context, name string, at time.Time, queue, body string) error
+	// Ensure is Schedule unless a schedule of that name exists (the
+	// name is one run of one job: it sends this message already).
+	Ensure(ctx context.Context, name string, at time.Time, queue, body string) error
 	Unschedule(ctx context.Context, name string) error
 }
 
@@ -572,69 +574,6 @@ func maxTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// Dispatch sends the job's SQS message. A job scheduled more than
-// MaxSQSDelay ahead is sent with the longest delay and carried forward by
-// the worker until due. Dispatching a job twice is harmless: the worker's
-// claim is conditional.
-func (c *Client) Dispatch(ctx context.Context, rec ledger.Record) error {
-	msg, delay := c.message(rec)
-	return c.Send(ctx, msg, delay)
-}
-
-// message is the job's SQS message and the delay until it is due.
-func (c *Client) message(rec ledger.Record) (Message, time.Duration) {
-	msg := Message{V: 1, ID: rec.ID, Kind: rec.Kind, Queue: rec.Queue}
-	var delay time.Duration
-	if rec.State == ledger.Scheduled && rec.RunAt != 0 {
-		msg.RunAt = rec.RunAt
-		delay = ledger.Millis(rec.RunAt).Sub(c.store.Now())
-	}
-	return msg, delay
-}
-
-// delaySeconds is an SQS delay: whole seconds rounded up, capped at MaxDelay.
-func (c *Client) delaySeconds(delay time.Duration) int32 {
-	delay = max(0, min(delay, c.maxDelay))
-	return int32((delay + time.Second - 1) / time.Second)
-}
-
-// Send sends one job message with a delay: an SQS delay capped at
-// MaxDelay, or, with ClientOptions.Far and a delay beyond FarAfter, one
-// one-time schedule that sends it at its time. The worker uses it to
-// carry a long schedule forward.
-// GoesFar reports whether Send of a message delay ahead makes a one-time
-// schedule (ClientOptions.Far) rather than an SQS message.
-func (c *Client) GoesFar(delay time.Duration) bool { return c.far != nil && delay > c.farAfter }
-
-func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
-	url, err := c.QueueURL(msg.Queue)
-	if err != nil {
-		// A worker or guard not told of a queue a producer uses: the
-		// message comes back (or the job is marked unsent) until it is.
-		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
-	}
-	if c.far != nil && delay > c.farAfter {
-		if err := c.far.Schedule(ctx, onetime.Name(msg.ID, msg.Check), c.store.Now().Add(delay), msg.Queue, msg.Encode()); err != nil {
-			return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
-		}
-		return nil
-	}
-	out, err := c.sqs.SendMessage(ctx, &sqs.SendMessageInput{
-		QueueUrl:                aws.String(url),
-		MessageBody:             aws.String(msg.Encode()),
-		DelaySeconds:            c.delaySeconds(delay),
-		MessageAttributes:       traceAttributes(ctx),
-		MessageSystemAttributes: xrayAttribute(ctx, c.xray),
-	})
-	if err != nil {
-		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
-	}
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.SetAttributes(attribute.String("messaging.message.id", aws.ToString(out.MessageId)))
-	}
-	return nil
 }
 
 func isNilPointer(v any) bool {

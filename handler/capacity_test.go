@@ -102,8 +102,11 @@ func TestCapacityModel(t *testing.T) {
 	if job.LogBytes == 0 || producerLog.n.Load() == 0 {
 		t.Fatal("nothing logged")
 	}
-	t.Logf("per job, %d keyed jobs from enqueue to Succeeded: %v; %.1f write units (largest item %d bytes); %.2f SQS requests (%d sends, %d receives, %d delete batches); worker log %.1f bytes, producer log %.1f bytes",
-		jobs, calls, job.WriteUnits, size, job.SQSRequests, calls["SQS.SendMessage"], calls["SQS.ReceiveMessage"], calls["SQS.DeleteMessageBatch"], job.LogBytes, float64(producerLog.n.Load())/jobs)
+	// A far job, measured with its dispatch guard (TestFarJobTakesOneSchedule).
+	_, creates, firings := farJobFootprint(t)
+	job.FarCreates, job.FarFirings = float64(creates), float64(firings)
+	t.Logf("per job, %d keyed jobs from enqueue to Succeeded: %v; %.1f write units (largest item %d bytes); %.2f SQS requests (%d sends, %d receives, %d delete batches); worker log %.1f bytes, producer log %.1f bytes; a far job: %.0f CreateSchedule, %.0f firing",
+		jobs, calls, job.WriteUnits, size, job.SQSRequests, calls["SQS.SendMessage"], calls["SQS.ReceiveMessage"], calls["SQS.DeleteMessageBatch"], job.LogBytes, float64(producerLog.n.Load())/jobs, job.FarCreates, job.FarFirings)
 	w := capacity.Workload{
 		RunSeconds: 0.1, WriteSeconds: 0.015, BatchSize: 10, Concurrency: handler.DefaultConcurrency,
 		IndexedShare: 0.1, IndexShards: 16, FarShare: 0.01, LogPricePerGB: 0.5,

@@ -25,6 +25,13 @@ const maxCheckLag = time.Hour
 // its run time, on its queue, under its kind; a message for a job that is
 // gone or not waiting is dropped (the job's own messages wake it). Never
 // to the DLQ: a forged body cannot make a job Failed.
+//
+// A dispatch guard's check of a far job (its run beyond FarAfter) ends
+// here: the job's own one-time schedule is made if it is missing
+// (enqueue.Client.EnsureFar, one CreateSchedule), and the check is done.
+// A check never takes a schedule of its own: one schedule and one firing
+// per far job. When Scheduler refuses, the check hops through SQS (never
+// back to the queue to count a receive) and tries again at the next hop.
 func (h *Handler) carryForward(ctx context.Context, msg enqueue.Message, now time.Time) bool {
 	delay := ledger.Millis(msg.RunAt).Sub(now)
 	if h.producer.GoesFar(delay) || delay > enqueue.MaxScheduleAhead {
@@ -39,6 +46,19 @@ func (h *Handler) carryForward(ctx context.Context, msg enqueue.Message, now tim
 		case rec.State != ledger.Scheduled && rec.State != ledger.Enqueued:
 			h.log.WarnContext(ctx, "nexjob: a future message for a job not waiting; dropped", "job_id", msg.ID, "state", rec.State)
 			return true
+		}
+		if msg.Check {
+			// A far job's check is its own schedule, made if its producer
+			// never made it: no second schedule that fires a check.
+			far, err := h.producer.EnsureFar(ctx, rec)
+			if far && err == nil {
+				return true
+			}
+			if far {
+				// Scheduler refuses (its quota, an outage): the check
+				// hops through SQS, as it came, and tries again then.
+				h.log.WarnContext(ctx, "nexjob: could not make sure of a far job's schedule; its check hops through SQS", "job_id", msg.ID, "err", err)
+			}
 		}
 		at := rec.RunAt
 		if msg.Check {

@@ -35,9 +35,17 @@ type farRig struct {
 	group   string
 	poll    *poller.Poller
 	ft      *faults.Transport // the handler's requests, with faulty set
+	cfg     aws.Config        // the handler's (counted, through ft when faulty)
+	far     *onetime.Client   // the handler's one-time schedules
 }
 
 func newFarRig(t *testing.T, faulty bool) *farRig {
+	t.Helper()
+	return newFarRigWith(t, faulty, nil)
+}
+
+// newFarRigWith is newFarRig with more workers registered by add.
+func newFarRigWith(t *testing.T, faulty bool, add func(*handler.Registry)) *farRig {
 	t.Helper()
 	e := awstest.New(t, nil)
 	r := &farRig{e: e, clock: &clock{}, sched: scheduler.NewFromConfig(e.Cfg), group: "far-" + e.Table[len(e.Table)-9:]}
@@ -59,8 +67,12 @@ func newFarRig(t *testing.T, faulty bool) *farRig {
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.cfg, r.far = cfg, far
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[email](ok), nil)
+	if add != nil {
+		add(reg)
+	}
 	if r.h, err = handler.New(cfg, e.Table, e.QueueURL, reg, &handler.Options{Ledger: ledger.Options{Now: r.clock.Now}, Far: far, Logger: quiet}); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +188,7 @@ func TestFarScheduleResentAndCancelled(t *testing.T) {
 		t.Fatalf("dispatch again: %v", err)
 	}
 	list, err := r.sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(r.group)})
-	if err != nil || len(list.Schedules) != 1 || aws.ToString(list.Schedules[0].Name) != onetime.Name(res.ID, false) {
+	if err != nil || len(list.Schedules) != 1 || aws.ToString(list.Schedules[0].Name) != onetime.Name(res.ID, ledger.Millis(rec.RunAt)) {
 		t.Fatalf("schedules after two dispatches: %v %+v", err, list)
 	}
 	got, err := r.sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: list.Schedules[0].Name, GroupName: aws.String(r.group)})
@@ -232,11 +244,13 @@ func TestFarScheduleThrottled(t *testing.T) {
 	}
 }
 
-// TestFarCheckTakesASchedule: the dispatch guard's check of a far job
-// (due its run time plus After) reaches the worker as an SQS message
-// after at most one delay of 15 minutes; carried on, it takes one
-// one-time schedule (njc-…), not 2,880 hops.
-func TestFarCheckTakesASchedule(t *testing.T) {
+// TestFarCheckMakesSureOfTheJobsSchedule: a dispatch guard's check of a
+// far job (due its run time plus After) that reaches the worker (the
+// guard sent it through SQS) makes sure of the job's own one-time
+// schedule, one CreateSchedule of the run's name, and is done: it takes
+// no schedule of its own and hops no further. When the job's schedule is
+// missing (its producer died before making it) the check makes it.
+func TestFarCheckMakesSureOfTheJobsSchedule(t *testing.T) {
 	t.Parallel()
 	r := newFarRig(t, false)
 	ctx := context.Background()
@@ -248,23 +262,31 @@ func TestFarCheckTakesASchedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	name := onetime.Name(res.ID, ledger.Millis(rec.RunAt))
 	check := enqueue.Message{V: 1, ID: res.ID, Kind: rec.Kind, RunAt: rec.RunAt + (2 * time.Minute).Milliseconds(), Check: true}
-	if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: aws.String(check.Encode())}); err != nil {
-		t.Fatal(err)
-	}
-	r.counter.Reset()
-	r.e.Drain(t, r.h)
-	// The carry's time is the record's (one eventually consistent read:
-	// a body anyone can send does not choose a far schedule).
-	if calls := r.counter.Calls(); !slices.Equal(calls, []string{"DynamoDB.GetItem", "Scheduler.CreateSchedule"}) {
-		t.Fatalf("carrying the far check: %v, want the job's read and one CreateSchedule", calls)
-	}
-	if n := r.e.QueueDepth(t, r.e.QueueURL); n != 0 {
-		t.Fatalf("%d SQS messages left hopping", n)
-	}
-	list, err := r.sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(r.group)})
-	if err != nil || len(list.Schedules) != 2 {
-		t.Fatalf("schedules: %v %d, want the job's and its check's", err, len(list.Schedules))
+	for _, missing := range []bool{false, true} {
+		if missing {
+			if _, err := r.sched.DeleteSchedule(ctx, &scheduler.DeleteScheduleInput{Name: aws.String(name), GroupName: aws.String(r.group)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: aws.String(check.Encode())}); err != nil {
+			t.Fatal(err)
+		}
+		r.counter.Reset()
+		r.e.Drain(t, r.h)
+		// The job's run time is the record's (one eventually consistent
+		// read: a body anyone can send does not choose a far schedule).
+		if calls := r.counter.Calls(); !slices.Equal(calls, []string{"DynamoDB.GetItem", "Scheduler.CreateSchedule"}) {
+			t.Fatalf("the far check (schedule missing %v): %v, want the job's read and one CreateSchedule", missing, calls)
+		}
+		if n := r.e.QueueDepth(t, r.e.QueueURL); n != 0 {
+			t.Fatalf("%d SQS messages left hopping", n)
+		}
+		got := r.schedulesFor(t, res.ID)
+		if len(got) != 1 || got[name] != atOf(rec.RunAt) {
+			t.Fatalf("schedule missing %v: the job's schedules %v, want %s at %s alone", missing, got, name, atOf(rec.RunAt))
+		}
 	}
 }
 
@@ -327,7 +349,11 @@ func TestFarScheduleOnANamedQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name(res.ID, false)), GroupName: aws.String(group)})
+	rec, err := e.Client.Store().Get(ctx, res.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name(res.ID, ledger.Millis(rec.RunAt))), GroupName: aws.String(group)})
 	if err != nil {
 		t.Fatal(err)
 	}

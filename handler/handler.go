@@ -133,7 +133,9 @@ type Options struct {
 	// Far and FarAfter: retries and carried schedules due beyond FarAfter
 	// wait in one one-time schedule, not in SQS hops (see
 	// enqueue.ClientOptions.Far). A dispatch guard's check of a far job
-	// is carried so too. Defaults to none: hops.
+	// makes sure of the job's own schedule and ends (no schedule of its
+	// own); when Scheduler refuses, it hops through SQS. Defaults to
+	// none: hops.
 	Far      enqueue.FarScheduler
 	FarAfter time.Duration
 	// Queues are the named queues (enqueue.ClientOptions.Queues): a

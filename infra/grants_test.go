@@ -53,12 +53,20 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 	if err := recurring.New(e.Cfg, opts).Recurring(ctx, "nightly", "cron(0 2 * * ? *)", chore{N: 9}, nil); err != nil {
 		t.Fatal(err)
 	}
-	// And far jobs' one-time schedules, in the same group.
+	// And far jobs' one-time schedules, in a group of their own.
+	farGroup := "grants-far-" + e.Table[len(e.Table)-9:]
+	if _, err := scheduler.NewFromConfig(e.Cfg).CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(farGroup)}); err != nil {
+		t.Fatal(err)
+	}
 	queueARN, err := onetime.QueueARN(e.Cfg.Region, e.QueueURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	farOpts := onetime.Options{Group: group, QueueARN: queueARN, RoleARN: "arn:aws:iam::123456789012:role/far"}
+	dlqARN, err := onetime.QueueARN(e.Cfg.Region, e.DLQURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	farOpts := onetime.Options{Group: farGroup, QueueARN: queueARN, RoleARN: "arn:aws:iam::123456789012:role/far", DeadLetterARN: dlqARN}
 	sched, err := admin.New(settings.Settings{AWS: cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, Schedules: opts, Far: farOpts})
 	if err != nil {
 		t.Fatal(err)

@@ -164,18 +164,22 @@ type JobQueueProps struct {
 	// SigV4-signing proxy. Defaults to nil: no dashboard function.
 	WebDashboard *WebDashboardProps
 	// Recurring adds what recurring jobs (package recurring) need: an
-	// EventBridge Scheduler schedule group, the target function (role
+	// EventBridge Scheduler schedule group (theirs alone: far jobs'
+	// schedules have FarScheduleGroup), the target function (role
 	// recurring; it enqueues each firing), and the role Scheduler assumes
-	// to invoke it, and sets NEXJOB_SCHEDULE_* in Settings(Producer).
-	// Grant GrantSchedule to whoever creates schedules. Defaults to false.
+	// to invoke it (and to put an undelivered firing in the DLQ), and
+	// sets NEXJOB_SCHEDULE_* in Settings(Producer). Grant GrantSchedule to
+	// whoever creates schedules. Defaults to false.
 	Recurring *bool
 	// NoFarSchedules leaves out far jobs' one-time schedules: a job due
 	// more than 15 minutes ahead then hops through SQS delays of 900 s
-	// (2,880 hops for 30 days). By default the construct makes the
-	// schedule group (shared with recurring jobs) and FarRole, the role
-	// Scheduler assumes to send a far job's message to the queue, and
-	// grants producers, the worker, the DLQ consumer and operators the
-	// schedule actions in that group. Defaults to false.
+	// (2,880 hops for 30 days). By default the construct makes their
+	// schedule group (FarScheduleGroup: their own, apart from the
+	// recurring jobs'), FarRole, the role Scheduler assumes to send a far
+	// job's message to the queue (and, after 24 h of refusals, to the
+	// DLQ), and grants producers, the worker, the DLQ consumer and
+	// operators the schedule actions on that group's nj-… schedules, the
+	// guard CreateSchedule there. Defaults to false.
 	NoFarSchedules *bool
 	// Environment is added to every function's (settings of your own).
 	Environment *map[string]*string
@@ -256,7 +260,8 @@ type JobQueue struct {
 	WebDashboardURL    awslambda.FunctionUrl      // its IAM-authenticated URL
 	GuardFailures      awssqs.Queue               // stream batches the guard gave up on (nil with NoGuard)
 	GuardFailureAlarm  awscloudwatch.Alarm        // on GuardFailures' depth
-	ScheduleGroup      awsscheduler.ScheduleGroup // nil without the Recurring prop
+	ScheduleGroup      awsscheduler.ScheduleGroup // recurring jobs' schedules; nil without the Recurring prop
+	FarScheduleGroup   awsscheduler.ScheduleGroup // far jobs' one-time schedules, apart (nil with NoFarSchedules)
 	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
 	SchedulerRole      awsiam.Role                // assumed by Scheduler to invoke the target
 	FarRole            awsiam.Role                // assumed by Scheduler to send far jobs' messages (nil with NoFarSchedules)
@@ -354,9 +359,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.keySecretKey = p.KeySecretKey
 	}
 	env[settings.EnvQueues] = named
-	if p.NoFarSchedules == nil || !*p.NoFarSchedules {
-		q.farSchedules(c, env)
-	}
+	q.scheduleGroups(c, p, env)
 	if p.Environment != nil {
 		for k, v := range *p.Environment {
 			env[k] = v
@@ -424,7 +427,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		q.Table.GrantStream(q.Guard, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
 			jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
 		q.grantQueues(q.Guard, "sqs:SendMessage")
-		q.grantFarActions(q.Guard, "scheduler:CreateSchedule", "scheduler:UpdateSchedule") // far jobs' checks
+		q.grantFarActions(q.Guard, "scheduler:CreateSchedule") // far jobs' checks: their own schedule, made if missing
 		// A batch that fails all its retries is not dropped silently: its
 		// stream position goes to a queue of its own, and an alarm says so
 		// (those jobs lost their recovery check; look them up and Dispatch).
@@ -557,86 +560,6 @@ func (q *JobQueue) webDashboard(c constructs.Construct, p JobQueueProps, env map
 		InvokeMode: awslambda.InvokeMode_RESPONSE_STREAM,
 	})
 	awscdk.NewCfnOutput(c, jsii.String("WebDashboardUrl"), &awscdk.CfnOutputProps{Value: q.WebDashboardURL.Url()})
-}
-
-// recurring adds the schedule group, the target and Scheduler's role.
-func (q *JobQueue) recurring(c constructs.Construct, p JobQueueProps, env map[string]*string) {
-	if q.ScheduleGroup == nil {
-		q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
-	}
-	q.RecurringTarget = newFunction(c, p, "RecurringTarget", p.code(settings.Recurring), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
-	q.GrantEnqueue(q.RecurringTarget)
-	// Only Scheduler acting for this account may assume it (the confused
-	// deputy: another account's schedule naming this role).
-	q.SchedulerRole = awsiam.NewRole(c, jsii.String("SchedulerRole"), &awsiam.RoleProps{
-		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
-			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
-		}),
-	})
-	q.RecurringTarget.GrantInvoke(q.SchedulerRole)
-	q.env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
-	q.env[settings.EnvScheduleTarget] = q.RecurringTarget.FunctionArn()
-	q.env[settings.EnvSchedulerRole] = q.SchedulerRole.RoleArn()
-}
-
-// farSchedules adds the schedule group and the role Scheduler assumes to
-// send far jobs' messages (package onetime), and their settings.
-func (q *JobQueue) farSchedules(c constructs.Construct, env map[string]*string) {
-	q.ScheduleGroup = awsscheduler.NewScheduleGroup(c, jsii.String("Schedules"), &awsscheduler.ScheduleGroupProps{})
-	q.FarRole = awsiam.NewRole(c, jsii.String("FarScheduleRole"), &awsiam.RoleProps{
-		AssumedBy: awsiam.NewServicePrincipal(jsii.String("scheduler.amazonaws.com"), &awsiam.ServicePrincipalOpts{
-			Conditions: &map[string]any{"StringEquals": map[string]any{"aws:SourceAccount": awscdk.Aws_ACCOUNT_ID()}},
-		}),
-	})
-	q.grantQueues(q.FarRole, "sqs:SendMessage")
-	env[settings.EnvScheduleGroup] = q.ScheduleGroup.ScheduleGroupName()
-	env[settings.EnvFarRole] = q.FarRole.RoleArn()
-	env[settings.EnvQueueARN] = q.Queue.QueueArn()
-}
-
-// grantFar lets grantee make, move and remove far jobs' one-time
-// schedules (named nj-… and njc-… in the group) and pass FarRole to
-// Scheduler, nothing else of Scheduler's.
-func (q *JobQueue) grantFar(grantee awsiam.IGrantable) {
-	q.grantFarActions(grantee, "scheduler:CreateSchedule", "scheduler:UpdateSchedule", "scheduler:DeleteSchedule")
-}
-
-// grantFarActions grants these Scheduler actions on far jobs' schedules
-// and passing FarRole to Scheduler.
-func (q *JobQueue) grantFarActions(grantee awsiam.IGrantable, actions ...string) {
-	if q.FarRole == nil {
-		return
-	}
-	arn := awscdk.Fn_Join(jsii.String(""), jsii.Strings("arn:", *awscdk.Aws_PARTITION(), ":scheduler:", *awscdk.Aws_REGION(), ":", *awscdk.Aws_ACCOUNT_ID(), ":schedule/", *q.ScheduleGroup.ScheduleGroupName(), "/nj*"))
-	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
-		Grantee: grantee, Actions: jsii.Strings(actions...), ResourceArns: jsii.Strings(*arn),
-	})
-	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Actions:    jsii.Strings("iam:PassRole"),
-		Resources:  jsii.Strings(*q.FarRole.RoleArn()),
-		Conditions: &map[string]any{"StringEquals": map[string]any{"iam:PassedToService": "scheduler.amazonaws.com"}},
-	}))
-}
-
-// GrantSchedule lets grantee create, update, read, list and remove
-// recurring jobs' schedules in the construct's group (package recurring),
-// and pass Scheduler its role. It panics without the Recurring prop.
-func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
-	if q.ScheduleGroup == nil {
-		panic("nexjob infra: GrantSchedule needs JobQueueProps.Recurring")
-	}
-	q.ScheduleGroup.GrantWriteSchedules(grantee)
-	q.ScheduleGroup.GrantReadSchedules(grantee)
-	q.ScheduleGroup.GrantDeleteSchedules(grantee)
-	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
-		Grantee: grantee, Actions: jsii.Strings("scheduler:ListSchedules"), ResourceArns: jsii.Strings("*"),
-	})
-	// Pass the role to Scheduler only.
-	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Actions:    jsii.Strings("iam:PassRole"),
-		Resources:  jsii.Strings(*q.SchedulerRole.RoleArn()),
-		Conditions: &map[string]any{"StringEquals": map[string]any{"iam:PassedToService": "scheduler.amazonaws.com"}},
-	}))
 }
 
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:

@@ -187,7 +187,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"logs:CreateLogStream", "logs:PutLogEvents"},
 			{"dynamodb:DescribeStream", "dynamodb:GetRecords", "dynamodb:GetShardIterator", "dynamodb:ListStreams"},
 			{"sqs:SendMessage"},
-			{"scheduler:CreateSchedule", "scheduler:UpdateSchedule"}, {"iam:PassRole"}, // far jobs' checks
+			{"scheduler:CreateSchedule"}, {"iam:PassRole"}, // far jobs' checks: their own schedule, made if missing
 			{"sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"}, // its failure queue (the CDK's SqsDlq grant)
 		},
 		"Producer": {
@@ -195,9 +195,10 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"sqs:SendMessage", "sqs:GetQueueAttributes"},
 			far, {"iam:PassRole"},
 		},
-		// Scheduler's role for far jobs: send to the job queue, nothing else.
+		// Scheduler's role for far jobs: send to the job queue, and to the
+		// DLQ a message the queue refused for 24 hours; nothing else.
 		"JobsFarScheduleRole": {
-			{"sqs:SendMessage"},
+			{"sqs:SendMessage"}, {"sqs:SendMessage"},
 		},
 	}
 	seen := map[string]bool{}
@@ -430,7 +431,7 @@ func TestRecurring(t *testing.T) {
 		}
 	}
 	tpl := assertions.Template_FromStack(stack, nil)
-	tpl.ResourceCountIs(jsii.String("AWS::Scheduler::ScheduleGroup"), jsii.Number(1))
+	tpl.ResourceCountIs(jsii.String("AWS::Scheduler::ScheduleGroup"), jsii.Number(2)) // recurring jobs', far jobs' (TestFarAndRecurringSchedulesApart)
 	tpl.ResourceCountIs(jsii.String("AWS::Lambda::Function"), jsii.Number(4))
 	tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), map[string]any{
 		"Environment": map[string]any{"Variables": map[string]any{"NEXJOB_ROLE": "recurring"}},
@@ -452,6 +453,9 @@ func TestRecurring(t *testing.T) {
 		"PolicyDocument": map[string]any{"Statement": []any{assertions.Match_ObjectLike(&map[string]any{
 			"Action": assertions.Match_AnyValue(), "Effect": "Allow",
 			"Resource": assertions.Match_ArrayWith(&[]any{map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("^JobsRecurringTarget")), "Arn"}}}),
+		}), assertions.Match_ObjectLike(&map[string]any{ // a firing it could not deliver, to the DLQ
+			"Action": "sqs:SendMessage", "Effect": "Allow",
+			"Resource": map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("^JobsDLQ")), "Arn"}},
 		})}},
 	})
 	b, _ := json.Marshal(tpl.ToJSON())

@@ -162,7 +162,7 @@ func resolve(t *testing.T, e *nexjobtest.Env, name string, v any) string {
 		return e.QueueURL
 	case settings.EnvDLQURL:
 		return e.DLQURL
-	case settings.EnvScheduleGroup, settings.EnvScheduleTarget, settings.EnvSchedulerRole, settings.EnvFarRole, settings.EnvQueueARN:
+	case settings.EnvScheduleGroup, settings.EnvScheduleTarget, settings.EnvSchedulerRole, settings.EnvFarRole, settings.EnvQueueARN, settings.EnvScheduleDLQARN:
 		return "from-the-template:" + name // read at start, used only when a schedule is made
 	}
 	t.Fatalf("%s: a token the test cannot map: %v", name, v)

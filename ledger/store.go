@@ -201,29 +201,39 @@ func (s *Store) getPK(ctx context.Context, pk string, consistent bool) (Record, 
 }
 
 // Delete removes the job with this id; deleting a keyed job frees its key.
-// Deleting a job that does not exist is not an error.
-func (s *Store) Delete(ctx context.Context, id string) error {
+// Deleting a job that does not exist is not an error. It returns the
+// record it removed (DeleteItem's ALL_OLD, free), or a zero Record when
+// there was none (a resend of a delete whose reply was lost finds none):
+// the caller removes what the record pointed at (a far run's schedule).
+func (s *Store) Delete(ctx context.Context, id string) (Record, error) {
 	pks, err := locate(id)
 	if err != nil {
-		return err
+		return Record{}, err
 	}
+	var old Record
 	for _, pk := range pks {
 		cond, err := expression.NewBuilder().
 			WithCondition(expression.Name(AttrID).Equal(expression.Value(id))).Build()
 		if err != nil {
-			return fmt.Errorf("nexjob: build condition: %w", err)
+			return Record{}, fmt.Errorf("nexjob: build condition: %w", err)
 		}
-		_, err = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
+		out, err := s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
 			TableName:                 aws.String(s.table),
 			Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: pk}},
 			ConditionExpression:       cond.Condition(),
 			ExpressionAttributeNames:  cond.Names(),
 			ExpressionAttributeValues: cond.Values(),
+			ReturnValues:              types.ReturnValueAllOld,
 		})
 		var ccf *types.ConditionalCheckFailedException
 		if err != nil && !errors.As(err, &ccf) {
-			return fmt.Errorf("nexjob: delete job from %s: %w", s.table, err)
+			return Record{}, fmt.Errorf("nexjob: delete job from %s: %w", s.table, err)
+		}
+		if err == nil && len(out.Attributes) > 0 {
+			if rec, derr := decodeRecord(out.Attributes); derr == nil {
+				old = rec
+			}
 		}
 	}
-	return nil
+	return old, nil
 }

@@ -4,28 +4,46 @@
 // an invocation each); with a schedule it costs one CreateSchedule, and
 // Scheduler's one SendMessage at the run time, whatever the distance.
 //
-// The schedule is named after the message ("nj-<job id>", "njc-<job id>"
-// for a dispatch guard's check), fires at(run time) with no flexible
-// window, sends the message's body to the job queue through the
-// construct's scheduler role, and deletes itself after (ActionAfterCompletion
-// DELETE). A schedule that fires for a job no longer waiting does
-// nothing: the worker's claim refuses it, as it refuses any stray copy.
+// A schedule is named after the job and its run time, "nj-<job id>-<run
+// second>" (Name): one name per run of a job, never reused for another
+// time. It fires at(run time) with no flexible window, sends the message's
+// body to the job's queue through the construct's scheduler role, and
+// deletes itself after (ActionAfterCompletion DELETE). A send that SQS
+// refuses is retried by Scheduler for 24 hours (RetryPolicy), then the
+// message goes to the dead-letter queue (Options.DeadLetterARN), whose
+// consumer sends the job back: without one Scheduler dropped it and
+// deleted the schedule, and the job stayed Scheduled for good. A schedule
+// that fires for a job no longer waiting does nothing: the worker's claim
+// refuses it, as it refuses any stray copy.
+//
+// Why per run time: a name per job was written again for the job's next
+// run (a far retry, a debounce fold's carry, a later rate-limit slot),
+// and a delete meant for the earlier run (a cancel's slow DeleteSchedule,
+// or a fired schedule's own ActionAfterCompletion DELETE, which Scheduler
+// applies after the firing, at a time of its choosing) could land after
+// that write and remove the later run's schedule: the job stayed
+// Scheduled with nothing to send it. Now a delete names a run time, and no
+// later run shares it.
 //
 // # How it fails
 //
 // Schedule is idempotent: a create that meets its own name (a resend of
-// an applied create, or the job dispatched again) updates the schedule to
-// the time and body given, so the last dispatch wins and a lost reply
-// reads as done. Unschedule of a missing schedule is done. Any other
-// error is returned wrapped: the caller treats it as a failed send (the
-// job is marked unsent; a retry of its key, or the dispatch guard, sends
-// it again).
+// an applied create, or the same run dispatched again) updates the
+// schedule to the body given, and an update that finds the schedule gone
+// (it fired, or a cancel removed it, between the two) creates it again;
+// a lost reply reads as done. Ensure, the dispatch guard's check of a far
+// job, is one create, and meeting the name is done (the name is the run:
+// its message is there already). Unschedule of a missing schedule is done.
+// Any other error is returned wrapped: the caller treats it as a failed
+// send (the job is marked unsent; a retry of its key, or the dispatch
+// guard, sends it again).
 package onetime
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,8 +54,8 @@ import (
 
 // Options name where the schedules live and what they send to.
 type Options struct {
-	// Group is the schedule group (the construct's, shared with recurring
-	// jobs). Required.
+	// Group is the far jobs' schedule group (the construct's
+	// FarScheduleGroup: their own, never the recurring jobs'). Required.
 	Group string
 	// QueueARN is the job queue's ARN, the schedules' target. Required.
 	QueueARN string
@@ -47,7 +65,19 @@ type Options struct {
 	// QueueARNs are the named queues' ARNs (name → ARN), the targets of
 	// schedules for jobs on them. Defaults to none.
 	QueueARNs map[string]string
+	// DeadLetterARN is the SQS queue where Scheduler puts a message it
+	// could not send within the targets' retry policy (RetryPolicy: 24 h,
+	// 185 retries): the job queue's DLQ, whose consumer sends a job that
+	// never started back. RoleARN must be allowed to send to it. Defaults
+	// to none: Scheduler drops such a message (the settings and the
+	// construct always set it).
+	DeadLetterARN string
 }
+
+// RetryPolicy is every schedule target's: Scheduler retries a send SQS
+// refuses (throttling, an outage) for up to 24 hours and 185 times, then
+// puts the message in Options.DeadLetterARN.
+var RetryPolicy = types.RetryPolicy{MaximumEventAgeInSeconds: aws.Int32(86400), MaximumRetryAttempts: aws.Int32(185)}
 
 // Scheduler is the part of *scheduler.Client this package uses.
 type Scheduler interface {
@@ -71,47 +101,109 @@ func New(s Scheduler, o Options) (*Client, error) {
 	return &Client{s: s, o: o}, nil
 }
 
-// Name is the schedule name of a job's message (check: a dispatch guard's
-// check): within Scheduler's 64 characters for every job id.
-func Name(jobID string, check bool) string {
-	if check {
-		return "njc-" + jobID
-	}
-	return "nj-" + jobID
+// Name is the schedule name of a job's run at runAt: "nj-" + job id +
+// "-" + the run's second (rounded up, as the schedule's at() is) in base
+// 32. Within Scheduler's 64 characters for every job id (53 at most).
+func Name(jobID string, runAt time.Time) string {
+	return "nj-" + jobID + "-" + strconv.FormatInt(second(runAt).Unix(), 32)
 }
 
-// Schedule makes (or moves) the schedule name to send body at at
+// second is t rounded up to the second: when an at() schedule fires.
+func second(t time.Time) time.Time { return t.UTC().Add(time.Second - 1).Truncate(time.Second) }
+
+// Schedule makes (or refreshes) the schedule name to send body at at
 // (rounded up to the second, UTC) to the named queue, "" the job queue.
+// The name should be Name(job, at): one schedule per run time.
 func (c *Client) Schedule(ctx context.Context, name string, at time.Time, queue, body string) error {
-	arn := c.o.QueueARN
-	if queue != "" {
-		var ok bool
-		if arn, ok = c.o.QueueARNs[queue]; !ok {
-			return fmt.Errorf("nexjob: schedule %s: no ARN for the named queue %q (Options.QueueARNs)", name, queue)
-		}
+	arn, err := c.queueARN(name, queue)
+	if err != nil {
+		return err
 	}
-	expr := "at(" + at.UTC().Add(time.Second-1).Truncate(time.Second).Format("2006-01-02T15:04:05") + ")"
-	target := &types.Target{Arn: aws.String(arn), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body)}
-	window := &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff}
-	_, err := c.s.CreateSchedule(ctx, &scheduler.CreateScheduleInput{
-		Name: aws.String(name), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(expr),
-		ScheduleExpressionTimezone: aws.String("UTC"), Target: target, FlexibleTimeWindow: window,
-		ActionAfterCompletion: types.ActionAfterCompletionDelete,
-	})
+	create := func() error {
+		_, err := c.s.CreateSchedule(ctx, c.createInput(name, at, arn, body))
+		return err
+	}
 	var conflict *types.ConflictException
+	var gone *types.ResourceNotFoundException
+	err = create()
 	if errors.As(err, &conflict) {
-		// Ours already (a resent create, or the job dispatched again):
-		// the given time and body win.
+		// Ours already (a resent create, or the run dispatched again):
+		// the body given wins.
+		in := c.createInput(name, at, arn, body)
 		_, err = c.s.UpdateSchedule(ctx, &scheduler.UpdateScheduleInput{
-			Name: aws.String(name), GroupName: aws.String(c.o.Group), ScheduleExpression: aws.String(expr),
-			ScheduleExpressionTimezone: aws.String("UTC"), Target: target, FlexibleTimeWindow: window,
-			ActionAfterCompletion: types.ActionAfterCompletionDelete,
+			Name: in.Name, GroupName: in.GroupName, ScheduleExpression: in.ScheduleExpression,
+			ScheduleExpressionTimezone: in.ScheduleExpressionTimezone, Target: in.Target,
+			FlexibleTimeWindow: in.FlexibleTimeWindow, ActionAfterCompletion: in.ActionAfterCompletion,
 		})
+		if errors.As(err, &gone) {
+			// Gone between the two (it fired and deleted itself, or a
+			// cancel removed it): made again. A conflict now is the same
+			// run's schedule, made meanwhile by another dispatch.
+			if err = create(); errors.As(err, &conflict) {
+				err = nil
+			}
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("nexjob: schedule %s: %w", name, err)
 	}
 	return nil
+}
+
+// Ensure makes the schedule name to send body at at, unless it exists:
+// a create that meets the name is done, with no update. For the
+// dispatch guard's check of a far job: a name is one run of one job
+// (Name), so a schedule of that name already sends this run's message.
+// One CreateSchedule, which Scheduler refuses or applies; a lost reply's
+// resend meets its own schedule.
+func (c *Client) Ensure(ctx context.Context, name string, at time.Time, queue, body string) error {
+	arn, err := c.queueARN(name, queue)
+	if err != nil {
+		return err
+	}
+	_, err = c.s.CreateSchedule(ctx, c.createInput(name, at, arn, body))
+	var conflict *types.ConflictException
+	if err != nil && !errors.As(err, &conflict) {
+		return fmt.Errorf("nexjob: schedule %s: %w", name, err)
+	}
+	return nil
+}
+
+// queueARN is the target of a schedule for the named queue ("" the job
+// queue).
+func (c *Client) queueARN(name, queue string) (string, error) {
+	if queue == "" {
+		return c.o.QueueARN, nil
+	}
+	arn, ok := c.o.QueueARNs[queue]
+	if !ok {
+		return "", fmt.Errorf("nexjob: schedule %s: no ARN for the named queue %q (Options.QueueARNs)", name, queue)
+	}
+	return arn, nil
+}
+
+// createInput is the schedule name: at(at) in UTC, no flexible window,
+// sending body to the queue arn through the role, deleted once fired.
+func (c *Client) createInput(name string, at time.Time, arn, body string) *scheduler.CreateScheduleInput {
+	return &scheduler.CreateScheduleInput{
+		Name: aws.String(name), GroupName: aws.String(c.o.Group),
+		ScheduleExpression:         aws.String("at(" + second(at).Format("2006-01-02T15:04:05") + ")"),
+		ScheduleExpressionTimezone: aws.String("UTC"),
+		Target:                     c.target(arn, body),
+		FlexibleTimeWindow:         &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff},
+		ActionAfterCompletion:      types.ActionAfterCompletionDelete,
+	}
+}
+
+// target sends body to the queue arn through the role, retried for 24
+// hours, then to the dead-letter queue.
+func (c *Client) target(arn, body string) *types.Target {
+	rp := RetryPolicy
+	t := &types.Target{Arn: aws.String(arn), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(body), RetryPolicy: &rp}
+	if c.o.DeadLetterARN != "" {
+		t.DeadLetterConfig = &types.DeadLetterConfig{Arn: aws.String(c.o.DeadLetterARN)}
+	}
+	return t
 }
 
 // Unschedule removes the schedule name; a missing one is done.

@@ -33,8 +33,8 @@
 // reply is retried safely. A bad id, expression or args is an
 // *enqueue.InputError before any call. A firing whose enqueue fails
 // returns the error to Scheduler, which retries it (the schedule's retry
-// policy, then its dead-letter queue): the key makes a retried firing
-// enqueue once.
+// policy, then its dead-letter queue, Options.DeadLetterARN): the key
+// makes a retried firing enqueue once.
 package recurring
 
 import (
@@ -53,6 +53,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/internal/redact"
+	"github.com/nexjob/nexjob-aws/onetime"
 )
 
 // Concurrency is what a firing does while an earlier run is active.
@@ -77,6 +78,13 @@ type Options struct {
 	// RoleARN is the role Scheduler assumes to invoke it (the construct's
 	// SchedulerRole). Required for Recurring.
 	RoleARN string
+	// DeadLetterARN is the SQS queue where Scheduler puts a firing it
+	// could not deliver within the retry policy (onetime.RetryPolicy: 24
+	// h, 185 retries); the job queue's DLQ, whose consumer keeps it in
+	// the ledger as a non-job record, listed with the Failed jobs.
+	// RoleARN must be allowed to send to it. Defaults to none: Scheduler
+	// drops such a firing.
+	DeadLetterARN string
 }
 
 // Opts tune one recurring job.
@@ -212,7 +220,11 @@ func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.Jo
 	if o.Disabled {
 		state = types.ScheduleStateDisabled
 	}
-	target := &types.Target{Arn: aws.String(c.o.TargetARN), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(string(in))}
+	rp := onetime.RetryPolicy
+	target := &types.Target{Arn: aws.String(c.o.TargetARN), RoleArn: aws.String(c.o.RoleARN), Input: aws.String(string(in)), RetryPolicy: &rp}
+	if c.o.DeadLetterARN != "" {
+		target.DeadLetterConfig = &types.DeadLetterConfig{Arn: aws.String(c.o.DeadLetterARN)}
+	}
 	window := &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff}
 	var tz *string
 	if o.Timezone != "" {
@@ -256,7 +268,9 @@ func (s Schedule) NextFiring(now time.Time) (time.Time, bool) {
 
 // List returns the group's recurring jobs (one ListSchedules page per 100
 // and one GetSchedule each). Schedules of the group that are not nexjob's
-// are left out.
+// recurring jobs are left out. Far jobs' one-time schedules are in a
+// group of their own (package onetime, NEXJOB_FAR_SCHEDULE_GROUP), so
+// they are neither read nor listed here.
 func (c *Client) List(ctx context.Context) ([]Schedule, error) {
 	var out []Schedule
 	p := scheduler.NewListSchedulesPaginator(c.s, &scheduler.ListSchedulesInput{GroupName: aws.String(c.o.Group)})
@@ -275,8 +289,8 @@ func (c *Client) List(ctx context.Context) ([]Schedule, error) {
 				return nil, fmt.Errorf("nexjob: read schedule %s: %w", aws.ToString(s.Name), err)
 			}
 			var f Firing
-			if got.Target == nil || json.Unmarshal([]byte(aws.ToString(got.Target.Input)), &f) != nil || f.V != 1 {
-				continue
+			if got.Target == nil || json.Unmarshal([]byte(aws.ToString(got.Target.Input)), &f) != nil || f.V != 1 || len(f.Args) == 0 || f.Concurrency == "" {
+				continue // not a firing (a far job's message, made before far jobs had a group of their own)
 			}
 			out = append(out, Schedule{ID: aws.ToString(got.Name), Expression: aws.ToString(got.ScheduleExpression),
 				Timezone: aws.ToString(got.ScheduleExpressionTimezone), Enabled: got.State == types.ScheduleStateEnabled, Firing: f,

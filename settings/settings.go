@@ -22,9 +22,11 @@
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
 //	NEXJOB_DASHBOARD_WRITE       "true" turns the dashboard function's write actions on
-//	NEXJOB_SCHEDULE_GROUP        the EventBridge Scheduler group of recurring jobs and far jobs' one-time schedules (optional)
-//	NEXJOB_FAR_ROLE_ARN          far jobs: the role Scheduler assumes to send to the job queue (with the group: one-time schedules)
+//	NEXJOB_SCHEDULE_GROUP        the EventBridge Scheduler group of recurring jobs (optional)
+//	NEXJOB_FAR_SCHEDULE_GROUP    far jobs: the group of their one-time schedules, not the recurring jobs'
+//	NEXJOB_FAR_ROLE_ARN          far jobs: the role Scheduler assumes to send to the job queue (with the far group: one-time schedules)
 //	NEXJOB_QUEUE_ARN             far jobs: the job queue's ARN, the one-time schedules' target
+//	NEXJOB_SCHEDULE_DLQ_ARN      the dead-letter queue of Scheduler's targets (far and recurring jobs' schedules); required with NEXJOB_FAR_ROLE_ARN
 //	NEXJOB_QUEUES                named queues (enqueue.Opts.Queue), JSON: {"bulk":{"url":"…","arn":"…","dlq":"…"}}; arn needed with far jobs, dlq optional
 //	NEXJOB_SCHEDULE_TARGET_ARN   recurring jobs: the target function's ARN
 //	NEXJOB_SCHEDULER_ROLE_ARN    recurring jobs: the role Scheduler assumes to invoke it
@@ -88,10 +90,12 @@ const (
 	EnvGuardAfter         = "NEXJOB_GUARD_AFTER"
 	EnvDashboardWrite     = "NEXJOB_DASHBOARD_WRITE"
 	EnvScheduleGroup      = "NEXJOB_SCHEDULE_GROUP"
+	EnvFarScheduleGroup   = "NEXJOB_FAR_SCHEDULE_GROUP"
 	EnvScheduleTarget     = "NEXJOB_SCHEDULE_TARGET_ARN"
 	EnvSchedulerRole      = "NEXJOB_SCHEDULER_ROLE_ARN"
 	EnvFarRole            = "NEXJOB_FAR_ROLE_ARN"
 	EnvQueueARN           = "NEXJOB_QUEUE_ARN"
+	EnvScheduleDLQARN     = "NEXJOB_SCHEDULE_DLQ_ARN"
 	EnvQueues             = "NEXJOB_QUEUES"
 )
 
@@ -159,9 +163,10 @@ type Settings struct {
 	// Schedules are recurring.Options: where recurring jobs' schedules
 	// live and what they invoke (empty without the construct's Recurring).
 	Schedules recurring.Options
-	// Far is where far jobs' one-time schedules live and what they send
-	// to (package onetime); empty without NEXJOB_FAR_ROLE_ARN: far jobs
-	// hop through SQS delays then.
+	// Far is where far jobs' one-time schedules live (a group of their
+	// own, NEXJOB_FAR_SCHEDULE_GROUP) and what they send to (package
+	// onetime); empty without NEXJOB_FAR_ROLE_ARN: far jobs hop through
+	// SQS delays then.
 	Far onetime.Options
 	// Queues are the named queues (NEXJOB_QUEUES), by name.
 	Queues map[string]NamedQueue
@@ -264,12 +269,21 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 		Role: role, AWS: cfg,
 		Table: getenv(EnvTable), QueueURL: getenv(EnvQueueURL), DLQURL: getenv(EnvDLQURL),
 		Retention: handler.DefaultRetention,
-		Schedules: recurring.Options{Group: getenv(EnvScheduleGroup), TargetARN: getenv(EnvScheduleTarget), RoleARN: getenv(EnvSchedulerRole)},
+		Schedules: recurring.Options{Group: getenv(EnvScheduleGroup), TargetARN: getenv(EnvScheduleTarget), RoleARN: getenv(EnvSchedulerRole),
+			DeadLetterARN: getenv(EnvScheduleDLQARN)},
 	}
 	if role := getenv(EnvFarRole); role != "" {
-		s.Far = onetime.Options{Group: getenv(EnvScheduleGroup), RoleARN: role, QueueARN: getenv(EnvQueueARN)}
-		if s.Far.Group == "" || s.Far.QueueARN == "" {
-			return Settings{}, &InvalidError{Var: EnvFarRole, Reason: "one-time schedules also need " + EnvScheduleGroup + " and " + EnvQueueARN}
+		s.Far = onetime.Options{Group: getenv(EnvFarScheduleGroup), RoleARN: role, QueueARN: getenv(EnvQueueARN), DeadLetterARN: getenv(EnvScheduleDLQARN)}
+		if s.Far.Group == "" || s.Far.QueueARN == "" || s.Far.DeadLetterARN == "" {
+			// Without a DLQ Scheduler drops a message SQS refused for
+			// 24 h, and the far job waits for good.
+			return Settings{}, &InvalidError{Var: EnvFarRole, Reason: "one-time schedules also need " + EnvFarScheduleGroup + ", " + EnvQueueARN + " and " + EnvScheduleDLQARN}
+		}
+		if s.Far.Group == s.Schedules.Group {
+			// Apart: a recurring grantee could update and delete far
+			// jobs' schedules, a far grantee rewrite recurring ones, and
+			// listings showed far jobs as recurring jobs.
+			return Settings{}, &InvalidError{Var: EnvFarScheduleGroup, Reason: "far jobs' schedules need a group of their own, not " + EnvScheduleGroup + "'s"}
 		}
 	}
 	var err error

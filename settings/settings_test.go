@@ -112,7 +112,8 @@ func TestNamedQueues(t *testing.T) {
 	vars := map[string]string{
 		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q",
 		settings.EnvQueues:  `{"bulk":{"url":"https://sqs/b","arn":"arn:aws:sqs:eu-west-1:1:b","dlq":"https://sqs/b-dlq"}}`,
-		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvScheduleGroup: "g", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
+		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvFarScheduleGroup: "far", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
+		settings.EnvScheduleDLQARN: "arn:aws:sqs:eu-west-1:1:dlq",
 	}
 	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
 	if err != nil {
@@ -178,5 +179,48 @@ func TestShardCountAboveTheDefaultIsRecorded(t *testing.T) {
 	}
 	if n, ok := out.Item[ledger.AttrMaxShards].(*types.AttributeValueMemberN); !ok || n.Value != "40" {
 		t.Fatalf("index item %v, want maxShards 40", out.Item)
+	}
+}
+
+// TestFarSchedulesNeedADeadLetterQueue (issue 27 item 21): far jobs'
+// schedules need NEXJOB_SCHEDULE_DLQ_ARN (without one Scheduler drops a
+// message SQS refused for 24 hours, and the job waits for good); it goes
+// to the far and the recurring schedules' targets.
+func TestFarSchedulesNeedADeadLetterQueue(t *testing.T) {
+	vars := map[string]string{
+		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q",
+		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvFarScheduleGroup: "far", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q",
+	}
+	var ie *settings.InvalidError
+	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || !strings.Contains(ie.Reason, settings.EnvScheduleDLQARN) {
+		t.Fatalf("far jobs with no DLQ for their schedules: %v, want an InvalidError naming %s", err, settings.EnvScheduleDLQARN)
+	}
+	vars[settings.EnvScheduleDLQARN] = "arn:aws:sqs:eu-west-1:1:dlq"
+	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
+	if err != nil || s.Far.DeadLetterARN != vars[settings.EnvScheduleDLQARN] || s.Schedules.DeadLetterARN != vars[settings.EnvScheduleDLQARN] {
+		t.Fatalf("%+v %v", s, err)
+	}
+}
+
+// TestFarSchedulesHaveTheirOwnGroup (issue 27 item 22): far jobs'
+// schedules are in NEXJOB_FAR_SCHEDULE_GROUP, which may not be the
+// recurring jobs' NEXJOB_SCHEDULE_GROUP.
+func TestFarSchedulesHaveTheirOwnGroup(t *testing.T) {
+	vars := map[string]string{
+		settings.EnvTable: "jobs", settings.EnvQueueURL: "https://sqs/q", settings.EnvScheduleGroup: "rec",
+		settings.EnvFarRole: "arn:aws:iam::1:role/far", settings.EnvQueueARN: "arn:aws:sqs:eu-west-1:1:q", settings.EnvScheduleDLQARN: "arn:aws:sqs:eu-west-1:1:dlq",
+	}
+	var ie *settings.InvalidError
+	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || !strings.Contains(ie.Reason, settings.EnvFarScheduleGroup) {
+		t.Fatalf("far jobs with no group of their own: %v, want an InvalidError naming %s", err, settings.EnvFarScheduleGroup)
+	}
+	vars[settings.EnvFarScheduleGroup] = "rec"
+	if _, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars)); !errors.As(err, &ie) || ie.Var != settings.EnvFarScheduleGroup {
+		t.Fatalf("far jobs in the recurring jobs' group: %v, want an InvalidError on %s", err, settings.EnvFarScheduleGroup)
+	}
+	vars[settings.EnvFarScheduleGroup] = "far"
+	s, err := settings.FromEnv(context.Background(), region, settings.Producer, env(vars))
+	if err != nil || s.Far.Group != "far" || s.Schedules.Group != "rec" {
+		t.Fatalf("%+v %v", s, err)
 	}
 }

@@ -59,10 +59,11 @@ func TestCheckSkipsJobsClaimedInTheBatch(t *testing.T) {
 	}
 }
 
-// TestFarCheckIsScheduled: with Far, the check of a job due 30 days
-// ahead is one one-time schedule at its run time plus After, named for
-// the job's check, and no SQS message (it hopped every 900 s before).
-func TestFarCheckIsScheduled(t *testing.T) {
+// TestFarCheckMakesTheJobsSchedule: with Far, the check of a job due 30
+// days ahead makes sure of the job's own one-time schedule (its run's
+// name, its message, at its run time): no check schedule, no SQS
+// message. A retried batch meets the schedule: done, still one.
+func TestFarCheckMakesTheJobsSchedule(t *testing.T) {
 	e := nexjobtest.New(t, nil)
 	ctx := context.Background()
 	group := "guard-" + e.Table[len(e.Table)-9:]
@@ -81,20 +82,26 @@ func TestFarCheckIsScheduled(t *testing.T) {
 	now := time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC)
 	g := guard.New(e.SQS, e.QueueURL, &guard.Options{Far: far, Now: func() time.Time { return now }})
 	runAt := now.Add(30 * 24 * time.Hour)
-	if err := g.Check(ctx, []guard.Change{{ID: "far-job", Kind: "k", State: ledger.Scheduled, RunAt: runAt.UnixMilli()}}); err != nil {
-		t.Fatal(err)
+	for range 2 {
+		if err := g.Check(ctx, []guard.Change{{ID: "far-job", Kind: "k", State: ledger.Scheduled, RunAt: runAt.UnixMilli()}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if n := e.QueueDepth(t, e.QueueURL); n != 0 {
 		t.Fatalf("%d SQS messages for a far job's check, want none", n)
 	}
-	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name("far-job", true)), GroupName: aws.String(group)})
+	list, err := sched.ListSchedules(ctx, &scheduler.ListSchedulesInput{GroupName: aws.String(group)})
+	if err != nil || len(list.Schedules) != 1 {
+		t.Fatalf("schedules: %v %d, want the job's alone", err, len(list.Schedules))
+	}
+	got, err := sched.GetSchedule(ctx, &scheduler.GetScheduleInput{Name: aws.String(onetime.Name("far-job", runAt)), GroupName: aws.String(group)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "at(" + runAt.Add(enqueue.DefaultRedispatchAfter).Format("2006-01-02T15:04:05") + ")"
+	want := "at(" + runAt.Format("2006-01-02T15:04:05") + ")"
 	msg, err := enqueue.DecodeMessage(aws.ToString(got.Target.Input))
-	if aws.ToString(got.ScheduleExpression) != want || err != nil || !msg.Check || msg.ID != "far-job" {
-		t.Fatalf("the check's schedule: %s %q %v, want %s", aws.ToString(got.ScheduleExpression), aws.ToString(got.Target.Input), err, want)
+	if aws.ToString(got.ScheduleExpression) != want || err != nil || msg.Check || msg.ID != "far-job" || msg.RunAt != runAt.UnixMilli() {
+		t.Fatalf("the job's schedule: %s %q %v, want the job's message at %s", aws.ToString(got.ScheduleExpression), aws.ToString(got.Target.Input), err, want)
 	}
 }
 

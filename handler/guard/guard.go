@@ -12,6 +12,14 @@
 // past the new run time (the worker's handler.Options.GuardAfter), since
 // it may be all that names the job; otherwise it drops the check.
 //
+// A far job (Options.Far, its run more than FarAfter ahead) gets no check
+// message: the guard makes sure of the job's own one-time schedule
+// instead (one CreateSchedule of its run's name, onetime.Name; a create
+// that meets it is done, and one that does not makes it, with the job's
+// message). A producer that died between its PutItem and its
+// CreateSchedule is covered, and a far job takes one schedule and one
+// firing, not a second schedule that fires a check.
+//
 // # Cost and latency
 //
 // Per job whose claim is not in the same stream batch as its insert: no
@@ -23,15 +31,22 @@
 // A job claimed within the same stream batch (the construct batches up to
 // 10 s) costs nothing of that: its claim passes the stream filter and the
 // guard sends no check. Stream reads by Lambda are free, and the filter
-// keeps other changes from invoking it. A
-// lost job runs about After (default 2 min) past its run time. A caller
+// keeps other changes from invoking it. A far job costs one
+// CreateSchedule (against its quota, 5,000/s in us-east-1) and no
+// message. A lost job runs about After
+// (default 2 min) past its run time, a far one at its run time. A caller
 // that retries its key re-sends at once (see enqueue).
 //
 // # How it fails
 //
 // A send error fails the whole stream batch, which Lambda retries (checks
-// are idempotent: a second check of a started job is dropped). Records
-// that are not jobs, or not in a state that needs a check, are skipped.
+// are idempotent: a second check of a started job is dropped). Scheduler
+// refusing a far job's schedule (past the SDK's retries: its quota, an
+// outage) does not: that job, and the batch's far jobs after it (without
+// asking Scheduler again), get an SQS check, which the worker carries in
+// hops of 15 minutes and which makes the job's schedule once Scheduler
+// takes it. Records that are not jobs, or not in a state that needs a
+// check, are skipped.
 package guard
 
 import (
@@ -69,12 +84,18 @@ type Options struct {
 	Now func() time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// Far, when set, carries a check due beyond MaxDelay (a far job's)
-	// in one one-time schedule (package onetime, named "njc-<job id>")
-	// instead of an SQS delay: a far job's check hops no more than its
-	// message. Defaults to none: the check's message is carried forward by
-	// the worker.
+	// Far, when set, checks a job whose run is more than FarAfter ahead
+	// by making sure its own one-time schedule exists (package onetime:
+	// one CreateSchedule of the run's name, onetime.Name; a create that
+	// meets it is done), instead of sending a check: a far job takes one
+	// schedule and one firing, and no check hops. Defaults to none: the
+	// check's message is carried forward by the worker, which does the
+	// same once the check reaches it.
 	Far enqueue.FarScheduler
+	// FarAfter is the producers' enqueue.ClientOptions.FarAfter: a run
+	// further ahead waits in a one-time schedule. Defaults to
+	// enqueue.MaxSQSDelay, as there.
+	FarAfter time.Duration
 	// Queues are the named queues (name → URL, enqueue's
 	// ClientOptions.Queues): a job's check goes to the job's queue. A
 	// check for a queue not named here goes to the job queue, where the
@@ -100,6 +121,9 @@ func New(client SQS, queueURL string, opts *Options) *Guard {
 	}
 	if o.MaxDelay <= 0 || o.MaxDelay > enqueue.MaxSQSDelay {
 		o.MaxDelay = enqueue.MaxSQSDelay
+	}
+	if o.FarAfter <= 0 {
+		o.FarAfter = enqueue.MaxSQSDelay
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -176,9 +200,25 @@ func (g *Guard) Check(ctx context.Context, changes []Change) error {
 			claimed[c.ID] = true
 		}
 	}
+	refused := false // Scheduler refused this batch once: the rest go by SQS
 	for i, c := range changes {
 		if !c.needsCheck() || claimedLater[i] {
 			continue
+		}
+		if runAt := ledger.Millis(c.RunAt); g.o.Far != nil && !refused && runAt.Sub(now) > g.o.FarAfter {
+			// A far job: its own schedule, made if its producer never
+			// made it (a retried batch meets it: done).
+			job := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: c.RunAt, Queue: c.Queue}
+			err := g.o.Far.Ensure(ctx, onetime.Name(c.ID, runAt), runAt, c.Queue, job.Encode())
+			if err == nil {
+				continue
+			}
+			// Scheduler refuses (its quota, an outage): an SQS check
+			// instead, which the worker carries and which makes the
+			// schedule once Scheduler takes it. Failing the batch held
+			// up every check behind it for as long as Scheduler refused.
+			refused = true
+			g.o.Logger.WarnContext(ctx, "nexjob guard: Scheduler refused a far job's schedule; this batch's far jobs get SQS checks", "job_id", c.ID, "err", err)
 		}
 		due := max(now.UnixMilli(), c.RunAt)
 		checkAt := ledger.Millis(due).Add(g.o.After)
@@ -187,13 +227,6 @@ func (g *Guard) Check(ctx context.Context, changes []Change) error {
 			url, c.Queue = g.queueURL, ""
 		}
 		msg := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: checkAt.UnixMilli(), Check: true, Queue: c.Queue}
-		if g.o.Far != nil && checkAt.Sub(now) > g.o.MaxDelay {
-			// Idempotent: a retried batch moves the same schedule.
-			if err := g.o.Far.Schedule(ctx, onetime.Name(c.ID, true), checkAt, c.Queue, msg.Encode()); err != nil {
-				return fmt.Errorf("nexjob guard: schedule a check: %w", err)
-			}
-			continue
-		}
 		delay := min(checkAt.Sub(now), g.o.MaxDelay)
 		if _, seen := batches[url]; !seen {
 			urls = append(urls, url)

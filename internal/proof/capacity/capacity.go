@@ -16,11 +16,19 @@ import (
 	"strings"
 )
 
-// PerJob is what one job of the workload's common path costs.
+// PerJob is what one job of the workload's common path costs, and what
+// one far job (Workload.FarShare) costs EventBridge Scheduler.
 type PerJob struct {
 	WriteUnits  float64 // DynamoDB table write units (enqueue, claim, finish)
 	SQSRequests float64 // send, and shares of the batched receive and delete
 	LogBytes    float64 // bytes the worker writes to its log (JSON lines and EMF)
+	// FarCreates and FarFirings are one far job's CreateSchedule requests
+	// (its producer's, and the dispatch guard's that meets the schedule)
+	// and its schedules' firings, as measured: a figure assumed here
+	// once counted one and one while the guard's check took a second
+	// schedule (two and two).
+	FarCreates float64
+	FarFirings float64
 }
 
 // Workload is what the caller assumes about the jobs.
@@ -31,7 +39,7 @@ type Workload struct {
 	Concurrency   float64 // runs at once in one invocation (handler.DefaultConcurrency)
 	IndexedShare  float64 // jobs that pass through an indexed state (Scheduled, Failed): 2 index writes each
 	IndexShards   float64 // the byState index's shards per state
-	FarShare      float64 // jobs scheduled beyond 15 minutes: one schedule created and fired each
+	FarShare      float64 // jobs scheduled beyond 15 minutes: PerJob's FarCreates and FarFirings each
 	LogPricePerGB float64 // CloudWatch Logs ingestion, USD per GB (10^9 bytes: the larger count)
 }
 
@@ -104,8 +112,8 @@ func At(rate float64, j PerJob, w Workload) Row {
 		{InFlight, rate * batchSeconds},
 		{ESMBatches, invocations},
 		{AccountConcurrency, invocations},
-		{SchedulerCreates, rate * w.FarShare},
-		{SchedulerInvocations, rate * w.FarShare},
+		{SchedulerCreates, rate * w.FarShare * j.FarCreates},
+		{SchedulerInvocations, rate * w.FarShare * j.FarFirings},
 	}}
 	r.LogGBDay = rate * j.LogBytes * 86400 / 1e9
 	r.LogUSDDay = r.LogGBDay * w.LogPricePerGB

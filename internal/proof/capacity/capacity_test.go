@@ -8,7 +8,7 @@ import (
 )
 
 var (
-	job = capacity.PerJob{WriteUnits: 3, SQSRequests: 1.2, LogBytes: 460}
+	job = capacity.PerJob{WriteUnits: 3, SQSRequests: 1.2, LogBytes: 460, FarCreates: 2, FarFirings: 1}
 	wl  = capacity.Workload{RunSeconds: 0.1, WriteSeconds: 0.015, BatchSize: 10, Concurrency: 10,
 		IndexedShare: 0.1, IndexShards: 16, FarShare: 0.01, LogPricePerGB: 0.5}
 )
@@ -36,7 +36,8 @@ func TestAt(t *testing.T) {
 		{capacity.PartitionWrites, 10000 * 0.1 * 2 / 16},
 		{capacity.InFlight, 10000 * 0.115},
 		{capacity.ESMBatches, 10000 / 10 * 0.115},
-		{capacity.SchedulerInvocations, 100},
+		{capacity.SchedulerCreates, 10000 * 0.01 * 2},
+		{capacity.SchedulerInvocations, 10000 * 0.01 * 1},
 	} {
 		if got := need(t, r, c.l); got < c.want*0.999 || got > c.want*1.001 {
 			t.Errorf("%s: need %v, want %v", c.l.Name, got, c.want)
@@ -54,6 +55,14 @@ func TestAt(t *testing.T) {
 	}
 	if got := capacity.At(100000, job, wl).Broken()[0].Limit; got != capacity.NewTableWrites {
 		t.Errorf("worst at 100k jobs/s: %s", got.Name)
+	}
+	// A far job's Scheduler figures are the measured ones: two firings
+	// each (the guard's check schedule, before issue 27 item 23) put
+	// 100k jobs/s past the firings' quota.
+	two := job
+	two.FarFirings = 2
+	if r := capacity.At(100000, two, wl); need(t, r, capacity.SchedulerInvocations) != 2000 {
+		t.Errorf("firings at 100k jobs/s, two per far job: %v, want 2,000", need(t, r, capacity.SchedulerInvocations))
 	}
 	if gb := capacity.At(1000, job, wl).LogGBDay; gb < 39.73 || gb > 39.75 {
 		t.Errorf("log GB a day at 1k jobs/s: %v, want 460 B × 86,400,000 = 39.74 GB", gb)

@@ -15,6 +15,10 @@
 //   - Timeout: the request is forwarded and applied, then the client sees a
 //     network timeout instead of the reply.
 //
+// A Pass rule with Before forwards the request untouched after its hook:
+// a request held in flight until the test lets it go lands after
+// whatever the test did meanwhile (a slow DeleteSchedule).
+//
 // Rules pick requests by operation ("DynamoDB.PutItem", "SQS.SendMessage")
 // and optionally by their body, skip the first N matches and fire a given
 // number of times. Tests synchronise on Fired, never on time.
@@ -94,6 +98,12 @@ type Rule struct {
 	// request, if forwarded, has been applied), before the SDK sees the
 	// reply: e.g. cancel the caller's context.
 	After func()
+	// Before runs when a request matches, before it is forwarded (or
+	// answered by the fault), with the request and its body: a test
+	// records what was asked (a Scheduler name is in the path), or holds
+	// a request in flight until something else happened (a slow request,
+	// applied late), by blocking on a channel.
+	Before func(req *http.Request, body []byte)
 }
 
 type rule struct {
@@ -227,6 +237,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := t.pick(op, body)
 	if r == nil {
 		return t.base.RoundTrip(req)
+	}
+	if r.Before != nil {
+		r.Before(req, body)
 	}
 	defer func() {
 		if r.After != nil {
