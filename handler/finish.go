@@ -1,0 +1,163 @@
+package handler
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
+)
+
+// finish records the end of a run and does what follows it: re-dispatch a
+// retry or a refunded run, release continuations, call the dead-letter
+// hook of a Failed job with its cause, end the children of a Failed or
+// Expired one as it ended. It reports whether the message may be deleted.
+func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish, cause error) bool {
+	// One nonce for this logical write and its retries in record: this
+	// writer's own, so another worker's finish of the same record (two
+	// messages of an orphan) never reads as ours.
+	f.Nonce = ledger.NewNonce()
+	// The hook's due mark rides on the write that makes the job Failed:
+	// a crash before the hook returns leaves it, and the message's next
+	// delivery runs the hook (notClaimable).
+	f.HookPending = f.State == ledger.Failed && h.hookOf(rec.Kind) != nil
+	if f.HookPending {
+		// This worker holds the hook until its invocation ends: a
+		// duplicate delivery meanwhile leaves it alone (ClaimHook).
+		f.HookLease, _, _ = h.lease(ctx, h.store.Now(), 0)
+	}
+	f.ExpiresAt = h.store.ExpiresAfter(h.retention(rec.Kind).For(f.State)) // zero for a state that is not an end
+	if latest := h.store.Now().Add(enqueue.MaxScheduleAhead); f.RunAt.After(latest) {
+		// No message may name a run beyond the longest schedule (the
+		// worker takes one for a forgery): a later run time (a throttle
+		// slot a year ahead) is reached in steps, each deferral coming
+		// back to defer again.
+		f.RunAt = latest
+	}
+	out, err := h.record(ctx, rec, f)
+	if err == nil {
+		h.measure(ctx, out, f, cause)
+	}
+	if errors.Is(err, ledger.ErrFenced) {
+		h.log.WarnContext(ctx, "nexjob: result refused, a newer run owns the job", "job_id", rec.ID, "token", rec.Token)
+		return true
+	}
+	if err != nil {
+		h.log.ErrorContext(ctx, "nexjob: recording the result failed", "job_id", rec.ID, "err", err)
+		return false // the message comes back; the lease decides what then
+	}
+	switch out.State {
+	case ledger.Succeeded:
+		if err := h.producer.ReleaseContinuations(ctx, out); err != nil {
+			// The message comes back, finds the parent Succeeded and
+			// releases again; released children are not released twice.
+			h.log.ErrorContext(ctx, "nexjob: releasing continuations failed", "job_id", rec.ID, "err", err)
+			return false
+		}
+	case ledger.Scheduled, ledger.Enqueued:
+		if err := h.producer.Dispatch(ctx, out); err != nil {
+			// The message comes back and finds the job Scheduled: it is
+			// carried forward then.
+			h.log.ErrorContext(ctx, "nexjob: re-dispatch failed", "job_id", rec.ID, "err", err)
+			return false
+		}
+	case ledger.Failed:
+		h.runHook(ctx, out, cause)
+		return h.endChildren(ctx, out)
+	case ledger.Expired:
+		return h.endChildren(ctx, out)
+	}
+	return true
+}
+
+// outcomes names the metric of each state a run ends in.
+var outcomes = map[ledger.State]string{ledger.Succeeded: metrics.Succeeded, ledger.Failed: metrics.Failed,
+	ledger.Scheduled: metrics.Retried, ledger.Expired: metrics.Expired, ledger.Enqueued: metrics.CutOff}
+
+// measure records the run's outcome (and, after a run, its duration).
+func (h *Handler) measure(ctx context.Context, out ledger.Record, f ledger.Finish, cause error) {
+	if h.o.Metrics == nil {
+		return
+	}
+	outcome := outcomes[out.State]
+	if f.Deferred {
+		outcome = metrics.Deferred
+	}
+	if start, ok := runStart(ctx); ok {
+		h.o.Metrics.Run(outcome, out.Kind, out.ID, time.Since(start))
+	} else {
+		h.o.Metrics.Count(outcome, out.Kind, out.ID)
+	}
+	if errors.Is(cause, ErrOrphaned) {
+		h.o.Metrics.Count(metrics.Orphaned, out.Kind, out.ID)
+	}
+}
+
+// record writes the end of a run. A write that fails for a passing reason
+// (throttled past the SDK's retries, a timeout, a 500) is tried again,
+// with backoff, while the run's lease lasts: the job ran, and letting its
+// message come back would run it again or call it an orphan. The retry is
+// safe: Finish recognises its own earlier write.
+func (h *Handler) record(ctx context.Context, rec ledger.Record, f ledger.Finish) (ledger.Record, error) {
+	var out ledger.Record
+	err := h.retrying(ctx, rec.LeaseUntil, "recording the result", rec.ID, func() (err error) {
+		out, err = h.store.Finish(ctx, rec, f)
+		return err
+	})
+	return out, err
+}
+
+// retrying calls write until it succeeds or fails for a reason that is
+// not passing (see transient), with backoff (100 ms doubling to 2 s),
+// while the lease ending at until (unix ms, on the ledger's clock) and the
+// context last. Each write it retries must recognise its own earlier try.
+func (h *Handler) retrying(ctx context.Context, until int64, what, id string, write func() error) error {
+	// The lease is on the ledger's clock; wait in real time.
+	end := time.Now().Add(ledger.Millis(until).Sub(h.store.Now()))
+	if dl, ok := ctx.Deadline(); ok && dl.Before(end) {
+		end = dl
+	}
+	wait := 100 * time.Millisecond
+	for {
+		err := write()
+		if err == nil || !transient(err) || time.Now().Add(wait).After(end) {
+			return err
+		}
+		h.log.WarnContext(ctx, "nexjob: "+what+" failed; trying again", "job_id", id, "err", err, "in", wait)
+		if sleepCtx(ctx, wait) != nil {
+			return err
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// endChildren ends the continuations still waiting on a Failed or Expired
+// parent as it ended (its dead-letter hook ran first and may have released
+// some), and hands the ending on to theirs (CancelContinuations sends an
+// ended child with children its message, which comes back here: one level
+// per message). On failure the message comes back, finds the parent ended
+// and ends them then.
+func (h *Handler) endChildren(ctx context.Context, parent ledger.Record) bool {
+	if len(parent.Children) == 0 {
+		return true
+	}
+	ret := h.retention(parent.Kind).Failed
+	if parent.State == ledger.Expired {
+		ret = h.retention(parent.Kind).Expired
+	}
+	if err := h.producer.CancelContinuations(ctx, parent, "", ret); err != nil {
+		h.log.ErrorContext(ctx, "nexjob: ending the continuations of an ended job failed", "job_id", parent.ID, "err", err)
+		return false
+	}
+	return true
+}
+
+// retention is the kind's own (KindOptions.Retention) or the handler's.
+func (h *Handler) retention(kind string) Retention {
+	if e, ok := h.reg.lookup(kind); ok && e.opts.Retention != nil {
+		return *e.opts.Retention
+	}
+	return *h.o.Retention
+}

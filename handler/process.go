@@ -1,0 +1,289 @@
+package handler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// process handles one message and reports whether it may be deleted.
+func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore time.Duration) bool {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < stopBefore {
+		// Not claimed: it comes back after the visibility timeout, with no
+		// attempt spent.
+		h.log.WarnContext(ctx, "nexjob: invocation nearly over, message left for redelivery", "message_id", m.MessageId, "left", time.Until(dl))
+		return false
+	}
+	msg, err := enqueue.DecodeMessage(m.Body)
+	if err != nil {
+		return h.notAJob(ctx, m, err)
+	}
+	// The producer's trace context: a run is its child, a message sent on
+	// (carried forward, a retry) carries it on.
+	ctx = enqueue.TraceContextOf(ctx, m, h.o.XRay)
+	now := h.store.Now()
+	if msg.RunAt > now.UnixMilli() {
+		return h.carryForward(ctx, msg, now)
+	}
+	byCheck := false
+	if msg.Check {
+		run, first, later, err := h.stillWaiting(ctx, msg, now)
+		if err != nil {
+			// The read failed (a throttle past the SDK's retries): the
+			// check comes back rather than vanish.
+			h.log.ErrorContext(ctx, "nexjob: dispatch check failed; it comes back", "job_id", msg.ID, "err", err)
+			return false
+		}
+		if later != 0 {
+			msg.RunAt = later // not yet due: the check waits for the new run time
+			return h.carryForward(ctx, msg, now)
+		}
+		if !run {
+			return true // the job's own message did its work
+		}
+		byCheck = first
+	}
+	e, known := h.reg.lookup(msg.Kind)
+	var timeout time.Duration
+	if known {
+		timeout = e.opts.Timeout
+	}
+	lease, deadline, cause := h.lease(ctx, now, timeout)
+	claim := h.store.Claim
+	if byCheck {
+		claim = h.store.ClaimByCheck
+	}
+	rec, err := claim(ctx, msg.ID, lease)
+	if err != nil {
+		return h.unclaimed(ctx, m, msg, now, err)
+	}
+	if rec.HookPending {
+		// Requeued while the hook of its last failure was still due (the
+		// worker that failed it died before the hook, and the requeue
+		// came before the message that would have run it): that failure's
+		// hook runs now, shown the record as it failed, before this run.
+		// A worker that holds its lease (running it, or killed in it) is
+		// waited for: the run is deferred, no attempt spent, until the
+		// lease ends, and then takes the hook over if it is still due
+		// (10k soak, seed 1796411833611391690: the run went on, the
+		// mark stayed for the next failure, and one hook was lost).
+		failed := rec
+		failed.State = ledger.Failed
+		if held, ok := h.takeOverHook(ctx, failed); !ok {
+			at := now.Add(minConcurrencyBackoff) // the claim of the hook failed: soon
+			if held > 0 {
+				at = ledger.Millis(held + 1)
+			}
+			return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: at, Deferred: true}, nil)
+		}
+	}
+	// Every claimed job gets its consumer span, with a worker or not.
+	if h.o.TracerProvider != nil {
+		var span trace.Span
+		ctx, span = h.tracer.Start(ctx, enqueue.SpanName("process", h.queueURL), trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(append(enqueue.ConsumerSpanAttributes(h.queueURL, m.MessageId),
+				attribute.String("nexjob.job_id", rec.ID), attribute.String("nexjob.kind", rec.Kind), attribute.Int("nexjob.attempt", rec.Attempt))...))
+		defer span.End()
+	}
+	// Never started: the first attempt, and no run of it was cut off (a
+	// cut-off run started, in time, and got its attempt back).
+	if rec.Attempt == 1 && rec.CutOffs == 0 && rec.Deadline != 0 && now.UnixMilli() > rec.Deadline {
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Expired, LastError: "deadline passed before the job started"}, nil)
+	}
+	if rec.Kind != msg.Kind {
+		// Not a message the system made (every message names its job's
+		// kind): its kind chose this claim's lease and timeout. The claim
+		// is given back, no attempt spent, and the job's own message is
+		// sent; the run goes by the record alone.
+		h.log.WarnContext(ctx, "nexjob: message names another kind than its job's; the claim is given back", "job_id", rec.ID, "kind", rec.Kind)
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: now, Deferred: true}, nil)
+	}
+	if !known {
+		// A producer deployed before its worker, most likely: retry, so
+		// the job runs once the worker is deployed.
+		err := fmt.Errorf("%w: %q", ErrUnknownKind, rec.Kind)
+		h.log.ErrorContext(ctx, "nexjob: no worker for the job's kind", "job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt)
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "no worker for the kind")
+		}
+		return h.failed(ctx, rec, err, h.o.UnknownKindBackoff)
+	}
+	deferTo, slot, release, err := h.admit(ctx, e, rec)
+	if err != nil {
+		// A flow-control key function panicked: user code, failed as a
+		// worker's panic is (the attempt is spent).
+		h.log.ErrorContext(ctx, "nexjob: flow-control key function failed", "job_id", rec.ID, "kind", rec.Kind, "err", err)
+		return h.failed(ctx, rec, err, e.backoff)
+	}
+	if !deferTo.IsZero() {
+		// Flow control: no slot now. Not a run: the attempt is given back.
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: deferTo, Deferred: true, Slot: slot}, nil)
+	}
+	defer release() // after the run's end is recorded, whatever it was
+	return h.run(ctx, e, rec, deadline, cause)
+}
+
+// unclaimed handles a message whose claim failed and reports whether it
+// may be deleted.
+func (h *Handler) unclaimed(ctx context.Context, m events.SQSMessage, msg enqueue.Message, now time.Time, err error) bool {
+	var nc *ledger.NotClaimableError
+	switch {
+	case errors.As(err, &nc):
+		return h.notClaimable(ctx, m, msg, nc.Current, now)
+	case errors.Is(err, ledger.ErrNotFound):
+		h.log.WarnContext(ctx, "nexjob: message for a job that is gone", "job_id", msg.ID, "kind", msg.Kind)
+		return true
+	case errors.Is(err, ledger.ErrBadID):
+		return h.notAJob(ctx, m, err)
+	}
+	h.log.ErrorContext(ctx, "nexjob: claim failed", "job_id", msg.ID, "err", err)
+	return false
+}
+
+// stillWaiting answers a dispatch guard's check: run tells whether the
+// check message goes on to the claim. It does for a job waiting past its
+// run time and never started (first: its claim marks the record
+// ByCheck), and for a job that a check started before (ByCheck): that
+// message is the job's only one, back after a retry whose send failed, a
+// worker killed mid-run or between its result's write and the send, and it
+// is handled as the job's own from then on (10k soaks, seeds
+// 1796411833611391690 and 1796415236576371073: the check was deleted, and
+// the job stayed Scheduled, or Processing, for good). One eventually
+// consistent read; a stale answer costs at most a refused claim. A job
+// that is gone is no error: there is nothing to run.
+//
+// A job never started and not yet due gives later, the unix-ms time the
+// check is due again (GuardAfter past its run time): its run moved later
+// after the guard sent the check (a debounce fold), and the check may be
+// all that names it (its producer died before the send), so it must not
+// vanish. Its own message, if any, runs it first and the check is
+// dropped then.
+func (h *Handler) stillWaiting(ctx context.Context, msg enqueue.Message, now time.Time) (run, first bool, later int64, err error) {
+	rec, err := h.store.Peek(ctx, msg.ID)
+	if errors.Is(err, ledger.ErrNotFound) || errors.Is(err, ledger.ErrBadID) {
+		return false, false, 0, nil
+	}
+	if err != nil {
+		return false, false, 0, err
+	}
+	waiting := rec.State == ledger.Enqueued || rec.State == ledger.Scheduled && rec.RunAt <= now.UnixMilli()
+	switch {
+	case rec.ByCheck:
+		return true, false, 0, nil
+	case waiting && rec.Attempt == 0:
+		h.log.WarnContext(ctx, "nexjob: job was never sent; the guard's check runs it", "job_id", rec.ID, "kind", rec.Kind)
+		return true, true, 0, nil
+	case rec.State == ledger.Scheduled && rec.Attempt == 0:
+		return false, false, rec.RunAt + h.o.GuardAfter.Milliseconds(), nil
+	}
+	return false, false, 0, nil
+}
+
+// notClaimable decides the fate of a message whose job may not run now.
+func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enqueue.Message, cur ledger.Record, now time.Time) bool {
+	if cur.State == ledger.Failed && cur.HookPending {
+		// The worker that failed it died before its hook returned, or is
+		// running it now: then look again when its lease on the hook ends.
+		if held, ok := h.takeOverHook(ctx, cur); !ok {
+			if held > 0 {
+				h.comeBackAt(ctx, m, held, cur.ID, now)
+			}
+			return false
+		}
+	}
+	switch {
+	case cur.State == ledger.Succeeded && len(cur.Children) > 0:
+		// A replay after a crash between the parent's completion and its
+		// children's release: release again (idempotent).
+		if err := h.producer.ReleaseContinuations(ctx, cur); err != nil {
+			h.log.ErrorContext(ctx, "nexjob: releasing continuations failed", "job_id", cur.ID, "err", err)
+			return false
+		}
+		return true
+	case (cur.State == ledger.Failed || cur.State == ledger.Expired) && len(cur.Children) > 0:
+		// A replay after a failure to end the children of an ended job,
+		// or the message that hands a parent's ending down to the
+		// continuations of the child it ended (CancelContinuations).
+		return h.endChildren(ctx, cur)
+	case cur.State.Terminal() || cur.State == ledger.AwaitingContinuation:
+		return true // a duplicate delivery, or the parent will dispatch it
+	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli():
+		msg.RunAt = cur.RunAt
+		return h.carryForward(ctx, msg, now)
+	case cur.State == ledger.Processing && cur.LeaseUntil > now.UnixMilli():
+		// Running elsewhere: look again when the lease ends.
+		h.comeBackAt(ctx, m, cur.LeaseUntil, cur.ID, now)
+		return false
+	case cur.Attempt >= cur.MaxAttempts:
+		// The last attempt's worker died (a live lease returned above): an
+		// orphan out of attempts.
+		cause := fmt.Errorf("%w; no attempts are left", ErrOrphaned)
+		return h.finish(ctx, cur, ledger.Finish{State: ledger.Failed, LastError: cause.Error()}, cause)
+	}
+	h.log.WarnContext(ctx, "nexjob: job not claimable", "job_id", cur.ID, "state", cur.State)
+	return false
+}
+
+// comeBackAt makes m visible again just after the unix-ms time at; a
+// failure only leaves the queue's own visibility timeout.
+func (h *Handler) comeBackAt(ctx context.Context, m events.SQSMessage, at int64, id string, now time.Time) {
+	secs := int32(ledger.Millis(at).Sub(now)/time.Second) + 1
+	_, err := h.sqs.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(h.sourceQueue(m)), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(max(secs, 0), 43200),
+	})
+	if err != nil {
+		h.log.WarnContext(ctx, "nexjob: change visibility failed", "job_id", id, "err", err)
+	}
+}
+
+// sourceQueue is the URL of the queue m was received from, which its
+// receipt handle belongs to: the job queue or a named queue, matched by
+// the event's source ARN (the queue's name is its last field) or, from the
+// local poller, its URL. A source matching none is taken as the job
+// queue.
+func (h *Handler) sourceQueue(m events.SQSMessage) string {
+	src := m.EventSourceARN
+	name := src[strings.LastIndexByte(src, ':')+1:]
+	for _, url := range h.o.Queues {
+		if url == src || url[strings.LastIndexByte(url, '/')+1:] == name {
+			return url
+		}
+	}
+	return h.queueURL
+}
+
+// notAJob keeps a message that is not a job: in the DLQ with the reason
+// when one is configured, else back to SQS for the redrive policy.
+func (h *Handler) notAJob(ctx context.Context, m events.SQSMessage, why error) bool {
+	h.log.ErrorContext(ctx, "nexjob: message is not a job", "message_id", m.MessageId, "err", why)
+	if h.o.DLQURL == "" {
+		return false
+	}
+	_, err := h.sqs.SendMessage(ctx, &sqs.SendMessageInput{
+		QueueUrl:    aws.String(h.o.DLQURL),
+		MessageBody: aws.String(m.Body),
+		MessageAttributes: map[string]sqstypes.MessageAttributeValue{
+			"nexjob-reason":     {DataType: aws.String("String"), StringValue: aws.String(why.Error())},
+			"nexjob-message-id": {DataType: aws.String("String"), StringValue: aws.String(m.MessageId)},
+		},
+	})
+	if err != nil {
+		h.log.ErrorContext(ctx, "nexjob: could not move the message to the DLQ", "message_id", m.MessageId, "err", err)
+		return false
+	}
+	return true
+}

@@ -1,0 +1,124 @@
+package handler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/redact"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// lease returns the claim's lease, the run's deadline and the cause its
+// context ends with then. Under Lambda the run cannot outlive the
+// invocation, so the lease ends just after it; a kind's Timeout ends the
+// run (and the lease) sooner. now is the ledger's clock, which tests may
+// shift; the run's deadline is real time.
+func (h *Handler) lease(ctx context.Context, now time.Time, timeout time.Duration) (time.Duration, time.Time, error) {
+	run, cause := h.o.Lease-finishMargin, error(nil)
+	if dl, ok := ctx.Deadline(); ok {
+		run, cause = time.Until(dl)-finishMargin, errCutOff
+	}
+	if timeout > 0 && timeout < run {
+		run, cause = timeout, &TimeoutError{Timeout: timeout}
+	}
+	if cause == nil {
+		cause = &TimeoutError{Timeout: run}
+	}
+	return run + finishMargin + leaseSlack, time.Now().Add(run), cause
+}
+
+var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
+
+func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
+	span := trace.SpanFromContext(ctx) // process's consumer span; tracing off: the producer's, not recording here
+	start := time.Now()
+	ctx = withRun(ctx, h.log, rec, start) // the job's logger, for the worker and for what follows the run
+	runCtx, cancel := context.WithDeadlineCause(ctx, deadline, cause)
+	defer cancel()
+	// A worker's error text is stored, logged and put on the span: capped
+	// here as the ledger caps it, so no one error fills a log line (or
+	// carries 8 KB of someone's data) where the record would not.
+	err := redact.Capped(safeRun(runCtx, e, rec), ledger.MaxLastError)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "run failed")
+	}
+	if err == nil {
+		h.runLog(ctx, slog.LevelInfo, "nexjob: job succeeded", rec, start)
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded}, nil)
+	}
+	return h.runFailed(ctx, e, rec, runCtx, err, start)
+}
+
+// runFailed ends a run that returned err (or was cut off).
+func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, runCtx context.Context, err error, start time.Time) bool {
+	var perm *PermanentError
+	switch {
+	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:
+		h.runLog(ctx, slog.LevelWarn, "nexjob: job cut off by the invocation deadline; attempt given back", rec, start, slog.Int("cut_offs", rec.CutOffs+1))
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, CutOff: true, LastError: errCutOff.Error()}, nil)
+	case errors.Is(context.Cause(runCtx), errCutOff):
+		err = fmt.Errorf("%w %d times in a row; the attempt is spent (raise the function timeout or set KindOptions.Timeout)", errCutOff, rec.CutOffs+1)
+	case context.Cause(runCtx) != nil && runCtx.Err() != nil && ctx.Err() == nil:
+		err = redact.Capped(fmt.Errorf("%w: %w", context.Cause(runCtx), err), ledger.MaxLastError)
+	case errors.As(err, &perm):
+		h.runLog(ctx, slog.LevelWarn, "nexjob: job failed permanently", rec, start, slog.Any("err", err))
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
+	}
+	return h.failed(ctx, rec, err, e.backoff)
+}
+
+// runLog logs the end of a run with the job's id, kind, attempt and run
+// time, building nothing when the level is off.
+func (h *Handler) runLog(ctx context.Context, level slog.Level, msg string, rec ledger.Record, start time.Time, extra ...slog.Attr) {
+	if !h.log.Enabled(ctx, level) {
+		return
+	}
+	attrs := append(make([]slog.Attr, 0, 4+len(extra)), slog.String("job_id", rec.ID), slog.String("kind", rec.Kind),
+		slog.Int("attempt", rec.Attempt), slog.Duration("took", time.Since(start)))
+	h.log.LogAttrs(ctx, level, msg, append(attrs, extra...)...)
+}
+
+// failed ends a failed attempt: Failed once attempts are exhausted, else
+// Scheduled after the backoff (or the worker's RetryAfter), never further
+// ahead than the longest schedule.
+func (h *Handler) failed(ctx context.Context, rec ledger.Record, err error, backoff func(int) time.Duration) bool {
+	log := h.log.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt)
+	if rec.Attempt >= rec.MaxAttempts {
+		log.WarnContext(ctx, "nexjob: job failed, attempts exhausted", "err", err)
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
+	}
+	delay := backoff(rec.Attempt)
+	var after *RetryAfterError
+	if errors.As(err, &after) {
+		delay = after.Delay
+	}
+	if delay > enqueue.MaxScheduleAhead || delay < 0 {
+		log.WarnContext(ctx, "nexjob: retry delay out of range; clamped", "asked", delay)
+		delay = max(0, min(delay, enqueue.MaxScheduleAhead))
+	}
+	log.InfoContext(ctx, "nexjob: job failed, will retry", "err", err, "retry_in", delay)
+	return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: h.store.Now().Add(delay), LastError: err.Error()}, nil)
+}
+
+func safeRun(ctx context.Context, e *entry, rec ledger.Record) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v}
+		}
+	}()
+	return e.run(ctx, rec)
+}
+
+func (e *entry) backoff(attempt int) time.Duration {
+	if e.opts.Backoff != nil {
+		return e.opts.Backoff(attempt)
+	}
+	return DefaultBackoff(attempt)
+}
