@@ -156,6 +156,23 @@ func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs run
 	return bad
 }
 
+// deleted reports whether the operator deleted (or may have deleted) job id.
+func (f *facts) deleted(id string) bool {
+	r := f.led.results[id]
+	return r != nil && r.deleted
+}
+
+// parentDeleted: a continuation whose parent the operator deleted is
+// refused as bad input (no such parent): the mix's own doing.
+func (f *facts) parentDeleted(r *result) bool {
+	for _, p := range r.parents {
+		if f.deleted(p) {
+			return true
+		}
+	}
+	return false
+}
+
 // checkRecords: no call of the mix was refused as bad input; every job a
 // producer was given has its record (a replaced recurring firing's is
 // gone by design: its run is checked instead); no record appears that no
@@ -166,7 +183,7 @@ func checkRecords(_ context.Context, f *facts) []string {
 	// (its first debounced enqueues asked for a 500 ms period, and every
 	// one was refused unnoticed).
 	for _, r := range f.led.all {
-		if errors.Is(r.err, enqueue.ErrInvalidInput) {
+		if errors.Is(r.err, enqueue.ErrInvalidInput) && !f.parentDeleted(r) {
 			bad = append(bad, fmt.Sprintf("a %s call (%s) was refused as bad input: %v", r.call, r.kind, r.err))
 		}
 	}
@@ -204,7 +221,7 @@ func checkPolicy(_ context.Context, f *facts) []string {
 	var bad []string
 	for _, r := range f.led.all {
 		switch {
-		case r.duplicate && r.call != "firing":
+		case r.duplicate && r.call != "firing" && !f.deleted(r.id):
 			h, ok := f.byID[r.id]
 			if !ok || h.KeyHash != f.st.HashKey(r.key) {
 				bad = append(bad, f.fail(r.id, "returned as the duplicate for key %q, but it does not hold that key", r.key))
@@ -281,6 +298,10 @@ func checkEnds(_ context.Context, f *facts) []string {
 			if rec.State != ledger.Failed || !strings.Contains(rec.LastError, "panicked") && !strings.Contains(rec.LastError, "orphaned") || len(jr) != 0 {
 				bad = append(bad, f.fail(rec.ID, "a job whose key function panics ended %s after %d runs (last error %q); want Failed, never run", rec.State, len(jr), rec.LastError))
 			}
+		case len(rec.Parents) > 0 && f.parentDeleted(&result{parents: rec.Parents}):
+			// A parent the operator deleted: its end is not known here
+			// (released if it had Succeeded, ended otherwise). That the
+			// child ended at all, checked above, is what holds.
 		case len(rec.Parents) > 0:
 			// A fan-in child: Succeeded once every parent did; otherwise it
 			// ended as a parent that did not.

@@ -43,6 +43,7 @@ type result struct {
 	at, done       time.Time
 	firing         string // a recurring firing's scheduled time
 	deleted        bool   // the operator deleted it (or may have: its Delete's outcome was left open)
+	parents        []string
 }
 
 // ledgerOf is what the producers were told.
@@ -269,7 +270,7 @@ func (p *producer) child(ctx context.Context) {
 		return
 	}
 	a, _ := p.args("soak.ok")
-	r := &result{call: "continue", kind: "soak.ok", parent: parent.id}
+	r := &result{call: "continue", kind: "soak.ok", parent: parent.id, parents: []string{parent.id}}
 	res, err := p.c.ContinueWith(ctx, parent.id, a, nil)
 	p.led.add(record(r, res, err))
 }
@@ -283,7 +284,7 @@ func (p *producer) fanIn(ctx context.Context) {
 		return
 	}
 	args, _ := p.args("soak.ok")
-	r := &result{call: "fan-in", kind: "soak.ok"}
+	r := &result{call: "fan-in", kind: "soak.ok", parents: []string{a.id, b.id}}
 	res, err := p.c.ContinueWhenAll(ctx, []string{a.id, b.id}, args, nil)
 	p.led.add(record(r, res, err))
 }
