@@ -236,9 +236,3 @@ func (c *Client) ReleaseContinuations(ctx context.Context, parent ledger.Record)
 func parentEnded(parent ledger.Record) string {
 	return fmt.Sprintf("parent job %s ended %s", parent.ID, parent.State)
 }
-
-// sameSet reports whether a and b hold the same strings (a DynamoDB set
-// comes back in any order).
-func sameSet(a, b []string) bool {
-	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
-}

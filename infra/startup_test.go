@@ -303,9 +303,10 @@ func attributeNames(body []byte) []string {
 	for _, n := range in.ExpressionAttributeNames {
 		out = append(out, n)
 	}
-	for _, w := range strings.FieldsFunc(in.UpdateExpression+" "+in.ConditionExpression, func(r rune) bool {
-		return !(r == '_' || r == '#' || r == ':' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
-	}) {
+	name := func(r rune) bool {
+		return r == '_' || r == '#' || r == ':' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
+	}
+	for _, w := range strings.FieldsFunc(in.UpdateExpression+" "+in.ConditionExpression, func(r rune) bool { return !name(r) }) {
 		if !strings.HasPrefix(w, "#") && !strings.HasPrefix(w, ":") {
 			out = append(out, w) // a bare name (or a keyword or function: harmless here)
 		}
