@@ -2,6 +2,7 @@ package enqueue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -15,9 +16,12 @@ import (
 // key's own DynamoDB item, ledger.Store.Reserve); one over the limit is
 // refused with a *RateLimitedError and writes no job. The key is hashed
 // before it is stored, as idempotency keys are. An enqueue with an
-// IdempotencyKey takes its slot under that key, so a retry of the same
-// call (a lost reply, a duplicate) counts once; one without takes a new
-// slot each call. The slot is taken before the job's write: an enqueue
+// IdempotencyKey first reads the key's record: an active holder means the
+// enqueue is a duplicate, and it takes no slot; otherwise its slot is
+// tagged with the key and the ended holder it follows, so a retry of the
+// same call (a lost reply) counts once, and a new job after that one
+// ended counts again. One without a key takes a new slot each call. The
+// slot is taken before the job's write: an enqueue
 // that then fails for another reason (a duplicate, a rejection, a
 // throttle) has still spent it. Every entry point takes it: Enqueue (a
 // debounced enqueue that folds too: it is accepted), EnqueueMany's
@@ -25,7 +29,8 @@ import (
 //
 // Cost: one consistent read and one conditional PutItem of the key's item
 // (1 write unit up to 60 slots of log) per accepted enqueue, the read
-// alone for a refused one.
+// alone for a refused one; a keyed one one consistent read of the key's
+// record more.
 type RateLimit struct {
 	Key    string        // 1 to ledger.MaxKeyLen bytes of UTF-8
 	Limit  int           // 1 to ledger.MaxRateLimit
@@ -64,7 +69,18 @@ func (c *Client) admit(ctx context.Context, rec ledger.Record, o *Opts) error {
 	}
 	tag := ledger.RateTag(ledger.NewNonce()) // this call's own (the job's id comes with its write)
 	if o.IdempotencyKey != "" {
-		tag = ledger.RateTag("key:" + c.store.HashKey(o.IdempotencyKey))
+		holder, err := c.store.GetByKey(ctx, o.IdempotencyKey)
+		switch {
+		case err == nil && !holder.State.Terminal():
+			return nil // a duplicate: no new job, no slot (a retry of the call that made it counts once)
+		case err != nil && !errors.Is(err, ledger.ErrNotFound):
+			return c.missing(err)
+		}
+		// The slot of the job that follows the key's ended holder (none:
+		// ""): a retry of this call finds it, the job after this one
+		// ended takes its own (a job a Period after its predecessor's
+		// end was let through uncounted).
+		tag = ledger.RateTag("key:" + c.store.HashKey(o.IdempotencyKey) + "/" + holder.ID)
 	}
 	r := ledger.Rate{Limit: o.RateLimit.Limit, Period: o.RateLimit.Period}
 	slot, taken, err := c.store.Reserve(ctx, c.store.HashKey("rate:"+o.RateLimit.Key), tag, r, false)

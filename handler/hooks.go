@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,11 +54,12 @@ func (h *Handler) runHook(ctx context.Context, rec ledger.Record, cause error) {
 	}
 	stop := h.holdHook(ctx, rec)
 	h.deadLetter(ctx, rec, cause)
-	stop()
+	until := stop() // the end of the lease as last extended
 	// Retried while this worker holds the hook (10k soak, seed
 	// 1796415236576371073: one throttled clear, and the next delivery ran
-	// the hook again). HookDone of a cleared mark is no error.
-	until := rec.HookUntil
+	// the hook again): to the lease as extended, not the first one (a
+	// hook that outlasted its first lease had one try, and a throttle ran
+	// it twice). HookDone of a cleared mark is no error.
 	if until == 0 {
 		until = h.store.Now().Add(5 * time.Second).UnixMilli()
 	}
@@ -93,20 +95,21 @@ func (h *Handler) deadLetter(ctx context.Context, rec ledger.Record, cause error
 // a whole lease ahead (ledger.Store.ExtendHook), so a hook slower than
 // its lease is never taken over by a duplicate delivery and run twice
 // beside itself. A holder that dies stops extending, and the lease runs
-// out as before. The returned stop ends the extensions.
-func (h *Handler) holdHook(ctx context.Context, rec ledger.Record) (stop func()) {
+// out as before. The returned stop ends the extensions and returns the
+// end of the lease this worker last held (unix ms; 0 for none).
+func (h *Handler) holdHook(ctx context.Context, rec ledger.Record) (stop func() int64) {
 	lease := ledger.Millis(rec.HookUntil).Sub(h.store.Now())
 	if rec.HookUntil == 0 || lease <= 0 {
-		return func() {}
+		return func() int64 { return rec.HookUntil }
 	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
+	held := []int64{rec.HookUntil} // the goroutine's until stop has waited for it
 	go func() {
 		defer wg.Done()
 		tick := time.NewTicker(lease / 3)
 		defer tick.Stop()
-		held := []int64{rec.HookUntil}
 		for {
 			select {
 			case <-done:
@@ -122,11 +125,16 @@ func (h *Handler) holdHook(ctx context.Context, rec ledger.Record) (stop func())
 				h.log.WarnContext(ctx, "nexjob: extending the dead-letter hook's lease failed", "job_id", rec.ID, "err", err)
 				held = append(held[max(0, len(held)-3):], next)
 			case !ok:
+				held = []int64{rec.HookUntil}
 				return // done, or no longer ours
 			default:
 				held = []int64{next}
 			}
 		}
 	}()
-	return func() { close(done); wg.Wait() }
+	return func() int64 {
+		close(done)
+		wg.Wait()
+		return slices.Min(held) // the lease surely held (a lost reply leaves two candidates)
+	}
 }

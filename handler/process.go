@@ -31,6 +31,7 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	if err != nil {
 		return h.notAJob(ctx, m, err)
 	}
+	msg.Queue, _ = h.sourceQueue(m) // the queue it came from, not the body's word
 	// The producer's trace context: a run is its child, a message sent on
 	// (carried forward, a retry) carries it on.
 	ctx = enqueue.TraceContextOf(ctx, m, h.o.XRay)
@@ -242,28 +243,32 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 // failure only leaves the queue's own visibility timeout.
 func (h *Handler) comeBackAt(ctx context.Context, m events.SQSMessage, at int64, id string, now time.Time) {
 	secs := int32(ledger.Millis(at).Sub(now)/time.Second) + 1
+	_, url := h.sourceQueue(m)
 	_, err := h.sqs.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
-		QueueUrl: aws.String(h.sourceQueue(m)), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(max(secs, 0), 43200),
+		QueueUrl: aws.String(url), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(max(secs, 0), 43200),
 	})
 	if err != nil {
 		h.log.WarnContext(ctx, "nexjob: change visibility failed", "job_id", id, "err", err)
 	}
 }
 
-// sourceQueue is the URL of the queue m was received from, which its
-// receipt handle belongs to: the job queue or a named queue, matched by
-// the event's source ARN (the queue's name is its last field) or, from the
-// local poller, its URL. A source matching none is taken as the job
-// queue.
-func (h *Handler) sourceQueue(m events.SQSMessage) string {
+// sourceQueue is the queue m was received from, by name ("" the job
+// queue) and URL: the queue its receipt handle belongs to, and the one a
+// message sent on goes back to. It is matched by the event's source ARN
+// (the queue's name is its last field) or, from the local poller, its URL;
+// a source matching none is taken as the job queue. Never the body's
+// "queue" field: anyone who can send to a queue can write that (a body
+// naming an unknown queue made its carry fail until the DLQ consumer
+// ended the job as never started).
+func (h *Handler) sourceQueue(m events.SQSMessage) (name, url string) {
 	src := m.EventSourceARN
-	name := src[strings.LastIndexByte(src, ':')+1:]
-	for _, url := range h.o.Queues {
-		if url == src || url[strings.LastIndexByte(url, '/')+1:] == name {
-			return url
+	last := src[strings.LastIndexByte(src, ':')+1:]
+	for n, u := range h.o.Queues {
+		if u == src || u[strings.LastIndexByte(u, '/')+1:] == last {
+			return n, u
 		}
 	}
-	return h.queueURL
+	return "", h.queueURL
 }
 
 // notAJob keeps a message that is not a job: in the DLQ with the reason

@@ -356,7 +356,12 @@ func (s *Store) ExtendHook(ctx context.Context, id string, held []int64, until i
 	vals = append(vals, expression.Value(until)) // our own write, applied with its reply lost
 	cond := isJob(id).And(expression.AttributeExists(expression.Name(AttrHookPending))).
 		And(expression.Name(AttrHookUntil).In(vals[0], vals[1:]...))
-	upd := expression.Set(expression.Name(AttrHookUntil), expression.Value(until))
+	// UpdatedAt moves too: a write conditional on the record as read (the
+	// next recurring firing moving it aside) must not copy a lease the
+	// holder has since extended (its copy's stale lease ended while the
+	// hook ran, and the hook ran twice).
+	upd := expression.Set(expression.Name(AttrHookUntil), expression.Value(until)).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(s.now().UnixMilli()))
 	_, err := s.updateByID(ctx, id, cond, upd)
 	var nc *NotClaimableError
 	if errors.As(err, &nc) {
