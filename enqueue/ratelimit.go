@@ -19,18 +19,24 @@ import (
 // IdempotencyKey first reads the key's record: an active holder means the
 // enqueue is a duplicate, and it takes no slot; otherwise its slot is
 // tagged with the key and the ended holder it follows, so a retry of the
-// same call (a lost reply) counts once, and a new job after that one
-// ended counts again. One without a key takes a new slot each call. The
-// slot is taken before the job's write: an enqueue
+// same call (a lost reply) counts once (while the slot is among the key's
+// last 16), and a new job after that one ended counts again. One without
+// a key takes a new slot each call. The slot is taken before the job's
+// write: an enqueue
 // that then fails for another reason (a duplicate, a rejection, a
 // throttle) has still spent it. Every entry point takes it: Enqueue (a
 // debounced enqueue that folds too: it is accepted), EnqueueMany's
 // items, EnqueueTx, ContinueWith and ContinueWhenAll.
 //
+// A Limit over 16 is kept on counts per 1/24 of the Period (the key's
+// item stays under 1 KB): a refusal may then come when the limit is
+// reached within the Period and 1/24 more.
+//
 // Cost: one consistent read and one conditional PutItem of the key's item
-// (1 write unit up to 60 slots of log) per accepted enqueue, the read
-// alone for a refused one; a keyed one one consistent read of the key's
-// record more.
+// (1 read unit, 1 write unit, at every accepted Limit) per accepted
+// enqueue, the read alone for a refused one; a keyed one one consistent
+// read of the key's record more. A key takes at most
+// ledger.KeyWriteCeiling accepted enqueues a second.
 type RateLimit struct {
 	Key    string        // 1 to ledger.MaxKeyLen bytes of UTF-8
 	Limit  int           // 1 to ledger.MaxRateLimit

@@ -28,16 +28,21 @@ import (
 // that (no message names a run further ahead).
 //
 // Cost: each start takes one consistent read and one conditional PutItem
-// of the key's item (1 write unit up to 60 slots of log); a job sent to a
-// later slot pays one more claim and one more finish (2 write units), a
-// send, and its message's receive and delete, once, whatever the wait.
+// of the key's item, under 1 KB at every accepted Limit: 1 read unit and
+// 1 write unit (a Limit over 16 is kept on counts per 1/24 of the
+// Period: a slot may come up to Period/24 later than an exact log's). A
+// job sent to a later slot pays one more claim and one more finish (2
+// write units), a send, and its message's receive and delete, once,
+// whatever the wait. A key takes at most ledger.KeyWriteCeiling starts a
+// second (DynamoDB's write ceiling for one partition); a kind throttled
+// as a whole (Key nil) has one key for all its jobs.
 type Throttle struct {
 	// Key names the job's throttle key from its record; nil throttles
 	// the kind as a whole, "" leaves the job unthrottled. ArgsKey builds
 	// one from the args type. The key is hashed (Store.HashKey) before
 	// it is stored.
 	Key    func(rec ledger.Record) string
-	Limit  int           // starts per Period, 1 to ledger.MaxRateLimit
+	Limit  int           // starts per Period, 1 to ledger.MaxRateLimit (1000)
 	Period time.Duration // ledger.MinRatePeriod to ledger.MaxRatePeriod
 }
 
@@ -54,14 +59,16 @@ const ThrottleWait = time.Second
 // row, at most MaxBackoff, and never after the first held lease ends).
 //
 // Cost: a run takes one consistent read and one conditional PutItem of
-// the key's item to take its slot and one UpdateItem to free it; each
+// the key's item to take its slot and one UpdateItem to free it (the
+// item stays under 1 KB up to the largest Limit: 1 write unit each, so a
+// key takes at most ledger.KeyWriteCeiling/2 runs a second); each
 // deferral costs a claim, a finish, the read, a send, and its receive and
 // delete.
 type Concurrency struct {
 	// Key as for Throttle: nil limits the kind as a whole, "" leaves the
 	// job unlimited.
 	Key   func(rec ledger.Record) string
-	Limit int // runs at once, 1 to ledger.MaxConcurrency
+	Limit int // runs at once, 1 to ledger.MaxConcurrency (40)
 	// MaxBackoff caps the wait of a job that found no slot. Defaults to
 	// DefaultMaxBackoff; at least minConcurrencyBackoff.
 	MaxBackoff time.Duration
@@ -245,7 +252,8 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // Holding lists the runs holding concurrency slots of a kind's key (the
 // key its Concurrency.Key returns; "" for a kind limited as a whole),
-// each with the end of its lease: one consistent read.
+// each by its ledger.HolderTag (of ledger.Holder(rec)) with the end of
+// its lease: one consistent read.
 func (h *Handler) Holding(ctx context.Context, kind, key string) (map[string]time.Time, error) {
 	return h.store.SlotHolders(ctx, h.store.HashKey(flowName(kind, key)))
 }

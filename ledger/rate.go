@@ -24,8 +24,10 @@ type Rate struct {
 	Period time.Duration
 }
 
-// Bounds of a Rate: a key's log holds Limit entries (about 16 bytes each,
-// so up to 60 fit in one write unit).
+// Bounds of a Rate. A key's item stays under 1 KB whatever the Limit
+// (its last 16 slots exactly, counts for the rest: see rateCells), so a
+// start costs one write unit and one read unit at every setting, and
+// MaxRateLimit a MinRatePeriod is KeyWriteCeiling.
 const (
 	MaxRateLimit  = 1000
 	MinRatePeriod = time.Second
@@ -45,7 +47,7 @@ func (r Rate) Valid() string {
 
 // Attributes of a rate item (pk "r#<key hash>").
 const (
-	AttrRateLog = "rlog" // "slot.tag" entries, oldest first; slot in base-36 Unix ms
+	AttrRateLog = "rlog" // the last 16 "slot.tag" entries, oldest first; slot in base-36 Unix ms
 	AttrItemVer = "rver" // incremented by every write of a rate or concurrency item: its optimistic lock
 )
 
@@ -67,16 +69,21 @@ func RateTag(jobID string) string {
 // (a Store.HashKey value) that keeps r: the later of now, the last slot
 // taken, and the slot Limit entries back plus Period. It returns the slot
 // and whether it was taken: with wait false a slot later than now is not
-// taken (a rate limit refuses instead), and nothing is written.
+// taken (a rate limit refuses instead), and nothing is written. A Limit
+// over 16 is kept on counts per 1/24 of the Period, each slot counted at
+// the latest slot of its cell: a slot may then come up to Period/24 later
+// than an exact log would give it, never sooner.
 //
-// A tag already in the log within the last Period gets its slot back,
-// taken, with no write: a redelivered message, and a resend whose first
-// write applied but whose reply was lost (the resend fails its version
-// condition, the log is read again and shows the tag). A slot is one read
-// and one conditional PutItem of the key's item (1 write unit up to 60
-// entries), on the key's own partition; a lost race reads and tries again
-// (ErrContended after 20). The item expires (TTL) a Period after its
-// last slot.
+// A tag among the key's last 16 slots, taken within the last Period,
+// gets its slot back, taken, with no write: a redelivered message, and a
+// resend whose first write applied but whose reply was lost (the resend
+// fails its version condition, the log is read again and shows the tag).
+// A tag pushed out by 16 later slots takes a new slot (the old one goes
+// unused: the rate holds, a slot is lost). A slot is one consistent read
+// and one conditional PutItem of the key's item (under 1 KB: one write
+// unit, one read unit, at every accepted Rate), on the key's own
+// partition; a lost race reads and tries again (ErrContended after 20).
+// The item expires (TTL) a Period after its last slot.
 func (s *Store) Reserve(ctx context.Context, keyHash, tag string, r Rate, wait bool) (time.Time, bool, error) {
 	if msg := r.Valid(); msg != "" {
 		return time.Time{}, false, fmt.Errorf("nexjob: rate: %s", msg)
@@ -84,33 +91,42 @@ func (s *Store) Reserve(ctx context.Context, keyHash, tag string, r Rate, wait b
 	var slot time.Time
 	var taken bool
 	err := s.versioned(ctx, ratePrefix+keyHash, "rate log", func(item map[string]types.AttributeValue, now time.Time) map[string]types.AttributeValue {
-		log := decodeRateLog(item)
-		if found, ok := log.find(tag, now.Add(-r.Period)); ok {
-			slot, taken = found, true
-			return nil
-		}
-		slot = log.next(now, r)
-		if !wait && slot.After(now) && log.fits(now, r) {
-			// A refusal only over the limit: a slot a producer whose clock
-			// runs ahead took "in the future" does not make now full.
-			slot = now.Truncate(time.Millisecond)
-		}
-		if taken = wait || !slot.After(now); !taken {
-			return nil
-		}
-		log = log.insert(rateEntry{slot: slot, tag: tag})
-		if len(log) > r.Limit {
-			log = log[len(log)-r.Limit:]
-		}
-		return map[string]types.AttributeValue{
-			AttrRateLog:   &types.AttributeValueMemberS{Value: log.String()},
-			AttrExpiresAt: &types.AttributeValueMemberN{Value: strconv.FormatInt(slot.Add(r.Period).Unix()+1, 10)},
-		}
+		var put map[string]types.AttributeValue
+		slot, taken, put = reserveIn(item, now, tag, r, wait)
+		return put
 	})
 	if err != nil {
 		return time.Time{}, false, err
 	}
 	return slot, taken, nil
+}
+
+// reserveIn is Reserve's decision on the rate item as read: the slot,
+// whether it is taken, and the attributes to write (nil: none).
+func reserveIn(item map[string]types.AttributeValue, now time.Time, tag string, r Rate, wait bool) (time.Time, bool, map[string]types.AttributeValue) {
+	st := decodeRateState(item, r)
+	if found, ok := st.log.find(tag, now.Add(-r.Period)); ok {
+		return found, true, nil
+	}
+	slot := st.next(now, r)
+	if !wait && slot.After(now) && st.fits(now, r) {
+		// A refusal only over the limit: a slot a producer whose clock
+		// runs ahead took "in the future" does not make now full.
+		slot = now.Truncate(time.Millisecond)
+	}
+	if !wait && slot.After(now) {
+		return slot, false, nil
+	}
+	st.insert(rateEntry{slot: slot, tag: tag})
+	expires := slot
+	if n := st.cells.newest(); n.After(expires) {
+		expires = n
+	}
+	return slot, true, map[string]types.AttributeValue{
+		AttrRateLog:   &types.AttributeValueMemberS{Value: st.log.String()},
+		AttrRateCells: &types.AttributeValueMemberS{Value: st.cells.String()},
+		AttrExpiresAt: &types.AttributeValueMemberN{Value: strconv.FormatInt(expires.Add(r.Period).Unix()+1, 10)},
+	}
 }
 
 // versioned is a read-modify-write of the small item pk (a rate log, a

@@ -12,21 +12,28 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// AttrHolders is a concurrency item's map of holder to lease end (Unix
-// ms); its pk is "c#<key hash>".
+// AttrHolders is a concurrency item's map of holder tag (HolderTag) to
+// lease end (Unix ms); its pk is "c#<key hash>".
 const AttrHolders = "hold"
 
 const concurrencyPrefix = "c#"
 
-// MaxConcurrency bounds a concurrency key's Limit: each holder is about 40
-// bytes of the key's item, so 100 stay within a few write units.
-const MaxConcurrency = 100
+// MaxConcurrency bounds a concurrency key's Limit: each holder is 21
+// bytes of the key's item (its 8-byte tag, its lease end), so at 40 the
+// item stays under 1 KB: one write unit to take a slot and one to free
+// it, one read unit, at every accepted Limit.
+const MaxConcurrency = 40
 
 // Holder names one run in a concurrency key's holders: the job and the
 // claim's fencing token, so a later run of the same job (its lease
 // expired, a new claim) never reads the old run's slot as its own, and a
 // zombie's release frees only its own.
 func Holder(rec Record) string { return rec.ID + "." + strconv.FormatInt(rec.Token, 10) }
+
+// HolderTag is what a concurrency key's item keeps of a holder: 8
+// characters of its hash (48 bits), whatever the length of the job's id.
+// Holding and SlotHolders name holders by it.
+func HolderTag(holder string) string { return RateTag("hold:" + holder) }
 
 // Acquire takes one of the limit slots of keyHash (a Store.HashKey value)
 // for holder until the end of its lease, or reports that none is free and
@@ -41,6 +48,7 @@ func (s *Store) Acquire(ctx context.Context, keyHash, holder string, limit int, 
 	if limit < 1 || limit > MaxConcurrency {
 		return false, time.Time{}, fmt.Errorf("nexjob: concurrency limit %d is outside 1 to %d", limit, MaxConcurrency)
 	}
+	holder = HolderTag(holder)
 	err = s.versioned(ctx, concurrencyPrefix+keyHash, "concurrency slots", func(item map[string]types.AttributeValue, now time.Time) map[string]types.AttributeValue {
 		held := map[string]types.AttributeValue{}
 		ok, freeAt = false, time.Time{}
@@ -83,7 +91,8 @@ func (s *Store) Acquire(ctx context.Context, keyHash, holder string, limit int, 
 }
 
 // SlotHolders lists the holders of keyHash's slots whose leases have not
-// ended, with their ends: one consistent read, for operators and tests.
+// ended, by HolderTag, with their ends: one consistent read, for
+// operators and tests.
 func (s *Store) SlotHolders(ctx context.Context, keyHash string) (map[string]time.Time, error) {
 	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:      aws.String(s.table),
@@ -114,7 +123,7 @@ func (s *Store) ReleaseSlot(ctx context.Context, keyHash, holder string) error {
 		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: concurrencyPrefix + keyHash}},
 		ConditionExpression:       aws.String("attribute_exists(#hold.#me)"),
 		UpdateExpression:          aws.String("REMOVE #hold.#me ADD #ver :one"),
-		ExpressionAttributeNames:  map[string]string{"#hold": AttrHolders, "#me": holder, "#ver": AttrItemVer},
+		ExpressionAttributeNames:  map[string]string{"#hold": AttrHolders, "#me": HolderTag(holder), "#ver": AttrItemVer},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
 	})
 	var ccf *types.ConditionalCheckFailedException
