@@ -56,7 +56,12 @@ func TestReviewArchivedFiringLosesHookExtension(t *testing.T) {
 		_, err := h.Handle(ctx, events.SQSEvent{Records: []events.SQSMessage{{MessageId: "m", ReceiptHandle: "rh", Body: enqueue.Message{V: 1, ID: res.ID, Kind: "report"}.Encode()}}})
 		polled <- err
 	}()
-	defer func() { close(release); <-polled }()
+	defer func() {
+		close(release)
+		if err := <-polled; err != nil {
+			t.Error(err)
+		}
+	}()
 	<-started
 	first := e.Get(t, res.ID).HookUntil
 
