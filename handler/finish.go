@@ -42,7 +42,7 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 	}
 	if errors.Is(err, ledger.ErrFenced) {
 		h.log.WarnContext(ctx, "nexjob: result refused, a newer run owns the job", "job_id", rec.ID, "token", rec.Token)
-		return true
+		return h.settleFenced(ctx, rec.ID)
 	}
 	if err != nil {
 		h.log.ErrorContext(ctx, "nexjob: recording the result failed", "job_id", rec.ID, "err", err)
@@ -68,6 +68,35 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		return h.endChildren(ctx, out)
 	case ledger.Expired:
 		return h.endChildren(ctx, out)
+	}
+	return true
+}
+
+// settleFenced follows a refused result: the job was ended by someone
+// else (an operator's Cancel or Delete ended it while this run went on,
+// or a newer run ended it). Its message is this run's, and deleting it
+// must not leave its waiting continuations to no one: an operator's
+// Delete that ended the job and then failed before settling them left a
+// child waiting for ever (10k soak, seed 1796502170212235855). So the
+// job is read (the fenced path only) and its children released or ended
+// as its end says; a failure keeps the message, to try again.
+func (h *Handler) settleFenced(ctx context.Context, id string) bool {
+	cur, err := h.store.Get(ctx, id)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return true
+	case err != nil:
+		h.log.ErrorContext(ctx, "nexjob: reading a job ended elsewhere failed", "job_id", id, "err", err)
+		return false
+	case len(cur.Children) == 0:
+		return true
+	case cur.State == ledger.Succeeded:
+		if err := h.producer.ReleaseContinuations(ctx, cur); err != nil {
+			h.log.ErrorContext(ctx, "nexjob: releasing continuations failed", "job_id", id, "err", err)
+			return false
+		}
+	case cur.State == ledger.Failed || cur.State == ledger.Expired:
+		return h.endChildren(ctx, cur)
 	}
 	return true
 }
