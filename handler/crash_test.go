@@ -81,7 +81,10 @@ func crashWorker() {
 	if err != nil {
 		panic(err)
 	}
-	p := poller.New(sqs.NewFromConfig(cfg), os.Getenv("NEXJOB_QUEUE_URL"), h.Handle, &poller.Options{FunctionTimeout: 2 * time.Second, WaitTime: -1, Logger: log})
+	// Invocations of 5 s: a 250 ms run on a loaded machine (a fresh-clone
+	// CI beside a 10k soak) outlived a 2 s one, and its message, back
+	// after the lease, ran the job again with no kill.
+	p := poller.New(sqs.NewFromConfig(cfg), os.Getenv("NEXJOB_QUEUE_URL"), h.Handle, &poller.Options{FunctionTimeout: 5 * time.Second, WaitTime: -1, Logger: log})
 	_ = p.Run(ctx)
 }
 
