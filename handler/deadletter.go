@@ -101,10 +101,11 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 		}
 		h.log.WarnContext(ctx, "nexjob: job that never started sent back from the DLQ", "job_id", rec.ID, "kind", rec.Kind, "returns", back.Returns)
 		return h.producer.Dispatch(ctx, back)
-	case (rec.State == ledger.Failed || rec.State == ledger.Expired) && len(rec.Children) > 0:
-		// A dead letter again after its children could not be ended.
-		if !h.endChildren(ctx, rec) {
-			return fmt.Errorf("nexjob: continuations of %s not ended", rec.ID)
+	case rec.State.Terminal() && len(rec.Children) > 0:
+		// A dead letter again after its children could not be released
+		// or ended.
+		if !h.settleChildren(ctx, rec) {
+			return fmt.Errorf("nexjob: continuations of %s not settled", rec.ID)
 		}
 	}
 	return nil // ended (a duplicate dead letter) or waiting on its parent

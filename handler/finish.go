@@ -88,11 +88,26 @@ func (h *Handler) settleFenced(ctx context.Context, id string) bool {
 	case err != nil:
 		h.log.ErrorContext(ctx, "nexjob: reading a job ended elsewhere failed", "job_id", id, "err", err)
 		return false
+	}
+	return h.settleChildren(ctx, cur)
+}
+
+// settleChildren does for the waiting continuations of an ended job what
+// its end says: released after a success, ended after a failure or an
+// expiry (each idempotent). It reports whether that is done; on failure
+// the message that brought the job here is kept, to try again. Every
+// path that meets an ended job with children applies it: a replayed
+// message (notClaimable), a refused result (settleFenced), a dead letter
+// (the 10k soak, seed 1796502170212235855: a parent's release failed, its
+// message went to the DLQ, and the consumer dropped it with a fan-in
+// child left waiting for ever).
+func (h *Handler) settleChildren(ctx context.Context, cur ledger.Record) bool {
+	switch {
 	case len(cur.Children) == 0:
 		return true
 	case cur.State == ledger.Succeeded:
 		if err := h.producer.ReleaseContinuations(ctx, cur); err != nil {
-			h.log.ErrorContext(ctx, "nexjob: releasing continuations failed", "job_id", id, "err", err)
+			h.log.ErrorContext(ctx, "nexjob: releasing continuations failed", "job_id", cur.ID, "err", err)
 			return false
 		}
 	case cur.State == ledger.Failed || cur.State == ledger.Expired:

@@ -1,11 +1,10 @@
 package handler
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -55,29 +54,39 @@ const ThrottleWait = time.Second
 // from its claim until its end is recorded; the slot is leased with the
 // claim, so a crashed worker's slot frees itself when its lease ends. A
 // job that finds no slot free goes back to the queue with no attempt
-// spent and comes again after a backoff (1 s, doubling per deferral in a
-// row, at most MaxBackoff, and never after the first held lease ends).
+// spent and a ticket: waiters start in the order they came. A run that
+// ends hands its slot to the first waiter (reserved for it for one
+// lease) and wakes it: the waiter's job is made due and sent at once.
+// Should the wake be lost (a worker killed between the release and the
+// send, a holder killed in its run), the waiter comes back by itself
+// when its turn would be due if every run ahead of it took its whole
+// lease (the first Limit waiters: when the first held lease ends), or
+// after MaxBackoff if that is sooner; a slot found free with waiters
+// queued is handed to them by any claim of the key.
 //
 // Cost: a run takes one consistent read and one conditional PutItem of
 // the key's item to take its slot and one UpdateItem to free it (the
 // item stays under 1 KB up to the largest Limit: 1 write unit each, so a
-// key takes at most ledger.KeyWriteCeiling/2 runs a second); each
-// deferral costs a claim, a finish, the read, a send, and its receive and
-// delete.
+// key takes at most ledger.KeyWriteCeiling/2 runs a second). Waiting is
+// linear in the waiters: each costs one deferral (a claim, a finish, the
+// slot's read and put, its ticket's item, a send, and its message's
+// receive and delete) and one wake (a read and put of the key's item,
+// the ticket's update, the job's update and a send), and its own message
+// comes back once more, at its estimated turn, to find the job done (a
+// receive, a refused claim, a delete), whatever the length of the
+// queue and the wait.
 type Concurrency struct {
 	// Key as for Throttle: nil limits the kind as a whole, "" leaves the
 	// job unlimited.
 	Key   func(rec ledger.Record) string
 	Limit int // runs at once, 1 to ledger.MaxConcurrency (40)
-	// MaxBackoff caps the wait of a job that found no slot. Defaults to
-	// DefaultMaxBackoff; at least minConcurrencyBackoff.
+	// MaxBackoff caps how long a waiter waits before it looks again by
+	// itself (each look a deferral more). Zero, the default: no cap
+	// beyond its estimated turn.
 	MaxBackoff time.Duration
 }
 
-// DefaultMaxBackoff is Concurrency.MaxBackoff's default.
-const DefaultMaxBackoff = 30 * time.Second
-
-// minConcurrencyBackoff is a deferral's first wait.
+// minConcurrencyBackoff is the shortest wait of a deferral.
 const minConcurrencyBackoff = time.Second
 
 // ArgsKey returns a Key function for Throttle or Concurrency that decodes
@@ -146,61 +155,156 @@ func flowName(kind, key string) string {
 // slotTolerance).
 const slotTolerance = ThrottleWait
 
+// admission is admit's decision on a claimed run.
+type admission struct {
+	// deferTo, when non-zero, is when the job must come back, holding
+	// the throttle slot slot and the concurrency ticket ticket.
+	deferTo, slot time.Time
+	ticket        int64
+	// release frees the run's concurrency slot once its end is recorded
+	// (never nil); waiter records a deferral's ticket once the deferral is
+	// recorded, and wakes the job if its slot came meanwhile (nil when the
+	// deferral holds no ticket).
+	release, waiter func()
+}
+
 // admit applies the kind's flow control to a claimed run before it
-// starts. It returns the time to defer the job to (zero: run it now), the
-// throttle slot the attempt holds (kept on the record when it is
-// deferred), and the function that frees the run's concurrency slot once
-// its end is recorded (never nil). err is a key function's panic: the run
-// fails with it.
-func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (deferTo, slot time.Time, release func(), err error) {
-	release = func() {}
+// starts. err is a key function's panic: the run fails with it.
+func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (a admission, err error) {
+	a.release = func() {}
 	if t := e.opts.Throttle; t != nil {
 		key, err := flowKey(t.Key, rec)
 		if err != nil {
-			return time.Time{}, time.Time{}, release, err
+			return a, err
 		}
 		if key != "" {
-			if deferTo, slot = h.throttle(ctx, t, key, rec); !deferTo.IsZero() {
-				return deferTo, slot, release, nil
+			if a.deferTo, a.slot = h.throttle(ctx, t, key, rec); !a.deferTo.IsZero() {
+				return a, nil
 			}
 		}
 	}
 	if c := e.opts.Concurrency; c != nil {
 		key, err := flowKey(c.Key, rec)
 		if err != nil {
-			return time.Time{}, time.Time{}, release, err
+			return a, err
 		}
 		if key != "" {
-			hash, holder := h.store.HashKey(key), ledger.Holder(rec)
-			ok, freeAt, err := h.store.Acquire(ctx, hash, holder, c.Limit, ledger.Millis(rec.LeaseUntil))
-			now := h.store.Now()
-			if err != nil {
-				h.log.ErrorContext(ctx, "nexjob: concurrency slot failed; the job is deferred", "job_id", rec.ID, "err", err)
-				// Its put may have applied: free it rather than hold it until the lease ends.
-				_ = h.store.ReleaseSlot(context.WithoutCancel(ctx), hash, holder)
-				return now.Add(minConcurrencyBackoff), time.Time{}, release, nil
-			}
-			if !ok {
-				wait := min(minConcurrencyBackoff<<min(rec.Defers, 10), max(cmp.Or(c.MaxBackoff, DefaultMaxBackoff), minConcurrencyBackoff))
-				wait = wait/2 + rand.N(wait/2+1) // jitter, so the waiters of a key spread out
-				if until := freeAt.Sub(now); until > 0 && until < wait {
-					wait = until
-				}
-				// The throttle slot is not kept: the job did not start on
-				// it, and one kept past its time would start beside the
-				// next job's slot. It takes a new one when it comes back.
-				return now.Add(wait), time.Time{}, release, nil
-			}
-			id := rec.ID // not rec: a closure over it moved every admit's record to the heap
-			release = func() {
-				if err := h.store.ReleaseSlot(context.WithoutCancel(ctx), hash, holder); err != nil {
-					// The slot frees itself when the claim's lease ends.
-					h.log.WarnContext(ctx, "nexjob: freeing the concurrency slot failed", "job_id", id, "err", err)
-				}
-			}
+			return h.concurrency(ctx, c, h.store.HashKey(key), rec, a.slot), nil
 		}
 	}
-	return time.Time{}, slot, release, nil
+	return a, nil
+}
+
+// concurrency takes a slot of the key hashed hash for the run of rec, or
+// queues it.
+func (h *Handler) concurrency(ctx context.Context, c *Concurrency, hash string, rec ledger.Record, slot time.Time) admission {
+	holder, now := ledger.Holder(rec), h.store.Now()
+	q := slotQueue{h: h, hash: hash, limit: c.Limit, grace: max(ledger.Millis(rec.LeaseUntil).Sub(now), minConcurrencyBackoff)}
+	a, err := h.store.AcquireQueued(ctx, hash, holder, c.Limit, ledger.Millis(rec.LeaseUntil), ledger.Waiting{Ticket: rec.Ticket, Grace: q.grace})
+	if err != nil {
+		h.log.ErrorContext(ctx, "nexjob: concurrency slot failed; the job is deferred", "job_id", rec.ID, "err", err)
+		// Its put may have applied: free it rather than hold it until the lease ends.
+		q.release(context.WithoutCancel(ctx), holder, rec.ID)
+		return admission{deferTo: now.Add(minConcurrencyBackoff), release: func() {}}
+	}
+	q.wake(ctx, a.Wake) // free slots found with waiters queued
+	if a.OK {
+		id := rec.ID // not rec: a closure over it moved every admit's record to the heap
+		return admission{slot: slot, release: func() { q.release(context.WithoutCancel(ctx), holder, id) }}
+	}
+	// Its turn if every run ahead takes its whole lease; one of the first
+	// Limit waiters looks again when the first held slot frees itself.
+	wait := time.Duration(a.Ahead/int64(c.Limit)+1) * q.grace
+	if until := a.FreeAt.Sub(now); a.Ahead < int64(c.Limit) && until > 0 {
+		wait = min(wait, until)
+	}
+	if c.MaxBackoff > 0 {
+		wait = min(wait, c.MaxBackoff)
+	}
+	deferTo := now.Add(max(wait, minConcurrencyBackoff))
+	// The throttle slot is not kept: the job did not start on it, and
+	// one kept past its time would start beside the next job's slot. It
+	// takes a new one when it comes back.
+	return admission{deferTo: deferTo, ticket: a.Ticket, release: func() {}, waiter: func() {
+		q.waiting(context.WithoutCancel(ctx), a.Ticket, rec.ID, deferTo)
+	}}
+}
+
+// slotQueue wakes the waiters of one concurrency key.
+type slotQueue struct {
+	h     *Handler
+	hash  string
+	limit int
+	grace time.Duration // how long a slot reserved for a woken waiter waits for it
+}
+
+// release frees holder's slot and wakes the waiter it is handed to.
+func (q slotQueue) release(ctx context.Context, holder, id string) {
+	wake, err := q.h.store.ReleaseSlot(ctx, q.hash, holder, q.limit, q.grace)
+	if err != nil {
+		// The slot frees itself when the claim's lease ends.
+		q.h.log.WarnContext(ctx, "nexjob: freeing the concurrency slot failed", "job_id", id, "err", err)
+	}
+	q.wake(ctx, wake)
+}
+
+// waiting records that job id holds ticket, once its deferral is
+// recorded, and wakes it if its slot was reserved meanwhile (its waker
+// found no job to wake).
+func (q slotQueue) waiting(ctx context.Context, ticket int64, id string, until time.Time) {
+	woken, err := q.h.store.PutWaiter(ctx, q.hash, ticket, id, until.Add(time.Hour))
+	if err != nil {
+		// Its wake finds no job: it comes back by itself at until.
+		q.h.log.WarnContext(ctx, "nexjob: recording a concurrency waiter failed", "job_id", id, "err", err)
+	}
+	if woken {
+		q.wake(ctx, []int64{ticket})
+	}
+}
+
+// maxWakes bounds the waiters one call passes over; the rest come back
+// by themselves.
+const maxWakes = 16
+
+// wake wakes the jobs of tickets, whose slots are reserved: each is made
+// due and sent at once. A ticket whose job no longer waits on it has its
+// slot passed on to the next.
+func (q slotQueue) wake(ctx context.Context, tickets []int64) {
+	for n := 0; len(tickets) > 0 && n < maxWakes; n++ {
+		t := tickets[0]
+		tickets = append(tickets[1:], q.wakeOne(ctx, t)...)
+	}
+}
+
+// wakeOne wakes ticket's job and returns the tickets a pass-on reserved.
+func (q slotQueue) wakeOne(ctx context.Context, ticket int64) []int64 {
+	h := q.h
+	id, err := h.store.MarkWoken(ctx, q.hash, ticket)
+	if err != nil || id == "" {
+		// Not recorded yet (its waiter finds the mark and wakes itself),
+		// or the mark failed: the reservation ends by itself after grace,
+		// and the waiter comes back at its own time.
+		return nil
+	}
+	rec, err := h.store.WakeWaiter(ctx, id, ticket)
+	var nc *ledger.NotClaimableError
+	switch {
+	case err == nil:
+		if err := h.producer.Dispatch(ctx, rec); err != nil {
+			h.log.WarnContext(ctx, "nexjob: sending a woken waiter failed; it comes back by itself", "job_id", id, "err", err)
+		}
+		return nil
+	case errors.As(err, &nc) && nc.Current.State == ledger.Processing && nc.Current.LeaseUntil > h.store.Now().UnixMilli():
+		return nil // running on its slot, or about to record its deferral and find the mark
+	case errors.As(err, &nc), errors.Is(err, ledger.ErrNotFound), errors.Is(err, ledger.ErrBadID):
+		more, err := h.store.PassOn(ctx, q.hash, ticket, q.limit, q.grace)
+		if err != nil {
+			h.log.WarnContext(ctx, "nexjob: passing a concurrency slot on failed", "job_id", id, "err", err)
+		}
+		return more
+	}
+	h.log.WarnContext(ctx, "nexjob: waking a concurrency waiter failed; it comes back by itself", "job_id", id, "err", err)
+	return nil
 }
 
 // throttle takes (or finds) the run's throttle slot under key and waits

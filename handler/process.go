@@ -123,18 +123,22 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		}
 		return h.failed(ctx, rec, err, h.o.UnknownKindBackoff)
 	}
-	deferTo, slot, release, err := h.admit(ctx, e, rec)
+	adm, err := h.admit(ctx, e, rec)
 	if err != nil {
 		// A flow-control key function panicked: user code, failed as a
 		// worker's panic is (the attempt is spent).
 		h.log.ErrorContext(ctx, "nexjob: flow-control key function failed", "job_id", rec.ID, "kind", rec.Kind, "err", err)
 		return h.failed(ctx, rec, err, e.backoff)
 	}
-	if !deferTo.IsZero() {
+	if !adm.deferTo.IsZero() {
 		// Flow control: no slot now. Not a run: the attempt is given back.
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: deferTo, Deferred: true, Slot: slot}, nil)
+		done := h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: adm.deferTo, Deferred: true, Slot: adm.slot, Ticket: adm.ticket}, nil)
+		if done && adm.waiter != nil {
+			adm.waiter()
+		}
+		return done
 	}
-	defer release() // after the run's end is recorded, whatever it was
+	defer adm.release() // after the run's end is recorded, whatever it was
 	return h.run(ctx, e, rec, deadline, cause)
 }
 
@@ -207,19 +211,12 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		}
 	}
 	switch {
-	case cur.State == ledger.Succeeded && len(cur.Children) > 0:
-		// A replay after a crash between the parent's completion and its
-		// children's release: release again (idempotent).
-		if err := h.producer.ReleaseContinuations(ctx, cur); err != nil {
-			h.log.ErrorContext(ctx, "nexjob: releasing continuations failed", "job_id", cur.ID, "err", err)
-			return false
-		}
-		return true
-	case (cur.State == ledger.Failed || cur.State == ledger.Expired) && len(cur.Children) > 0:
-		// A replay after a failure to end the children of an ended job,
-		// or the message that hands a parent's ending down to the
-		// continuations of the child it ended (CancelContinuations).
-		return h.endChildren(ctx, cur)
+	case cur.State.Terminal() && len(cur.Children) > 0:
+		// A replay after a crash between the parent's end and its
+		// children's release or ending, or the message that hands a
+		// parent's ending down to the continuations of the child it
+		// ended (CancelContinuations): again (idempotent).
+		return h.settleChildren(ctx, cur)
 	case cur.State.Terminal() || cur.State == ledger.AwaitingContinuation:
 		return true // a duplicate delivery, or the parent will dispatch it
 	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli():

@@ -103,6 +103,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Defers, err = integer(av)
 		case AttrSlot:
 			r.Slot, err = num(av)
+		case AttrTicket:
+			r.Ticket, err = num(av)
 		case AttrParents:
 			r.Parents, err = strs(av)
 		case AttrReleased:

@@ -53,6 +53,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.n(AttrHookUntil, r.HookUntil, true)
 	e.n(AttrDefers, int64(r.Defers), true)
 	e.n(AttrSlot, r.Slot, true)
+	e.n(AttrTicket, r.Ticket, true)
 	e.ss(AttrParents, r.Parents)
 	e.ss(AttrReleased, r.Released)
 	e.b(AttrByCheck, r.ByCheck)

@@ -124,7 +124,7 @@ var placeholders = func() map[string]string {
 	m := map[string]string{}
 	for _, a := range []string{AttrPK, AttrID, AttrState, AttrAttempt, AttrMaxAttempts, AttrUpdatedAt, AttrRunAt,
 		AttrLeaseUntil, AttrToken, AttrLastError, AttrExpiresAt, AttrListState, AttrListAt, AttrListErr, AttrNonce, AttrNonce1, AttrNonce2, AttrHist0, AttrHist1, AttrHist2, AttrCutOffs,
-		AttrDefers, AttrSlot, AttrHookPending, AttrHookUntil, AttrByCheck} {
+		AttrDefers, AttrSlot, AttrTicket, AttrHookPending, AttrHookUntil, AttrByCheck} {
 		m[a] = "#" + a
 	}
 	return m

@@ -96,6 +96,10 @@ type Record struct {
 	// it was deferred (Finish.Slot): its next claim starts on it instead
 	// of taking another. Any run's end clears it.
 	Slot int64 `dynamodbav:"slot,omitempty"`
+	// Ticket is the place in its concurrency key's queue of waiters that
+	// the current attempt was given when it found no slot (Finish.Ticket):
+	// its next claim takes the slot reserved for it. Any run's end clears it.
+	Ticket int64 `dynamodbav:"ticket,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's

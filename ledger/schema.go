@@ -48,6 +48,7 @@ const (
 	AttrHookUntil    = "hookUntil"   // unix ms: end of the lease on the due hook (Record.HookUntil)
 	AttrDefers       = "defers"      // runs deferred in a row by flow control (Record.Defers)
 	AttrSlot         = "slot"        // unix ms: the throttle slot a deferred run holds (Record.Slot)
+	AttrTicket       = "ticket"      // a deferred run's place in its concurrency key's queue (Record.Ticket)
 	AttrParents      = "parents"     // string set: a fan-in continuation's parents (Record.Parents)
 	AttrReleased     = "released"    // string set: the parents that released it (Record.Released)
 	AttrByCheck      = "byCheck"     // true once the guard's check message claimed the job (Record.ByCheck)

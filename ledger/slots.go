@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,57 +38,91 @@ func HolderTag(holder string) string { return RateTag("hold:" + holder) }
 
 // Acquire takes one of the limit slots of keyHash (a Store.HashKey value)
 // for holder until the end of its lease, or reports that none is free and
-// when the first held one's lease ends (a crashed holder's slot frees
-// itself then). Leases that ended are dropped as it writes. A holder
-// already holding a slot keeps it (a redelivery, or a resend whose first
-// put applied and whose reply was lost: the resend fails its version
-// condition and the read shows the holder). One consistent read, and one
-// conditional PutItem of the key's item when it takes the slot, on the
-// key's own partition; ErrContended after 20 lost races.
+// when the first held one's lease ends. It is AcquireQueued with no
+// ticket: a refused holder is given a place in the key's queue.
 func (s *Store) Acquire(ctx context.Context, keyHash, holder string, limit int, until time.Time) (ok bool, freeAt time.Time, err error) {
+	a, err := s.AcquireQueued(ctx, keyHash, holder, limit, until, Waiting{})
+	return a.OK, a.FreeAt, err
+}
+
+// Waiting is a holder's place in a concurrency key's queue of waiters.
+type Waiting struct {
+	// Ticket is the place an earlier refused Acquire gave (Admission.
+	// Ticket, kept on the job's record as Record.Ticket); zero for none.
+	Ticket int64
+	// Grace is how long a slot reserved for a woken waiter waits for it
+	// to come (its wake message, its claim) before it frees itself.
+	Grace time.Duration
+}
+
+// Admission is what AcquireQueued decided.
+type Admission struct {
+	OK     bool
+	FreeAt time.Time // refused: when the first held slot's lease (or reservation) ends
+	Ticket int64     // refused: the holder's place in the queue, to keep on its record
+	Ahead  int64     // refused: waiters before it not yet woken
+	// Wake are the tickets this write reserved a free slot for: the
+	// caller wakes their jobs (Store.MarkWoken, Store.WakeWaiter).
+	Wake []int64
+}
+
+// AcquireQueued takes one of the limit slots of keyHash (a Store.HashKey
+// value) for holder until the end of its lease, first come first served:
+// the key's item keeps a queue of tickets, and a slot that frees while
+// tickets wait is reserved for the earliest (for w.Grace), so a newcomer
+// never overtakes a waiter. A refused holder gets a ticket (or keeps
+// w.Ticket while it still waits) and, with it, its place; the waiter
+// whose slot was reserved takes it with that ticket. Leases and
+// reservations that ended are dropped as it writes, and free slots found
+// with waiters queued (a holder that died without releasing) are
+// reserved for them then (Admission.Wake): the queue heals at every
+// acquire. A holder already holding a slot keeps it (a redelivery, or a
+// resend whose first put applied and whose reply was lost: the resend
+// fails its version condition and the read shows the holder; a refused
+// resend may leave a ticket no job holds, which its waker passes over).
+//
+// One consistent read, and one conditional PutItem of the key's item
+// when it changes it, on the key's own partition; ErrContended after 20
+// lost races.
+func (s *Store) AcquireQueued(ctx context.Context, keyHash, holder string, limit int, until time.Time, w Waiting) (Admission, error) {
 	if limit < 1 || limit > MaxConcurrency {
-		return false, time.Time{}, fmt.Errorf("nexjob: concurrency limit %d is outside 1 to %d", limit, MaxConcurrency)
+		return Admission{}, fmt.Errorf("nexjob: concurrency limit %d is outside 1 to %d", limit, MaxConcurrency)
 	}
 	holder = HolderTag(holder)
-	err = s.versioned(ctx, concurrencyPrefix+keyHash, "concurrency slots", func(item map[string]types.AttributeValue, now time.Time) map[string]types.AttributeValue {
-		held := map[string]types.AttributeValue{}
-		ok, freeAt = false, time.Time{}
-		if m, isMap := item[AttrHolders].(*types.AttributeValueMemberM); isMap {
-			for h, av := range m.Value {
-				end, err := num(av)
-				if err != nil || end <= now.UnixMilli() {
-					continue // ended: its slot is free
-				}
-				if h == holder {
-					ok = true
-					return nil
-				}
-				held[h] = av
-				if t := Millis(end); freeAt.IsZero() || t.Before(freeAt) {
-					freeAt = t
-				}
-			}
-		}
-		if len(held) >= limit {
+	var a Admission
+	err := s.versioned(ctx, concurrencyPrefix+keyHash, "concurrency slots", func(item map[string]types.AttributeValue, now time.Time) map[string]types.AttributeValue {
+		q := readSlots(item, now)
+		a = Admission{}
+		if _, ok := q.held[holder]; ok {
+			a.OK = true
 			return nil
 		}
-		ok = true
-		held[holder] = &types.AttributeValueMemberN{Value: strconv.FormatInt(until.UnixMilli(), 10)}
-		latest := until
-		for _, av := range held {
-			if end, err := num(av); err == nil && Millis(end).After(latest) {
-				latest = Millis(end)
-			}
+		ticket, changed := w.Ticket, false
+		if _, reserved := q.held[reservation(ticket)]; ticket == 0 || ticket >= q.next || ticket < q.woke && !reserved {
+			// A newcomer, a waiter passed over (its wake found it not
+			// yet waiting), or a ticket of the key's item before it
+			// expired: to the back of the queue.
+			ticket, changed = q.next, true
+			q.next++
 		}
-		return map[string]types.AttributeValue{
-			AttrHolders:   &types.AttributeValueMemberM{Value: held},
-			AttrExpiresAt: &types.AttributeValueMemberN{Value: strconv.FormatInt(TTL(latest.Add(time.Hour)), 10)},
+		a.Wake = q.reserve(limit, now.Add(w.Grace))
+		if res := reservation(ticket); q.held[res] != nil {
+			delete(q.held, res)
+			a.Wake = slices.DeleteFunc(a.Wake, func(t int64) bool { return t == ticket })
+			q.held[holder] = &types.AttributeValueMemberN{Value: strconv.FormatInt(until.UnixMilli(), 10)}
+			a.OK = true
+			return q.item(now)
 		}
+		a.Ticket, a.Ahead, a.FreeAt = ticket, ticket-q.woke, q.firstEnd()
+		if !changed && len(a.Wake) == 0 {
+			return nil
+		}
+		return q.item(now)
 	})
 	if err != nil {
-		return false, time.Time{}, err
+		return Admission{}, err
 	}
-	return ok, freeAt, nil
+	return a, nil
 }
 
 // SlotHolders lists the holders of keyHash's slots whose leases have not
@@ -116,19 +151,52 @@ func (s *Store) SlotHolders(ctx context.Context, keyHash string) (map[string]tim
 // ReleaseSlot frees holder's slot of keyHash: one UpdateItem, and a no-op
 // when the slot is not held (released already, its lease ended and
 // another write dropped it, a resend of an applied release). It bumps the
-// item's version, so an Acquire that read before it reads again.
-func (s *Store) ReleaseSlot(ctx context.Context, keyHash, holder string) error {
-	_, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:                 aws.String(s.table),
-		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: concurrencyPrefix + keyHash}},
-		ConditionExpression:       aws.String("attribute_exists(#hold.#me)"),
-		UpdateExpression:          aws.String("REMOVE #hold.#me ADD #ver :one"),
-		ExpressionAttributeNames:  map[string]string{"#hold": AttrHolders, "#me": HolderTag(holder), "#ver": AttrItemVer},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
+// item's version, so an Acquire that read before it reads again. When
+// tickets wait (limit is the key's), the freed slot is reserved for the
+// earliest for grace, with one more consistent read and conditional put
+// of the key's item, and wake names the tickets to wake (AcquireQueued).
+func (s *Store) ReleaseSlot(ctx context.Context, keyHash, holder string, limit int, grace time.Duration) (wake []int64, err error) {
+	out, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(s.table),
+		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: concurrencyPrefix + keyHash}},
+		ConditionExpression:                 aws.String("attribute_exists(#hold.#me)"),
+		UpdateExpression:                    aws.String("REMOVE #hold.#me ADD #ver :one"),
+		ExpressionAttributeNames:            map[string]string{"#hold": AttrHolders, "#me": HolderTag(holder), "#ver": AttrItemVer},
+		ExpressionAttributeValues:           map[string]types.AttributeValue{":one": &types.AttributeValueMemberN{Value: "1"}},
+		ReturnValues:                        types.ReturnValueAllNew,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
+	item := map[string]types.AttributeValue{}
 	var ccf *types.ConditionalCheckFailedException
-	if err != nil && !errors.As(err, &ccf) {
-		return fmt.Errorf("nexjob: release concurrency slot in %s: %w", s.table, err)
+	switch {
+	case errors.As(err, &ccf):
+		// Not held (a resend of an applied release, a lease that ended):
+		// still, a slot may be free with waiters queued.
+		item = ccf.Item
+	case err != nil:
+		return nil, fmt.Errorf("nexjob: release concurrency slot in %s: %w", s.table, err)
+	default:
+		item = out.Attributes
 	}
-	return nil
+	if q := readSlots(item, s.now()); q.woke >= q.next || len(q.held) >= limit {
+		return nil, nil // no one waits, or no slot is free
+	}
+	return s.PassOn(ctx, keyHash, 0, limit, grace)
+}
+
+// PassOn gives up the slot reserved for ticket (its job no longer waits:
+// ended, cancelled, gone) and reserves the free slots of keyHash for the
+// earliest tickets waiting, for grace: one consistent read and, when
+// anything changes, one conditional put. Ticket 0 gives up nothing.
+func (s *Store) PassOn(ctx context.Context, keyHash string, ticket int64, limit int, grace time.Duration) (wake []int64, err error) {
+	err = s.versioned(ctx, concurrencyPrefix+keyHash, "concurrency slots", func(item map[string]types.AttributeValue, now time.Time) map[string]types.AttributeValue {
+		q := readSlots(item, now)
+		_, had := q.held[reservation(ticket)]
+		delete(q.held, reservation(ticket))
+		if wake = q.reserve(limit, now.Add(grace)); len(wake) == 0 && !had {
+			return nil
+		}
+		return q.item(now)
+	})
+	return wake, err
 }

@@ -29,9 +29,9 @@ func TestAcquireHoldsTheLimit(t *testing.T) {
 			t.Fatalf("%s: ok %v err %v", h, ok, err)
 		}
 	}
-	ok, freeAt, err := s.Acquire(ctx, key, "c.1", 2, lease(time.Minute))
-	if err != nil || ok || !freeAt.Equal(start.Add(time.Minute)) {
-		t.Fatalf("a third holder: ok %v freeAt %v err %v, want refused until %v", ok, freeAt, err, start.Add(time.Minute))
+	c, err := s.AcquireQueued(ctx, key, "c.1", 2, lease(time.Minute), ledger.Waiting{Grace: time.Minute})
+	if err != nil || c.OK || !c.FreeAt.Equal(start.Add(time.Minute)) || c.Ticket == 0 {
+		t.Fatalf("a third holder: %+v err %v, want refused until %v with a ticket", c, err, start.Add(time.Minute))
 	}
 	if ok, _, err := s.Acquire(ctx, key, "a.1", 2, lease(time.Minute)); err != nil || !ok {
 		t.Fatalf("a holder again: ok %v err %v", ok, err)
@@ -39,24 +39,34 @@ func TestAcquireHoldsTheLimit(t *testing.T) {
 	if ok, _, err := s.Acquire(ctx, s.HashKey("tenant-2"), "c.1", 2, lease(time.Minute)); err != nil || !ok {
 		t.Fatalf("another key: ok %v err %v", ok, err)
 	}
-	if err := s.ReleaseSlot(ctx, key, "a.1"); err != nil {
-		t.Fatal(err)
+	if wake, err := s.ReleaseSlot(ctx, key, "a.1", 2, time.Minute); err != nil || len(wake) != 1 || wake[0] != c.Ticket {
+		t.Fatalf("a release with c.1 waiting: wake %v err %v, want c.1's ticket %d", wake, err, c.Ticket)
 	}
-	if err := s.ReleaseSlot(ctx, key, "a.1"); err != nil {
-		t.Fatalf("a second release: %v", err)
+	if wake, err := s.ReleaseSlot(ctx, key, "a.1", 2, time.Minute); err != nil || len(wake) != 0 {
+		t.Fatalf("a second release: wake %v err %v", wake, err)
 	}
-	if ok, _, err := s.Acquire(ctx, key, "c.1", 2, lease(10*time.Minute)); err != nil || !ok {
-		t.Fatalf("after a release: ok %v err %v", ok, err)
+	if ok, _, _ := s.Acquire(ctx, key, "x.1", 2, lease(time.Minute)); ok {
+		t.Fatal("a newcomer took the slot reserved for c.1")
+	}
+	if a, err := s.AcquireQueued(ctx, key, "c.1", 2, lease(10*time.Minute), ledger.Waiting{Ticket: c.Ticket, Grace: time.Minute}); err != nil || !a.OK {
+		t.Fatalf("c.1 after a release: %+v err %v", a, err)
 	}
 	// b.1's holder crashed: its lease ends and its slot is free.
-	if ok, _, _ := s.Acquire(ctx, key, "d.1", 2, lease(time.Minute)); ok {
+	d, _ := s.AcquireQueued(ctx, key, "d.1", 2, lease(time.Minute), ledger.Waiting{Grace: time.Minute})
+	if d.OK {
 		t.Fatal("a third holder while b.1's lease lasts")
 	}
 	clock.Add(int64(time.Minute))
-	if ok, _, err := s.Acquire(ctx, key, "d.1", 2, lease(time.Minute)); err != nil || !ok {
-		t.Fatalf("after b.1's lease ended: ok %v err %v", ok, err)
+	// x.1 came first: the slot b.1's lease freed is reserved for it, and
+	// d.1 waits on.
+	if a, err := s.AcquireQueued(ctx, key, "d.1", 2, lease(time.Minute), ledger.Waiting{Ticket: d.Ticket, Grace: time.Minute}); err != nil || a.OK || len(a.Wake) != 1 || a.Ticket != d.Ticket {
+		t.Fatalf("d.1 after b.1's lease ended: %+v err %v, want refused, x.1 woken, its ticket kept", a, err)
 	}
-	if err := s.ReleaseSlot(ctx, s.HashKey("never-used"), "x.1"); err != nil {
+	clock.Add(int64(time.Minute)) // x.1 never came: its reservation ends, and d.1 is next
+	if a, err := s.AcquireQueued(ctx, key, "d.1", 2, lease(time.Minute), ledger.Waiting{Ticket: d.Ticket, Grace: time.Minute}); err != nil || !a.OK {
+		t.Fatalf("d.1 after x.1's reservation ended: %+v err %v", a, err)
+	}
+	if _, err := s.ReleaseSlot(ctx, s.HashKey("never-used"), "x.1", 2, time.Minute); err != nil {
 		t.Fatalf("releasing on a key never used: %v", err)
 	}
 	if _, _, err := s.Acquire(ctx, key, "e.1", 0, lease(time.Minute)); err == nil {
@@ -88,15 +98,16 @@ func TestAcquireUnderFaults(t *testing.T) {
 			t.Fatalf("%s: the fault did not fire", f)
 		}
 	}
-	if ok, _, err := s.Acquire(ctx, key, "third", 2, until); err != nil || ok {
-		t.Fatalf("after two lost replies the key holds more than two: ok %v err %v", ok, err)
+	third, err := s.AcquireQueued(ctx, key, "third", 2, until, ledger.Waiting{Grace: time.Minute})
+	if err != nil || third.OK {
+		t.Fatalf("after two lost replies the key holds more than two: %+v err %v", third, err)
 	}
 	h := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply})
-	if err := s.ReleaseSlot(ctx, key, faults.LostReply.String()); err != nil || h.Fired() != 1 {
+	if _, err := s.ReleaseSlot(ctx, key, faults.LostReply.String(), 2, time.Minute); err != nil || h.Fired() != 1 {
 		t.Fatalf("a release whose reply was lost: %v (fired %d)", err, h.Fired())
 	}
-	if ok, _, err := s.Acquire(ctx, key, "third", 2, until); err != nil || !ok {
-		t.Fatalf("the lost-reply release did not free the slot: ok %v err %v", ok, err)
+	if a, err := s.AcquireQueued(ctx, key, "third", 2, until, ledger.Waiting{Ticket: third.Ticket, Grace: time.Minute}); err != nil || !a.OK {
+		t.Fatalf("the lost-reply release did not free the slot: %+v err %v", a, err)
 	}
 	ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Fault: faults.Throttle, Times: faults.Attempts})
 	other := s.HashKey("other")

@@ -144,6 +144,10 @@ type Finish struct {
 	// Slot, with Deferred: the throttle slot the attempt took, kept on
 	// the record (Record.Slot) for its next claim. Zero keeps none.
 	Slot time.Time
+	// Ticket, with Deferred: the run's place in its concurrency key's
+	// queue (Admission.Ticket), kept on the record (Record.Ticket). Zero
+	// keeps none.
+	Ticket int64
 	// HookPending, with State Failed, marks the record until HookDone:
 	// its dead-letter hook is due (Record.HookPending).
 	HookPending bool
@@ -191,6 +195,7 @@ type finishShape struct {
 	state                                       State
 	lastError, deferred, runAt, hook, hookLease bool
 	expires, cutOff, dropDefers, slot, dropSlot bool
+	ticket, dropTicket                          bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -200,8 +205,9 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		hook: f.HookPending && f.State == Failed, hookLease: f.HookLease > 0, expires: !f.ExpiresAt.IsZero(),
 		cutOff: f.CutOff, dropDefers: !f.Deferred && rec.Defers > 0,
 		slot: f.Deferred && !f.Slot.IsZero(), dropSlot: rec.Slot != 0,
+		ticket: f.Deferred && f.Ticket != 0, dropTicket: rec.Ticket != 0,
 	}
-	e := s.finishes.start(k, 18, 12, 448) // a Finish: up to 17 names, 11 values, about 420 bytes of update
+	e := s.finishes.start(k, 19, 13, 480) // a Finish: up to 18 names, 12 values, about 450 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
 	st := e.state(":st", f.State)
 	e.assign(AttrState, st)
@@ -252,6 +258,12 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		e.assign(AttrSlot, e.i(":slot", f.Slot.UnixMilli()))
 	case k.dropSlot:
 		e.drop(AttrSlot)
+	}
+	switch {
+	case k.ticket:
+		e.assign(AttrTicket, e.i(":ticket", f.Ticket))
+	case k.dropTicket:
+		e.drop(AttrTicket)
 	}
 	id, token, proc := e.s(":id", rec.ID), e.i(":token", rec.Token), e.state(":proc", Processing)
 	if e.writing() {

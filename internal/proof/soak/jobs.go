@@ -152,7 +152,7 @@ func Registry(l *RunLog) *handler.Registry {
 			return nil
 		}
 	}), &handler.KindOptions{Backoff: fast, Concurrency: &handler.Concurrency{
-		Key: handler.ArgsKey(func(a Limited) string { return a.Tenant }), Limit: LimitPerTenant, MaxBackoff: 2 * time.Second,
+		Key: handler.ArgsKey(func(a Limited) string { return a.Tenant }), Limit: LimitPerTenant, // waiters woken by the holders ahead (no MaxBackoff)
 	}})
 	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Throttled]) error { return nil }), &handler.KindOptions{Backoff: fast, Throttle: &handler.Throttle{
 		Key: handler.ArgsKey(func(a Throttled) string { return a.Tenant }), Limit: ThrottleLimit, Period: ThrottlePeriod,
@@ -163,7 +163,7 @@ func Registry(l *RunLog) *handler.Registry {
 				panic("soak: a key function with a bug")
 			}
 			return a.Tenant
-		}), Limit: 3, MaxBackoff: time.Second,
+		}), Limit: 3, MaxBackoff: time.Second, // waiters that look again by themselves too
 	}})
 	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Fired]) error { return nil }), &handler.KindOptions{Backoff: fast})
 	return reg
