@@ -208,3 +208,40 @@ func TestRemovedQueueFarGuardCheck(t *testing.T) {
 		}
 	}
 }
+
+// Issue 27 item 24: a worker receives, from a queue it does not know
+// (bulk's event source outlived its removal), the message of a job that
+// runs elsewhere under a live lease. The message is sent on via the job
+// queue, due when the lease ends, and deleted from bulk: a queue on its
+// way out holds nothing the job needs. Before, the worker made it
+// visible again on the job queue's URL with bulk's receipt handle (a
+// failed request) and left it on bulk. When the lease ends with no end
+// recorded, the job queue's copy takes the orphan over and runs it.
+func TestRemovedQueueMessageOfARunningJobGoesViaTheJobQueue(t *testing.T) {
+	t.Parallel()
+	e := queuesEnv(t)
+	ctx := context.Background()
+	var runs atomic.Int32
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[charge](func(context.Context, *handler.Job[charge]) error { runs.Add(1); return nil }), nil)
+	res, err := e.Client.Enqueue(ctx, charge{Order: "o-1"}, &enqueue.Opts{Queue: "bulk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A worker elsewhere claimed it (and will die in it).
+	if _, err := e.Client.Store().Claim(ctx, res.ID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	h := e.Handler(t, reg, &handler.Options{Queues: withoutBulk(e), Logger: quiet})
+	if n, err := pollOnly(e, "bulk", h).Poll(ctx); err != nil || n != 1 {
+		t.Fatalf("the bulk message: %d handled, %v", n, err)
+	}
+	if got := [2]int{e.QueueDepth(t, e.Queues["bulk"]), e.QueueDepth(t, e.QueueURL)}; got != [2]int{0, 1} {
+		t.Fatalf("the bulk queue and the job queue hold %v messages, want [0 1]: sent on via the job queue", got)
+	}
+	e.Advance(t, time.Minute+time.Second)
+	pollJobQueue(t, e, h, res.ID)
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("%d runs, want 1", n)
+	}
+}
