@@ -14,6 +14,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/guard"
 	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/onetime"
@@ -243,5 +244,78 @@ func TestRemovedQueueMessageOfARunningJobGoesViaTheJobQueue(t *testing.T) {
 	pollJobQueue(t, e, h, res.ID)
 	if n := runs.Load(); n != 1 {
 		t.Fatalf("%d runs, want 1", n)
+	}
+}
+
+// Issue 27 item 24, new enqueues: a client deployed after bulk was taken
+// out of NEXJOB_QUEUES refuses a job naming it, by Opts.Queue or by its
+// kind's Defaults.Queue, alone, in a batch or as a continuation, with an
+// *InputError matching ErrUnknownQueue; nothing is written or sent.
+func TestRemovedQueueNewEnqueuesRefused(t *testing.T) {
+	t.Parallel()
+	e := queuesEnv(t)
+	ctx := context.Background()
+	c, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Queues: withoutBulk(e), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := c.Enqueue(ctx, charge{Order: "parent"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		var in *enqueue.InputError
+		if !errors.As(err, &in) || in.Field != "Queue" || !errors.Is(err, enqueue.ErrUnknownQueue) {
+			t.Fatalf("%s: %v, want an *InputError on Queue matching ErrUnknownQueue", what, err)
+		}
+	}
+	_, err = c.Enqueue(ctx, charge{Order: "x"}, &enqueue.Opts{Queue: "bulk"})
+	refused("Opts.Queue", err)
+	_, err = c.Enqueue(ctx, bulkRow{Row: 1}, nil)
+	refused("the kind's Defaults.Queue", err)
+	items, err := c.EnqueueMany(ctx, []enqueue.Item{{Args: bulkRow{Row: 2}}, {Args: charge{Order: "y"}, Opts: &enqueue.Opts{Queue: "bulk"}}})
+	if err == nil || len(items) != 2 {
+		t.Fatalf("EnqueueMany: %v", err)
+	}
+	refused("EnqueueMany's default", items[0].Err)
+	refused("EnqueueMany's Opts.Queue", items[1].Err)
+	_, err = c.ContinueWith(ctx, parent.ID, charge{Order: "child"}, &enqueue.Opts{Queue: "bulk"})
+	refused("ContinueWith", err)
+	if recs := e.Scan(t); len(recs) != 1 {
+		t.Fatalf("%d records, want the parent's alone", len(recs))
+	}
+	if got := [2]int{e.QueueDepth(t, e.QueueURL), e.QueueDepth(t, e.Queues["bulk"])}; got != [2]int{1, 0} {
+		t.Fatalf("the job queue and bulk hold %v messages, want the parent's alone", got)
+	}
+}
+
+// Issue 27 item 24: a keyed job on bulk, written before bulk was taken
+// out, whose send failed; a batch enqueue of its key by a client
+// deployed since sends it again, via the job queue. Before, the batch's
+// send looked the name up and failed the item with a DispatchError.
+func TestRemovedQueueDuplicateResentByEnqueueMany(t *testing.T) {
+	t.Parallel()
+	e := queuesEnv(t)
+	ctx := context.Background()
+	old, err := e.Client.Enqueue(ctx, charge{Order: "o-1"}, &enqueue.Opts{Queue: "bulk", IdempotencyKey: "o-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Its send failed (as a DispatchError leaves it), and the queue went.
+	(&awstest.Env{Env: e}).Purge(t, e.Queues["bulk"])
+	if err := e.Client.Store().MarkUndispatched(ctx, old.ID); err != nil {
+		t.Fatal(err)
+	}
+	c, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Queues: withoutBulk(e), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	items, err := c.EnqueueMany(ctx, []enqueue.Item{{Args: charge{Order: "o-1"}, Opts: &enqueue.Opts{IdempotencyKey: "o-1"}}})
+	if err != nil || !items[0].Duplicate || !items[0].Sent {
+		t.Fatalf("the batch's duplicate: %+v %v, want it sent again", items, err)
+	}
+	if got := [2]int{e.QueueDepth(t, e.QueueURL), e.QueueDepth(t, e.Queues["bulk"])}; got != [2]int{1, 0} {
+		t.Fatalf("the job queue and bulk hold %v messages, want [1 0]", got)
 	}
 }
