@@ -121,6 +121,7 @@ type ClientOptions struct {
 	// hold (taken out of NEXJOB_QUEUES while jobs named it) has its
 	// messages sent via the job queue, with a warning: a send never fails
 	// on the name (new enqueues naming it are refused, see Opts.Queue).
+	// Client.MoveQueue (nexjob move-queue) moves such jobs for good.
 	Queues map[string]string
 	// Retention is how long a record this client ends is kept: a
 	// continuation whose link to its parent failed, ended Failed (or

@@ -75,10 +75,10 @@ func (c *Client) MoveQueue(ctx context.Context, jobID, from, to string) (ledger.
 // CheckMove is MoveQueue's check of its queues: from a named queue, to
 // another one the client knows ("" the job queue).
 func (c *Client) CheckMove(from, to string) error {
-	switch {
-	case from == "":
+	if from == "" {
 		return invalid("from", "name the named queue whose jobs move (the job queue's stay)")
-	case from == to:
+	}
+	if from == to {
 		return invalid("to", fmt.Sprintf("the jobs are on %q already", from))
 	}
 	if _, err := c.QueueURL(to); err != nil {
