@@ -1,7 +1,8 @@
 // Package admin is what an operator does to a deployment's jobs: look at
-// them (Find, Get, Holder, Stats, DeadLetters) and act on them (Requeue,
-// Cancel, Delete, RequeueAll, Redrive). The nexjob CLI and the web
-// dashboard are two faces of it, so they cannot disagree.
+// them (Find, Get, Holder, Stats, DeadLetters, JobsOnQueue) and act on
+// them (Requeue, Cancel, Delete, RequeueAll, Redrive, MoveQueue). The
+// nexjob CLI and the web dashboard are two faces of it, so they cannot
+// disagree.
 //
 //	s, _ := settings.Load(ctx, settings.Operator)
 //	a, _ := admin.New(s)
@@ -10,7 +11,8 @@
 // # Costs
 //
 // Find of an indexed state is a Query of the byState index; of any other
-// state, and Stats, a Scan of the whole table (billed for every record):
+// state, Stats and JobsOnQueue (MoveQueue's listing), a Scan of the whole
+// table (billed for every record):
 // an operator's tool, not a hot path. DeadLetters receives up to ten DLQ
 // messages with a visibility timeout of 0 (package internal/sqszero: the
 // SDK would otherwise send none, and SQS would hide them for the queue's
@@ -22,12 +24,13 @@
 //
 // Each action on one job returns the enqueue package's typed errors
 // (*enqueue.NotTerminalError, *enqueue.NotCancellableError,
-// ledger.ErrNotFound …) and writes nothing when it refuses. RequeueAll
-// and Redrive go on past one job's failure and report each one; a crash
-// half-way leaves every job either moved or untouched, never lost: a
-// redriven message is deleted from the DLQ only after its job is back on
-// the queue (a crash in between sends it twice, which the worker's
-// conditional claim makes harmless).
+// ledger.ErrNotFound …) and writes nothing when it refuses. RequeueAll,
+// Redrive and MoveQueue go on past one job's failure and report each
+// one; a crash half-way leaves every job either moved or untouched, never
+// lost: a redriven message is deleted from the DLQ only after its job is
+// back on the queue, and a moved job's record changes only after its
+// message is on its new queue (a crash in between sends it twice, which
+// the worker's conditional claim makes harmless).
 package admin
 
 import (

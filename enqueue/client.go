@@ -117,7 +117,11 @@ type ClientOptions struct {
 	// message goes to its queue. Defaults to none: every job on the job
 	// queue. Every role that sends jobs (producers, the worker, the guard,
 	// the operator's tools) needs the same map: settings read it from
-	// NEXJOB_QUEUES.
+	// NEXJOB_QUEUES. A job whose record names a queue the map does not
+	// hold (taken out of NEXJOB_QUEUES while jobs named it) has its
+	// messages sent via the job queue, with a warning: a send never fails
+	// on the name (new enqueues naming it are refused, see Opts.Queue).
+	// Client.MoveQueue (nexjob move-queue) moves such jobs for good.
 	Queues map[string]string
 	// Retention is how long a record this client ends is kept: a
 	// continuation whose link to its parent failed, ended Failed (or

@@ -177,17 +177,13 @@ func (c *Client) sendBatch(ctx context.Context, idx []int, recs []ledger.Record,
 	if idx = near; len(idx) == 0 {
 		return
 	}
-	url, err := c.QueueURL(recs[idx[0]].Queue)
-	if err != nil {
-		for _, i := range idx {
-			c.sent(ctx, recs[i], &out[i], fmt.Errorf("nexjob: send job %s: %w", recs[i].ID, err))
-		}
-		return
-	}
+	// A duplicate's queue may be one taken out since: the job queue then.
+	queue, url := c.route(ctx, recs[idx[0]].Queue, recs[idx[0]].ID)
 	in := &sqs.SendMessageBatchInput{QueueUrl: aws.String(url)}
 	attrs := traceAttributes(ctx)
 	for _, i := range idx {
 		msg, delay := c.message(recs[i])
+		msg.Queue = queue
 		in.Entries = append(in.Entries, sqstypes.SendMessageBatchRequestEntry{
 			Id:                      aws.String(strconv.Itoa(i)),
 			MessageBody:             aws.String(msg.Encode()),

@@ -53,6 +53,7 @@ func (c *Client) EnsureFar(ctx context.Context, rec ledger.Record) (ok bool, err
 	if !c.GoesFar(delay) {
 		return false, nil
 	}
+	msg.Queue, _ = c.route(ctx, msg.Queue, msg.ID)
 	at := ledger.Millis(msg.RunAt)
 	if err := c.far.Ensure(ctx, onetime.Name(msg.ID, at), at, msg.Queue, msg.Encode()); err != nil {
 		return true, fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
@@ -64,18 +65,32 @@ func (c *Client) EnsureFar(ctx context.Context, rec ledger.Record) (ok bool, err
 // schedule (ClientOptions.Far) rather than an SQS message.
 func (c *Client) GoesFar(delay time.Duration) bool { return c.far != nil && delay > c.farAfter }
 
+// route is where a message of the job id for the named queue goes, by
+// name and URL: that queue, or the job queue ("") for a name the client's
+// Queues do not hold, with a warning. Such a name is a queue taken out of
+// NEXJOB_QUEUES while records still named it, or one a newer producer
+// knows and this role does not yet: a send must not fail for ever on it
+// (its message came back each time, a far carry's until the DLQ
+// consumer failed the job as never started, and a continuation was never
+// sent). The worker runs a job from the job queue as from any other.
+func (c *Client) route(ctx context.Context, queue, id string) (name, url string) {
+	url, err := c.QueueURL(queue)
+	if err == nil {
+		return queue, url
+	}
+	c.log.WarnContext(ctx, "nexjob: the job's queue is not configured (NEXJOB_QUEUES); sent via the job queue", "job_id", id, "queue", queue)
+	return "", c.queueURL
+}
+
 // Send sends one job message with a delay: an SQS delay capped at
 // MaxDelay, or, with ClientOptions.Far and a delay beyond FarAfter, one
 // one-time schedule that sends it at its time, named by the job and the
 // run time the message carries (onetime.Name). The worker uses it to
-// carry a long schedule forward.
+// carry a long schedule forward. A message for a queue the client does
+// not know goes to the job queue (see route).
 func (c *Client) Send(ctx context.Context, msg Message, delay time.Duration) error {
-	url, err := c.QueueURL(msg.Queue)
-	if err != nil {
-		// A worker or guard not told of a queue a producer uses: the
-		// message comes back (or the job is marked unsent) until it is.
-		return fmt.Errorf("nexjob: send job %s: %w", msg.ID, err)
-	}
+	var url string
+	msg.Queue, url = c.route(ctx, msg.Queue, msg.ID)
 	if c.GoesFar(delay) && !msg.Check {
 		// Named by the run time the message carries (the job's, from its
 		// record), so a resend or a second dispatch of this run finds its

@@ -135,7 +135,10 @@ type Options struct {
 	FarAfter time.Duration
 	// Queues are the named queues (enqueue.ClientOptions.Queues): a
 	// retry, a carried-forward schedule or a continuation of a job on one
-	// goes back to it. Defaults to none.
+	// goes back to it. A job whose record names a queue not among them
+	// (taken out of NEXJOB_QUEUES) is sent on via the job queue, with a
+	// warning, and a message from a queue not among them is handled as
+	// one from the job queue. Defaults to none.
 	Queues map[string]string
 	// GuardAfter is the dispatch guard's After (guard.Options.After): a
 	// guard's check that finds its job not yet due (a debounce fold moved

@@ -31,7 +31,7 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	if err != nil {
 		return h.notAJob(ctx, m, err)
 	}
-	msg.Queue, _ = h.sourceQueue(m) // the queue it came from, not the body's word
+	msg.Queue = h.receivedOn(ctx, m, msg.ID) // the queue it came from, not the body's word
 	// The producer's trace context: a run is its child, a message sent on
 	// (carried forward, a retry) carries it on.
 	ctx = enqueue.TraceContextOf(ctx, m, h.o.XRay)
@@ -204,10 +204,7 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		// The worker that failed it died before its hook returned, or is
 		// running it now: then look again when its lease on the hook ends.
 		if held, ok := h.takeOverHook(ctx, cur); !ok {
-			if held > 0 {
-				h.comeBackAt(ctx, m, held, cur.ID, now)
-			}
-			return false
+			return held > 0 && h.comeBackAt(ctx, m, msg, held, now)
 		}
 	}
 	switch {
@@ -224,8 +221,7 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		return h.carryForward(ctx, msg, now)
 	case cur.State == ledger.Processing && cur.LeaseUntil > now.UnixMilli():
 		// Running elsewhere: look again when the lease ends.
-		h.comeBackAt(ctx, m, cur.LeaseUntil, cur.ID, now)
-		return false
+		return h.comeBackAt(ctx, m, msg, cur.LeaseUntil, now)
 	case cur.Attempt >= cur.MaxAttempts:
 		// The last attempt's worker died (a live lease returned above): an
 		// orphan out of attempts.
@@ -236,36 +232,67 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 	return false
 }
 
-// comeBackAt makes m visible again just after the unix-ms time at; a
-// failure only leaves the queue's own visibility timeout.
-func (h *Handler) comeBackAt(ctx context.Context, m events.SQSMessage, at int64, id string, now time.Time) {
-	secs := int32(ledger.Millis(at).Sub(now)/time.Second) + 1
-	_, url := h.sourceQueue(m)
-	_, err := h.sqs.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
-		QueueUrl: aws.String(url), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(max(secs, 0), 43200),
-	})
-	if err != nil {
-		h.log.WarnContext(ctx, "nexjob: change visibility failed", "job_id", id, "err", err)
+// comeBackAt has m come back just after the unix-ms time at, and
+// reports whether m may be deleted. From a queue the worker knows, m is
+// made visible again then (kept: false); a failure only leaves the
+// queue's own visibility timeout. From one it does not (see sourceQueue:
+// a queue taken out of NEXJOB_QUEUES whose event source outlived it), its
+// body (msg) is sent on via the job queue, due then, and m is deleted: a
+// queue on its way out keeps nothing the job needs (and its receipt
+// handle is no good on the job queue's URL). A failed send keeps m.
+func (h *Handler) comeBackAt(ctx context.Context, m events.SQSMessage, msg enqueue.Message, at int64, now time.Time) bool {
+	if _, url, known := h.sourceQueue(m); known {
+		secs := int32(ledger.Millis(at).Sub(now)/time.Second) + 1
+		_, err := h.sqs.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+			QueueUrl: aws.String(url), ReceiptHandle: aws.String(m.ReceiptHandle), VisibilityTimeout: min(max(secs, 0), 43200),
+		})
+		if err != nil {
+			h.log.WarnContext(ctx, "nexjob: change visibility failed", "job_id", msg.ID, "err", err)
+		}
+		return false
 	}
+	msg.RunAt, msg.Queue = at+1, ""
+	if err := h.producer.Send(ctx, msg, ledger.Millis(msg.RunAt).Sub(now)); err != nil {
+		h.log.ErrorContext(ctx, "nexjob: sending on a message from a queue not configured failed; it comes back", "job_id", msg.ID, "err", err)
+		return false
+	}
+	return true
+}
+
+// receivedOn is the name of the queue m came from (see sourceQueue),
+// with a warning when the worker does not know that queue.
+func (h *Handler) receivedOn(ctx context.Context, m events.SQSMessage, id string) string {
+	name, _, known := h.sourceQueue(m)
+	if !known {
+		h.log.WarnContext(ctx, "nexjob: message from a queue not configured (NEXJOB_QUEUES); handled as the job queue's", "job_id", id, "source", m.EventSourceARN)
+	}
+	return name
 }
 
 // sourceQueue is the queue m was received from, by name ("" the job
 // queue) and URL: the queue its receipt handle belongs to, and the one a
 // message sent on goes back to. It is matched by the event's source ARN
 // (the queue's name is its last field) or, from the local poller, its URL;
-// a source matching none is taken as the job queue. Never the body's
-// "queue" field: anyone who can send to a queue can write that (a body
-// naming an unknown queue made its carry fail until the DLQ consumer
-// ended the job as never started).
-func (h *Handler) sourceQueue(m events.SQSMessage) (name, url string) {
+// none (a hand-made event) is the job queue. A source matching none of
+// the worker's queues (known false: a named queue taken out of
+// NEXJOB_QUEUES whose event source outlived it) is taken as the job queue
+// too, so what is sent on goes there. Never the body's "queue" field:
+// anyone who can send to a queue can write that (a body naming an
+// unknown queue made its carry fail until the DLQ consumer ended the job
+// as never started).
+func (h *Handler) sourceQueue(m events.SQSMessage) (name, url string, known bool) {
 	src := m.EventSourceARN
 	last := src[strings.LastIndexByte(src, ':')+1:]
+	same := func(u string) bool { return u == src || u[strings.LastIndexByte(u, '/')+1:] == last }
+	if src == "" || same(h.queueURL) {
+		return "", h.queueURL, true
+	}
 	for n, u := range h.o.Queues {
-		if u == src || u[strings.LastIndexByte(u, '/')+1:] == last {
-			return n, u
+		if same(u) {
+			return n, u, true
 		}
 	}
-	return "", h.queueURL
+	return "", h.queueURL, false
 }
 
 // notAJob keeps a message that is not a job: in the DLQ with the reason

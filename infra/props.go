@@ -151,7 +151,9 @@ type JobQueueProps struct {
 	// batching window, and a DLQ alarm: a bulk import on one cannot take
 	// the concurrency that payments on another need. Every function and
 	// Settings(role) get NEXJOB_QUEUES; the grants cover every queue.
-	// Defaults to none.
+	// Taking one out deletes its queue, DLQ and event sources with their
+	// messages: jobs that waited on it are stranded until `nexjob
+	// move-queue NAME` moves them (see the README). Defaults to none.
 	NamedQueues []NamedQueueProps
 }
 

@@ -53,7 +53,9 @@ usage: nexjob COMMAND [flags] [args]
   delete ID...                        remove jobs' records (frees their keys; their waiting
                                       continuations end, or run if the job Succeeded)
   redrive [--from NAME]               move the DLQ's (or named queue NAME's DLQ's) messages back into work
-                                      (requeue, delete and redrive ask first on a terminal:
+  move-queue NAME [--to OTHER]        move the active jobs whose records name queue NAME (one taken
+                                      out of NEXJOB_QUEUES) onto the job queue, or named queue OTHER
+                                      (requeue, delete, redrive and move-queue ask first on a terminal:
                                       --yes skips the question, --dry-run changes nothing)
   dashboard [--addr 127.0.0.1:8080] [--write] [--allow-host NAME] [--allow-remote]
                                       serve the web dashboard (read-only without --write;
@@ -105,6 +107,7 @@ func (u usageError) Error() string { return string(u) + " (nexjob help lists the
 type flags struct {
 	table, queue, dlq   string
 	from                string // redrive: the named queue whose DLQ
+	to                  string // move-queue: the queue the jobs go to ("" the job queue)
 	state, kind, reason string
 	since, until, addr  string
 	limit               int
@@ -129,6 +132,7 @@ func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	fs.StringVar(&f.queue, "queue", "", "job queue URL")
 	fs.StringVar(&f.dlq, "dlq", "", "dead-letter queue URL")
 	fs.StringVar(&f.from, "from", "", "redrive: the DLQ of this named queue (NEXJOB_QUEUES)")
+	fs.StringVar(&f.to, "to", "", "move-queue: the named queue the jobs go to (default the job queue)")
 	fs.StringVar(&f.state, "state", "", "job state")
 	fs.StringVar(&f.kind, "kind", "", "job kind")
 	fs.StringVar(&f.since, "since", "", "changed at most this long ago (24h) or since this RFC 3339 time")
@@ -202,7 +206,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return c.provision(ctx, cfg, rest[0])
-	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "dashboard", "schedules":
+	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules":
 	default:
 		return usageError(fmt.Sprintf("unknown command %q", cmd))
 	}
@@ -249,6 +253,11 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		return op.bulk(ctx, f, "delete", rest, func(id string) (string, error) { return "deleted " + id, op.a.Delete(ctx, id) })
 	case "redrive":
 		return op.redrive(ctx, f)
+	case "move-queue":
+		if err := want(1); err != nil {
+			return err
+		}
+		return op.moveQueue(ctx, rest[0], f)
 	}
 	return op.serve(ctx, f.addr, f)
 }

@@ -102,7 +102,7 @@ func TestHelp(t *testing.T) {
 		if err := c.run(context.Background(), []string{arg}); err != nil {
 			t.Fatalf("%s: %v", arg, err)
 		}
-		for _, w := range []string{"usage: nexjob COMMAND", "requeue --state S", "dashboard [--addr 127.0.0.1:8080] [--write]", "redrive"} {
+		for _, w := range []string{"usage: nexjob COMMAND", "requeue --state S", "dashboard [--addr 127.0.0.1:8080] [--write]", "redrive", "move-queue NAME [--to OTHER]"} {
 			if !strings.Contains(out.String(), w) {
 				t.Fatalf("%s output lacks %q:\n%s", arg, w, out.String())
 			}

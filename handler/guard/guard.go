@@ -99,7 +99,8 @@ type Options struct {
 	// Queues are the named queues (name → URL, enqueue's
 	// ClientOptions.Queues): a job's check goes to the job's queue. A
 	// check for a queue not named here goes to the job queue, where the
-	// worker runs it all the same. Defaults to none.
+	// worker runs it all the same, and so does a far job's schedule.
+	// Defaults to none.
 	Queues map[string]string
 }
 
@@ -205,6 +206,14 @@ func (g *Guard) Check(ctx context.Context, changes []Change) error {
 		if !c.needsCheck() || claimedLater[i] {
 			continue
 		}
+		url, named := g.o.Queues[c.Queue]
+		if !named {
+			// Not a queue of this deployment (taken out of NEXJOB_QUEUES
+			// while the job named it): the job queue, for the schedule as
+			// for the check. Far's client refused the name, which read
+			// as Scheduler refusing the whole batch's far jobs.
+			url, c.Queue = g.queueURL, ""
+		}
 		if runAt := ledger.Millis(c.RunAt); g.o.Far != nil && !refused && runAt.Sub(now) > g.o.FarAfter {
 			// A far job: its own schedule, made if its producer never
 			// made it (a retried batch meets it: done).
@@ -222,10 +231,6 @@ func (g *Guard) Check(ctx context.Context, changes []Change) error {
 		}
 		due := max(now.UnixMilli(), c.RunAt)
 		checkAt := ledger.Millis(due).Add(g.o.After)
-		url, named := g.o.Queues[c.Queue]
-		if !named {
-			url, c.Queue = g.queueURL, ""
-		}
 		msg := enqueue.Message{V: 1, ID: c.ID, Kind: c.Kind, RunAt: checkAt.UnixMilli(), Check: true, Queue: c.Queue}
 		delay := min(checkAt.Sub(now), g.o.MaxDelay)
 		if _, seen := batches[url]; !seen {
