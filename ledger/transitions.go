@@ -155,6 +155,10 @@ type Finish struct {
 	// retries of it (NewNonce). Empty: Finish picks a fresh one, and a
 	// later call cannot recognise an earlier call's applied write.
 	Nonce string
+	// Result, with State Succeeded, is the run's result (its JSON), kept
+	// as Record.Result by this same update: at most ResultRoom(rec)
+	// bytes, valid UTF-8. "" keeps none.
+	Result string
 }
 
 // Finish ends the run that claimed rec: one update, conditional on the
@@ -167,9 +171,16 @@ type Finish struct {
 // all reads that write as its own and succeeds. The nonce is the writer's
 // own: another worker finishing the same record (two messages of an
 // orphan) has its own, so its write never reads as ours.
+//
+// A Result with another State than Succeeded, or that is not UTF-8, is an
+// error, and one over ResultRoom(rec) a *ResultTooLargeError: nothing is
+// written then.
 func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error) {
 	if !f.State.Valid() || f.State == Processing {
 		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
+	}
+	if err := checkResult(rec, f); err != nil {
+		return Record{}, err
 	}
 	nonce := f.Nonce
 	if nonce == "" {
@@ -191,6 +202,7 @@ type finishShape struct {
 	state                                       State
 	lastError, deferred, runAt, hook, hookLease bool
 	expires, cutOff, dropDefers, slot, dropSlot bool
+	result                                      bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -200,8 +212,9 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		hook: f.HookPending && f.State == Failed, hookLease: f.HookLease > 0, expires: !f.ExpiresAt.IsZero(),
 		cutOff: f.CutOff, dropDefers: !f.Deferred && rec.Defers > 0,
 		slot: f.Deferred && !f.Slot.IsZero(), dropSlot: rec.Slot != 0,
+		result: f.State == Succeeded && f.Result != "",
 	}
-	e := s.finishes.start(k, 18, 12, 448) // a Finish: up to 17 names, 11 values, about 420 bytes of update
+	e := s.finishes.start(k, 19, 13, 480) // a Finish: up to 18 names, 12 values, about 450 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
 	st := e.state(":st", f.State)
 	e.assign(AttrState, st)
@@ -231,6 +244,9 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 	}
 	if k.expires {
 		e.assign(AttrExpiresAt, e.i(":exp", TTL(f.ExpiresAt)))
+	}
+	if k.result {
+		e.assign(AttrResult, e.s(":result", f.Result))
 	}
 	switch {
 	case k.deferred: // the cut-offs stand
