@@ -64,7 +64,7 @@ func enqueued(t *testing.T, c *enqueue.Client, args enqueue.JobArgs, opts *enque
 // that kept none ErrNoResult, for one that failed a *NotSucceededError
 // with its state and last error (Cancelled for an operator's cancel), for
 // an unknown id ledger.ErrNotFound; a result that does not decode into
-// the caller's type says so without quoting it.
+// the caller's type says so without quoting it. A requeue removes it.
 func TestResultReadTyped(t *testing.T) {
 	t.Parallel()
 	e, h := resultKit(t)
@@ -105,6 +105,16 @@ func TestResultReadTyped(t *testing.T) {
 	var wrong struct{ Name int }
 	if err := e.Client.Result(ctx, id, &wrong); err == nil || strings.Contains(err.Error(), "ada") || !strings.Contains(err.Error(), `field "Name"`) {
 		t.Fatalf("Result into the wrong type: %v, want an error naming the field, not the value", err)
+	}
+	// A requeue removes the result: the job runs again and has none yet.
+	if _, err := e.Client.Requeue(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if rec := e.Get(t, id); rec.Result != "" {
+		t.Fatalf("a requeued job keeps the result %q", rec.Result)
+	}
+	if err := e.Client.Result(ctx, id, &got); !errors.As(err, &notEnded) || notEnded.State != ledger.Enqueued {
+		t.Fatalf("Result of a requeued job: %v, want a *NotEndedError (Enqueued)", err)
 	}
 }
 
