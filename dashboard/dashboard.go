@@ -21,17 +21,18 @@
 // stop it: its requests still say their own Host.
 //
 // Every response says no-referrer, refuses framing (frame-ancestors
-// 'none', X-Frame-Options), nosniff; pages (which may show args) are
-// no-store; forms post only to the dashboard (form-action 'self',
-// base-uri 'none'). The banner after an action is chosen from fixed texts
-// by a code, never taken from the URL.
+// 'none', X-Frame-Options), nosniff; pages (which may show args and
+// results) are no-store; forms post only to the dashboard (form-action
+// 'self', base-uri 'none'). The banner after an action is chosen from
+// fixed texts by a code, never taken from the URL.
 //
 // Read-only unless Options.Write: without it no action is offered and
 // every write answers 403. Each write is a POST that must carry the
 // page's CSRF token (a double-submit cookie, SameSite=Strict) and pass
 // net/http's CrossOriginProtection (Sec-Fetch-Site / Origin), so another
-// site cannot make a browser act. Args are shown only on request; keys
-// are looked up by hash and never shown, logged or put in a URL.
+// site cannot make a browser act. Args and a job's result are shown only
+// on request, escaped; keys are looked up by hash and never shown, logged
+// or put in a URL.
 //
 // # How it fails
 //

@@ -71,6 +71,7 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 	}
 	v := s.view(r, "job "+rec.ID)
 	v.Job, v.ShowArgs, v.History, v.Actions = rec, r.URL.Query().Get("args") == "1", history(rec), actions(rec)
+	v.ShowResult = r.URL.Query().Get("result") == "1"
 	s.render(w, http.StatusOK, "job", v)
 }
 

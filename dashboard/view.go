@@ -28,6 +28,7 @@ type view struct {
 	Scanned      bool
 	Job          ledger.Record
 	ShowArgs     bool
+	ShowResult   bool
 	History      []event
 	Actions      []string
 	Letters      []admin.DeadLetter

@@ -18,6 +18,13 @@
 // message, and the worker that receives it ends them (one level per
 // message; a crash mid-way is resumed by the message coming back).
 //
+// A worker that has an answer returns it: AddWorkerResult with a
+// ResultWorker (ResultFunc[T, R]) keeps the run's result, R as JSON of
+// at most ledger.MaxResultBytes, with the record, written by the same
+// update that makes the job Succeeded; enqueue's Client.Result and Wait
+// read it. A result over the limit, or that does not encode, fails the
+// job permanently and is not stored.
+//
 // # How it fails
 //
 // A worker's error retries; Permanent(err) fails at once; RetryAfter(d,

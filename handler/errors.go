@@ -93,3 +93,17 @@ type ArgsError struct {
 func (e *ArgsError) Error() string {
 	return fmt.Sprintf("nexjob: args of job %s do not decode as %s: %s", e.JobID, e.Type, e.Reason)
 }
+
+// ResultError: a result worker's result does not encode as JSON (or its
+// JSON is not UTF-8, which DynamoDB refuses). The run fails permanently
+// and keeps no result. Reason locates the fault and, like ArgsError's,
+// never quotes a value.
+type ResultError struct {
+	JobID  string
+	Type   string // the result's Go type
+	Reason string
+}
+
+func (e *ResultError) Error() string {
+	return fmt.Sprintf("nexjob: the result of job %s (%s) cannot be kept: %s", e.JobID, e.Type, e.Reason)
+}

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/internal/kinds"
@@ -35,6 +36,25 @@ type WorkFunc[T enqueue.JobArgs] func(ctx context.Context, job *Job[T]) error
 
 // Work calls f.
 func (f WorkFunc[T]) Work(ctx context.Context, job *Job[T]) error { return f(ctx, job) }
+
+// ResultWorker runs jobs of one kind and returns each run's result, R as
+// JSON, which the write that makes the job Succeeded keeps with its
+// record (no extra request): enqueue's Client.Result and Wait read it.
+// Work's error decides what happens next as for a Worker; a failed run
+// keeps no result. A result whose JSON is over ledger.MaxResultBytes
+// fails the job permanently with a *ledger.ResultTooLargeError, one that
+// does not encode (or is not UTF-8) with a *ResultError: nothing of it is
+// stored, and neither error quotes it. The result is never logged, nor
+// put on a span or a metric.
+type ResultWorker[T enqueue.JobArgs, R any] interface {
+	Work(ctx context.Context, job *Job[T]) (R, error)
+}
+
+// ResultFunc makes a function a ResultWorker.
+type ResultFunc[T enqueue.JobArgs, R any] func(ctx context.Context, job *Job[T]) (R, error)
+
+// Work calls f.
+func (f ResultFunc[T, R]) Work(ctx context.Context, job *Job[T]) (R, error) { return f(ctx, job) }
 
 // KindOptions tune one kind. The zero value takes every default.
 type KindOptions struct {
@@ -70,7 +90,7 @@ type KindOptions struct {
 }
 
 type entry struct {
-	run  func(ctx context.Context, rec ledger.Record) error
+	run  func(ctx context.Context, rec ledger.Record) (result string, err error) // result: the JSON to keep, "" none
 	opts KindOptions
 }
 
@@ -87,20 +107,48 @@ func NewRegistry() *Registry { return &Registry{kinds: map[string]*entry{}} }
 // on a kind registered twice and on an args type whose Kind is empty: a
 // bad registration is a programming error that must fail at start.
 func AddWorker[T enqueue.JobArgs](r *Registry, w Worker[T], opts *KindOptions) {
-	if w == nil || reflect.ValueOf(w).Kind() == reflect.Func && reflect.ValueOf(w).IsNil() {
+	if isNil(w) {
 		panic("nexjob: AddWorker with a nil worker")
 	}
+	add(r, func(ctx context.Context, _ ledger.Record, job *Job[T]) (string, error) {
+		return "", w.Work(ctx, job)
+	}, opts)
+}
+
+// AddWorkerResult registers the result worker for T's kind, as AddWorker
+// registers a worker (and panics as it does): its runs' results are kept
+// (see ResultWorker).
+func AddWorkerResult[T enqueue.JobArgs, R any](r *Registry, w ResultWorker[T, R], opts *KindOptions) {
+	if isNil(w) {
+		panic("nexjob: AddWorkerResult with a nil worker")
+	}
+	add(r, func(ctx context.Context, rec ledger.Record, job *Job[T]) (string, error) {
+		v, err := w.Work(ctx, job)
+		if err != nil {
+			return "", err
+		}
+		return encodeResult(rec, v)
+	}, opts)
+}
+
+// isNil reports whether a worker is nil, or a nil function in one.
+func isNil(w any) bool {
+	return w == nil || reflect.ValueOf(w).Kind() == reflect.Func && reflect.ValueOf(w).IsNil()
+}
+
+// add registers work for T's kind: the args decoded, then work.
+func add[T enqueue.JobArgs](r *Registry, work func(context.Context, ledger.Record, *Job[T]) (string, error), opts *KindOptions) {
 	var zero T
 	kind := zero.Kind()
 	if !kinds.Valid(kind) {
 		panic(fmt.Sprintf("nexjob: %T's Kind() %q is not a valid kind: %s", zero, kind, kinds.Rule))
 	}
-	e := &entry{run: func(ctx context.Context, rec ledger.Record) error {
+	e := &entry{run: func(ctx context.Context, rec ledger.Record) (string, error) {
 		job := &Job[T]{ID: rec.ID, Attempt: rec.Attempt, MaxAttempts: rec.MaxAttempts, KeyHash: rec.KeyHash}
 		if err := json.Unmarshal([]byte(rec.Args), &job.Args); err != nil {
-			return Permanent(&ArgsError{JobID: rec.ID, Type: fmt.Sprintf("%T", zero), Reason: redact.JSON(err)})
+			return "", Permanent(&ArgsError{JobID: rec.ID, Type: fmt.Sprintf("%T", zero), Reason: redact.JSON(err)})
 		}
-		return w.Work(ctx, job)
+		return work(ctx, rec, job)
 	}}
 	if opts != nil {
 		e.opts = *opts
@@ -125,6 +173,21 @@ func AddWorker[T enqueue.JobArgs](r *Registry, w Worker[T], opts *KindOptions) {
 		panic(fmt.Sprintf("nexjob: kind %q registered twice", kind))
 	}
 	r.kinds[kind] = e
+}
+
+// encodeResult is a run's result as the record keeps it: its JSON, or
+// the permanent error that fails the run when the record cannot keep it.
+func encodeResult[R any](rec ledger.Record, v R) (string, error) {
+	b, err := json.Marshal(v)
+	switch {
+	case err != nil:
+		return "", Permanent(&ResultError{JobID: rec.ID, Type: reflect.TypeFor[R]().String(), Reason: redact.JSON(err)})
+	case !utf8.Valid(b):
+		return "", Permanent(&ResultError{JobID: rec.ID, Type: reflect.TypeFor[R]().String(), Reason: "its JSON is not UTF-8 (a MarshalJSON's raw bytes)"})
+	case len(b) > ledger.ResultRoom(rec):
+		return "", Permanent(&ledger.ResultTooLargeError{JobID: rec.ID, Size: len(b), Limit: ledger.ResultRoom(rec)})
+	}
+	return string(b), nil
 }
 
 func (r *Registry) lookup(kind string) (*entry, bool) {

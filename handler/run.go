@@ -44,14 +44,15 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	// A worker's error text is stored, logged and put on the span: capped
 	// here as the ledger caps it, so no one error fills a log line (or
 	// carries 8 KB of someone's data) where the record would not.
-	err := redact.Capped(safeRun(runCtx, e, rec), ledger.MaxLastError)
+	result, err := safeRun(runCtx, e, rec)
+	err = redact.Capped(err, ledger.MaxLastError)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "run failed")
 	}
 	if err == nil {
 		h.runLog(ctx, slog.LevelInfo, "nexjob: job succeeded", rec, start)
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded}, nil)
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Succeeded, Result: result}, nil)
 	}
 	return h.runFailed(ctx, e, rec, runCtx, err, start)
 }
@@ -107,10 +108,10 @@ func (h *Handler) failed(ctx context.Context, rec ledger.Record, err error, back
 	return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: h.store.Now().Add(delay), LastError: err.Error()}, nil)
 }
 
-func safeRun(ctx context.Context, e *entry, rec ledger.Record) (err error) {
+func safeRun(ctx context.Context, e *entry, rec ledger.Record) (result string, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = &PanicError{Value: v}
+			result, err = "", &PanicError{Value: v}
 		}
 	}()
 	return e.run(ctx, rec)

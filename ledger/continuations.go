@@ -125,8 +125,8 @@ func (s *Store) transition(ctx context.Context, id string, cond expression.Condi
 var ErrKeyReused = errors.New("nexjob: the job's idempotency key belongs to a newer job")
 
 // Requeue moves a terminal job back to Enqueued with a fresh attempt budget
-// (attempt 0, no TTL, no deadline, last error kept): one update conditional
-// on the job still being terminal. A job that is active gives a
+// (attempt 0, no TTL, no deadline, no result, last error kept): one update
+// conditional on the job still being terminal. A job that is active gives a
 // *NotClaimableError with its record; one whose key was re-used,
 // ErrKeyReused; a DeadLetterKind record (a message that was not a job),
 // ErrDeadLetterRecord. Nothing is written in those cases.
@@ -183,7 +183,7 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	upd := expression.Set(st, expression.Value(Enqueued)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
-	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched, AttrCancelled} {
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched, AttrCancelled, AttrResult} {
 		upd = upd.Remove(expression.Name(a))
 	}
 	upd = s.withIndex(upd, Enqueued, id, nowMs)

@@ -57,6 +57,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Token, err = num(av)
 		case AttrLastError:
 			r.LastError, err = str(av)
+		case AttrResult:
+			r.Result, err = str(av)
 		case AttrExpiresAt:
 			r.ExpiresAt, err = num(av)
 		case AttrParentID:

@@ -33,6 +33,7 @@ type Record struct {
 	LeaseUntil  int64    `dynamodbav:"leaseUntil,omitempty"`
 	Token       int64    `dynamodbav:"token"`
 	LastError   string   `dynamodbav:"lastError,omitempty"`
+	Result      string   `dynamodbav:"result,omitempty"` // a Succeeded run's JSON result (handler.AddWorkerResult), at most ResultRoom bytes
 	ExpiresAt   int64    `dynamodbav:"expiresAt,omitempty"`
 	ParentID    string   `dynamodbav:"parentId,omitempty"`
 	Children    []string `dynamodbav:"children,stringset,omitempty"` // continuations waiting on this job

@@ -25,6 +25,7 @@ const (
 	AttrLeaseUntil   = "leaseUntil"   // Unix milliseconds; a Processing run's lease
 	AttrToken        = "token"        // fencing token, incremented by every claim
 	AttrLastError    = "lastError"    // last failure, for people
+	AttrResult       = "result"       // a Succeeded run's JSON result (Record.Result)
 	AttrExpiresAt    = "expiresAt"    // TTL attribute, Unix seconds; set on terminal writes
 	AttrParentID     = "parentId"     // continuation parent
 	AttrChildren     = "children"     // string set: continuations waiting on this job

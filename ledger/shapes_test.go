@@ -72,6 +72,9 @@ func randomFinish(r *rand.Rand, st State, bits int) (Record, Finish) {
 	if on(9) {
 		rec.Slot = at.UnixMilli()
 	}
+	if on(10) {
+		f.Result = fmt.Sprintf(`{"n":%d}`, r.Int())
+	}
 	return rec, f
 }
 
@@ -91,11 +94,11 @@ func TestShapesKeepTheText(t *testing.T) {
 			}
 		}
 		for _, st := range []State{Enqueued, Scheduled, AwaitingContinuation, Succeeded, Failed, Expired} {
-			for bits := range 1 << 10 {
+			for bits := range 1 << 11 {
 				for range 2 {
 					rec, f := randomFinish(r, st, bits)
 					now, nonce := time.UnixMilli(r.Int64N(2e12)), NewNonce()
-					sameExprs(t, fmt.Sprintf("finish %s bits=%010b indexAll=%v", st, bits, indexAll),
+					sameExprs(t, fmt.Sprintf("finish %s bits=%011b indexAll=%v", st, bits, indexAll),
 						warm.finishExprs(rec, f, now, nonce), newShapeStore(t, indexAll).finishExprs(rec, f, now, nonce))
 				}
 			}

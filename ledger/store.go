@@ -118,13 +118,14 @@ func (s *Store) HashKey(key string) string { return hashKey(s.secret, key) }
 // values (AWS enforces 409,600 bytes; moto 405,000). A record's args are
 // written once, at insert; every later write adds to the same item: the
 // last error (at most MaxLastError bytes), the continuations' ids (at most
-// MaxChildren), and fixed fields of a few hundred bytes. MaxArgsBytes
-// leaves room for all of them under the smallest of those limits, so no
-// later write of a record can fail for its size.
+// MaxChildren), a result (at most MaxResultBytes), and fixed fields of a
+// few hundred bytes. MaxArgsBytes leaves room for all of them under the
+// smallest of those limits, so no later write of a record can fail for
+// its size.
 const (
 	maxItemBytes = 400_000
 	// reserveBytes covers every attribute but args at their largest.
-	reserveBytes = MaxLastError + 8 + MaxChildren*64 + 2048
+	reserveBytes = MaxLastError + 8 + MaxChildren*64 + 2048 + len(AttrResult) + MaxResultBytes
 	// MaxArgsBytes is the largest encoded args a record accepts.
 	MaxArgsBytes = maxItemBytes - reserveBytes
 	// MaxChildren bounds the continuations of one job.

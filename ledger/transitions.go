@@ -159,6 +159,10 @@ type Finish struct {
 	// retries of it (NewNonce). Empty: Finish picks a fresh one, and a
 	// later call cannot recognise an earlier call's applied write.
 	Nonce string
+	// Result, with State Succeeded, is the run's result (its JSON), kept
+	// as Record.Result by this same update: at most ResultRoom(rec)
+	// bytes, valid UTF-8. "" keeps none.
+	Result string
 }
 
 // Finish ends the run that claimed rec: one update, conditional on the
@@ -171,9 +175,16 @@ type Finish struct {
 // all reads that write as its own and succeeds. The nonce is the writer's
 // own: another worker finishing the same record (two messages of an
 // orphan) has its own, so its write never reads as ours.
+//
+// A Result with another State than Succeeded, or that is not UTF-8, is an
+// error, and one over ResultRoom(rec) a *ResultTooLargeError: nothing is
+// written then.
 func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error) {
 	if !f.State.Valid() || f.State == Processing {
 		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
+	}
+	if err := checkResult(rec, f); err != nil {
+		return Record{}, err
 	}
 	nonce := f.Nonce
 	if nonce == "" {
@@ -195,7 +206,7 @@ type finishShape struct {
 	state                                       State
 	lastError, deferred, runAt, hook, hookLease bool
 	expires, cutOff, dropDefers, slot, dropSlot bool
-	ticket, dropTicket                          bool
+	ticket, dropTicket, result                  bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -206,8 +217,9 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		cutOff: f.CutOff, dropDefers: !f.Deferred && rec.Defers > 0,
 		slot: f.Deferred && !f.Slot.IsZero(), dropSlot: rec.Slot != 0,
 		ticket: f.Deferred && f.Ticket != 0, dropTicket: rec.Ticket != 0,
+		result: f.State == Succeeded && f.Result != "",
 	}
-	e := s.finishes.start(k, 19, 13, 480) // a Finish: up to 18 names, 12 values, about 450 bytes of update
+	e := s.finishes.start(k, 20, 14, 512) // a Finish: up to 19 names, 13 values, about 480 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
 	st := e.state(":st", f.State)
 	e.assign(AttrState, st)
@@ -237,6 +249,9 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 	}
 	if k.expires {
 		e.assign(AttrExpiresAt, e.i(":exp", TTL(f.ExpiresAt)))
+	}
+	if k.result {
+		e.assign(AttrResult, e.s(":result", f.Result))
 	}
 	switch {
 	case k.deferred: // the cut-offs stand

@@ -40,7 +40,8 @@ usage: nexjob COMMAND [flags] [args]
 
   list [STATE | --state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
                                       jobs in a state (default Failed), newest first
-  get ID [--show-args]                one job's record (args only with --show-args)
+  get ID [--show-args] [--show-result]
+                                      one job's record (args, result only when asked)
   stats                               jobs per state and kind, queue and DLQ depth (scans the table)
   schedules                           recurring jobs: expression, concurrency, next firing
   cancel ID... [--reason R]           withdraw Enqueued or Scheduled jobs: each becomes Failed, marked
@@ -112,6 +113,7 @@ type flags struct {
 	since, until, addr  string
 	limit               int
 	showArgs, write     bool
+	showResult          bool
 	dashboard           string
 	allowRemote         bool
 	allowHosts          hostList
@@ -140,6 +142,7 @@ func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	fs.IntVar(&f.limit, "limit", 0, "at most this many")
 	fs.StringVar(&f.reason, "reason", "", "why (cancel)")
 	fs.BoolVar(&f.showArgs, "show-args", false, "print the job's args")
+	fs.BoolVar(&f.showResult, "show-result", false, "print the job's result")
 	fs.BoolVar(&f.write, "write", false, "allow the dashboard's write actions")
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "the dashboard's address")
 	fs.StringVar(&f.dashboard, "dashboard", "", "after the demo, serve the dashboard on this address")
@@ -228,7 +231,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		if err := want(1); err != nil {
 			return err
 		}
-		return op.get(ctx, rest[0], f.showArgs)
+		return op.get(ctx, rest[0], f.showArgs, f.showResult)
 	case "stats":
 		return op.stats(ctx)
 	case "schedules":

@@ -127,7 +127,7 @@ func oneLine(s string, max int) string {
 	return clean(s)
 }
 
-func (o *ops) get(ctx context.Context, id string, showArgs bool) error {
+func (o *ops) get(ctx context.Context, id string, showArgs, showResult bool) error {
 	rec, err := o.a.Get(ctx, id)
 	if err != nil {
 		return err
@@ -178,6 +178,13 @@ func (o *ops) get(ctx context.Context, id string, showArgs bool) error {
 		row("args", rec.Args)
 	} else {
 		row("args", fmt.Sprintf("%d bytes (--show-args prints them)", len(rec.Args)))
+	}
+	switch {
+	case rec.Result == "":
+	case showResult:
+		row("result", rec.Result)
+	default:
+		row("result", fmt.Sprintf("%d bytes (--show-result prints it)", len(rec.Result)))
 	}
 	return tw.Flush()
 }
