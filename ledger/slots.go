@@ -166,7 +166,7 @@ func (s *Store) ReleaseSlot(ctx context.Context, keyHash, holder string, limit i
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})
-	item := map[string]types.AttributeValue{}
+	var item map[string]types.AttributeValue
 	var ccf *types.ConditionalCheckFailedException
 	switch {
 	case errors.As(err, &ccf):
