@@ -236,3 +236,21 @@ type NotTerminalError struct {
 func (e *NotTerminalError) Error() string {
 	return fmt.Sprintf("nexjob: job %s is %s; only terminal jobs can be requeued", e.JobID, e.State)
 }
+
+// RequeueFresh is Requeue of a job whose recorded steps (handler.Step)
+// are dropped first, so its next run calls every step again: for a job
+// whose steps' results are stale (a payment reversed by hand). Requeue
+// keeps them. Two writes: the steps' removal, conditional on the job
+// being ended (an active job gives a *NotTerminalError and nothing is
+// written), then the requeue; a failure between leaves the job ended with
+// no steps, and calling RequeueFresh again finishes it.
+func (c *Client) RequeueFresh(ctx context.Context, jobID string) (Result, error) {
+	if err := c.store.ForgetSteps(ctx, jobID); err != nil {
+		var nc *ledger.NotClaimableError
+		if errors.As(err, &nc) {
+			return Result{ID: jobID}, &NotTerminalError{JobID: jobID, State: nc.Current.State}
+		}
+		return Result{ID: jobID}, fmt.Errorf("nexjob: forget the steps of job %s: %w", jobID, err)
+	}
+	return c.Requeue(ctx, jobID)
+}

@@ -20,6 +20,7 @@ type jobLog struct {
 	id, kind, req string
 	attempt       int
 	start         time.Time
+	steps         *steps // in a worker's run only
 	once          sync.Once
 	l             *slog.Logger
 }

@@ -113,6 +113,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Released, err = strs(av)
 		case AttrQueue:
 			r.Queue, err = str(av)
+		case AttrSteps:
+			r.Steps, err = decodeSteps(av)
 		case AttrByCheck:
 			r.ByCheck, err = boolean(av)
 		case AttrNonJob:

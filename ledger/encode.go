@@ -60,6 +60,13 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.b(AttrByCheck, r.ByCheck)
 	e.b(AttrNonJob, r.NonJob)
 	e.s(AttrQueue, r.Queue, true)
+	if len(r.Steps) > 0 {
+		m := make(map[string]types.AttributeValue, len(r.Steps))
+		for k, v := range r.Steps {
+			m[k] = &types.AttributeValueMemberS{Value: v}
+		}
+		item[AttrSteps] = &types.AttributeValueMemberM{Value: m}
+	}
 	return item
 }
 

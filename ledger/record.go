@@ -101,6 +101,10 @@ type Record struct {
 	// the current attempt was given when it found no slot (Finish.Ticket):
 	// its next claim takes the slot reserved for it. Any run's end clears it.
 	Ticket int64 `dynamodbav:"ticket,omitempty"`
+	// Steps are the job's completed steps, by name, each its result's
+	// JSON (RecordStep): every run of the job reads them from its claim.
+	// They stay across retries and requeues.
+	Steps map[string]string `dynamodbav:"steps,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's

@@ -1,0 +1,141 @@
+package handler
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// ErrNotInRun: Step or StepKey was called outside a worker's Work (its
+// context is not a run's).
+var ErrNotInRun = errors.New("nexjob: a step needs the context of a job's run")
+
+// ErrStepRepeated: a step name was used twice in one run. Steps are named,
+// not counted, so each name is one step of the job.
+var ErrStepRepeated = errors.New("nexjob: step name used twice in one run")
+
+// steps is a run's view of its job's completed steps.
+type steps struct {
+	store *ledger.Store
+	mu    sync.Mutex
+	rec   ledger.Record // the claim's record, its Steps kept current
+	used  map[string]bool
+}
+
+func (s *steps) recorded(name string) (string, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used[name] {
+		return "", false, fmt.Errorf("%w: %q", ErrStepRepeated, name)
+	}
+	s.used[name] = true
+	r, ok := s.rec.Steps[name]
+	return r, ok, nil
+}
+
+func (s *steps) record(ctx context.Context, name, result string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.store.RecordStep(ctx, s.rec, name, result); err != nil {
+		return err
+	}
+	if s.rec.Steps == nil {
+		s.rec.Steps = map[string]string{}
+	}
+	s.rec.Steps[name] = result
+	return nil
+}
+
+// Step runs fn once per job: the first time a step of this name completes
+// in a job, its result is recorded in the job's record (as JSON), and
+// every later run of the job (a retry, an orphan's take-over, a cut-off's
+// rerun, a requeue) gets the recorded result back without calling fn.
+// Steps are named, not counted: code that adds a step between
+// deployments keeps the others. Call it inside a worker's Work with the
+// run's context.
+//
+// How it fails: fn's error is returned as it is (the run fails as the
+// worker returns it: retried, or ended by Permanent), and nothing is
+// recorded, so the next run calls fn again. A name used twice in one run
+// is ErrStepRepeated; a context not a run's, ErrNotInRun; a run whose
+// context ended returns its error before calling fn (a cancelled job
+// stops at its next step). A result that cannot be encoded, or is outside
+// the ledger's limits (ledger.MaxStepBytes and the others: a
+// *ledger.StepError), fails the job permanently: it would fail every
+// run. Recording is fenced as the run's end is: a run whose lease a newer
+// run took gets ledger.ErrFenced and fn's result is lost to the job. A
+// write applied with its reply lost reads as done; a write that fails
+// (throttled past the SDK's retries) fails the run, and the next run
+// calls fn again. So a step is at least once, and exactly once when its
+// write lands: give fn's side effect an idempotency key (StepKey) and the
+// provider closes that gap.
+//
+// Cost: recording is one UpdateItem of the job's record (write units by
+// the record's size: one for a small job); a replayed step costs no
+// request (its result came with the run's claim).
+func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
+	var zero T
+	s := stepsOf(ctx)
+	if s == nil {
+		return zero, ErrNotInRun
+	}
+	raw, done, err := s.recorded(name)
+	if err != nil {
+		return zero, err
+	}
+	if done {
+		var v T
+		if err := json.Unmarshal([]byte(raw), &v); err != nil {
+			return zero, Permanent(fmt.Errorf("nexjob: step %q: its recorded result does not decode: %w", name, err))
+		}
+		return v, nil
+	}
+	if err := context.Cause(ctx); err != nil {
+		return zero, err
+	}
+	v, err := fn(ctx)
+	if err != nil {
+		return zero, err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return zero, Permanent(fmt.Errorf("nexjob: step %q: its result does not encode: %w", name, err))
+	}
+	if err := s.record(ctx, name, string(b)); err != nil {
+		var se *ledger.StepError
+		if errors.As(err, &se) {
+			return zero, Permanent(err)
+		}
+		return zero, err
+	}
+	return v, nil
+}
+
+// StepKey is a stable key for the job's step name: the same on every run
+// of the job, different for every job and step, made of the job's id and
+// the name only (no args, no key). Hand it to a payment provider as its
+// idempotency key, so a step whose result was never recorded (see Step)
+// charges once all the same. Outside a run it is "".
+func StepKey(ctx context.Context, name string) string {
+	s := stepsOf(ctx)
+	if s == nil {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(s.rec.ID + "\x00" + name))
+	return "nj-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:20]))
+}
+
+// stepsOf is the steps of the run ctx is in, nil outside one.
+func stepsOf(ctx context.Context) *steps {
+	if j := runOf(ctx); j != nil {
+		return j.steps
+	}
+	return nil
+}

@@ -1,0 +1,350 @@
+package handler_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
+	"github.com/nexjob/nexjob-aws/internal/proof/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+)
+
+// Steps (issue 29): a step whose result was recorded never runs again in
+// its job, whatever ends a run after it.
+
+type stepped struct {
+	Order string `json:"order"`
+	Big   int    `json:"big,omitempty"` // bytes of the charge step's result
+}
+
+func (stepped) Kind() string { return "stepped" }
+
+// receipt is the charge step's result.
+type receipt struct {
+	ChargeID string `json:"chargeId"`
+	Key      string `json:"key"`
+	Pad      string `json:"pad,omitempty"`
+}
+
+// stepsEnv runs the stepped kind: a charge step (counted per job), then
+// fail() decides whether the run fails after it, then a mark step.
+type stepsEnv struct {
+	e       *nexjobtest.Env
+	ft      *faults.Transport
+	counter *awstest.Counter
+	h       *handler.Handler
+	mu      sync.Mutex
+	charges map[string]int
+	keys    map[string][]string // StepKey("charge") per run
+	marks   map[string]int
+	fail    func(attempt int) error
+}
+
+func newSteps(t *testing.T) *stepsEnv {
+	t.Helper()
+	e := nexjobtest.New(t, nil)
+	s := &stepsEnv{e: e, charges: map[string]int{}, keys: map[string][]string{}, marks: map[string]int{}, fail: func(int) error { return nil }}
+	s.ft = faults.New(nil)
+	cfg := faults.Config(e.Cfg, s.ft)
+	s.counter = awstest.Count(&cfg)
+	e.Cfg = cfg
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[stepped](func(ctx context.Context, j *handler.Job[stepped]) error {
+		r, err := handler.Step(ctx, "charge", func(ctx context.Context) (receipt, error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.charges[j.ID]++
+			return receipt{ChargeID: "ch_" + j.Args.Order, Key: handler.StepKey(ctx, "charge"), Pad: strings.Repeat("x", j.Args.Big)}, nil
+		})
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		s.keys[j.ID] = append(s.keys[j.ID], r.Key)
+		s.mu.Unlock()
+		if err := s.fail(j.Attempt); err != nil {
+			return err
+		}
+		_, err = handler.Step(ctx, "mark", func(ctx context.Context) (bool, error) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.marks[j.ID]++
+			return true, nil
+		})
+		return err
+	}), &handler.KindOptions{Backoff: func(int) time.Duration { return time.Second }})
+	s.h = e.Handler(t, reg, &handler.Options{Logger: quiet})
+	return s
+}
+
+func (s *stepsEnv) enqueue(t *testing.T, args stepped) string {
+	t.Helper()
+	res, err := s.e.Client.Enqueue(context.Background(), args, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.ID
+}
+
+// drain runs everything, moving the kit's clock over each retry's backoff.
+func (s *stepsEnv) drain(t *testing.T, id string) ledger.Record {
+	t.Helper()
+	for range 10 {
+		s.e.Drain(t, s.h)
+		if rec := s.e.Get(t, id); rec.State.Terminal() {
+			return rec
+		}
+		s.e.RunNow(t, id)
+	}
+	t.Fatalf("job %s did not end", id)
+	return ledger.Record{}
+}
+
+func (s *stepsEnv) count(id string) (charges, marks int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.charges[id], s.marks[id]
+}
+
+// A run fails after its charge step: the retry gets the recorded receipt
+// back and charges nothing; StepKey is the same on both runs.
+func TestStepRunsOnceAcrossRetries(t *testing.T) {
+	t.Parallel()
+	s := newSteps(t)
+	s.fail = func(attempt int) error {
+		if attempt == 1 {
+			return errors.New("the order service is down")
+		}
+		return nil
+	}
+	id := s.enqueue(t, stepped{Order: "1001"})
+	rec := s.drain(t, id)
+	charges, marks := s.count(id)
+	if rec.State != ledger.Succeeded || rec.Attempt != 2 || charges != 1 || marks != 1 {
+		t.Fatalf("job %s after %d attempts, %d charges and %d marks; want Succeeded after 2, one each", rec.State, rec.Attempt, charges, marks)
+	}
+	s.mu.Lock()
+	keys := s.keys[id]
+	s.mu.Unlock()
+	if len(keys) != 2 || keys[0] != keys[1] || keys[0] == "" {
+		t.Fatalf("StepKey per run: %q, want one key twice", keys)
+	}
+	if got := rec.Steps["charge"]; !strings.Contains(got, `"ch_1001"`) || rec.Steps["mark"] != "true" {
+		t.Fatalf("recorded steps %v", rec.Steps)
+	}
+	other := s.enqueue(t, stepped{Order: "1002"})
+	s.drain(t, other)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.keys[other][0] == keys[0] {
+		t.Fatal("two jobs got one StepKey")
+	}
+}
+
+// The step's write is applied and its reply lost: it reads as done (one
+// charge, one run). Throttled past the SDK's retries, the run fails and
+// the retry charges again: the result was never recorded.
+func TestStepUnderFaults(t *testing.T) {
+	t.Parallel()
+	isStep := func(body []byte) bool {
+		return strings.Contains(string(body), `"steps"`) && strings.Contains(string(body), `"charge"`)
+	}
+	for _, c := range []struct {
+		name              string
+		rule              faults.Rule
+		attempts, charges int
+	}{
+		{"lost reply", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isStep, Fault: faults.LostReply}, 1, 1},
+		{"timeout", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isStep, Fault: faults.Timeout}, 1, 1},
+		{"throttled past the retries", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isStep, Fault: faults.Throttle, Times: faults.Attempts}, 2, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSteps(t)
+			fault := s.ft.Add(c.rule)
+			id := s.enqueue(t, stepped{Order: "1001"})
+			rec := s.drain(t, id)
+			charges, marks := s.count(id)
+			if fault.Fired() == 0 {
+				t.Fatal("the fault never fired")
+			}
+			if rec.State != ledger.Succeeded || rec.Attempt != c.attempts || charges != c.charges || marks != 1 {
+				t.Fatalf("job %s after %d attempts, %d charges, %d marks; want Succeeded after %d, %d charges, one mark",
+					rec.State, rec.Attempt, charges, marks, c.attempts, c.charges)
+			}
+		})
+	}
+}
+
+// A result over ledger.MaxStepBytes fails the job permanently, with the
+// step's name and no result in the error; nothing is recorded.
+func TestStepTooLargeFailsTheJob(t *testing.T) {
+	t.Parallel()
+	s := newSteps(t)
+	id := s.enqueue(t, stepped{Order: "secret-order", Big: ledger.MaxStepBytes})
+	rec := s.drain(t, id)
+	if rec.State != ledger.Failed || rec.Attempt != 1 || len(rec.Steps) != 0 {
+		t.Fatalf("job %s after %d attempts with steps %v; want Failed after one, none recorded", rec.State, rec.Attempt, rec.Steps)
+	}
+	if !strings.Contains(rec.LastError, `step "charge"`) || strings.Contains(rec.LastError, "xxxx") {
+		t.Fatalf("error %q: want the step's name and none of its result", rec.LastError)
+	}
+}
+
+// A run whose claim a newer run took (its lease ran out) is fenced: its
+// step is refused and nothing is written.
+func TestStepOfAZombieIsFenced(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	id, err := e.Client.Enqueue(context.Background(), stepped{Order: "1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := e.Client.Store()
+	ctx := context.Background()
+	zombie, err := st.Claim(ctx, id.ID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Advance(t, 2*time.Minute)
+	if _, err := st.Claim(ctx, id.ID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.RecordStep(ctx, zombie, "charge", `{"chargeId":"ch_1"}`); !errors.Is(err, ledger.ErrFenced) {
+		t.Fatalf("the zombie's step: %v, want ErrFenced", err)
+	}
+	if rec := e.Get(t, id.ID); len(rec.Steps) != 0 {
+		t.Fatalf("the zombie's step was written: %v", rec.Steps)
+	}
+}
+
+// Outside a run there is nothing to record to; a name used twice in one
+// run is refused; names and results outside the limits are *StepError.
+func TestStepMisuse(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	if _, err := handler.Step(ctx, "x", func(context.Context) (int, error) { return 1, nil }); !errors.Is(err, handler.ErrNotInRun) {
+		t.Fatalf("outside a run: %v", err)
+	}
+	if k := handler.StepKey(ctx, "x"); k != "" {
+		t.Fatalf("StepKey outside a run: %q", k)
+	}
+	e := nexjobtest.New(t, nil)
+	var twice error
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[stepped](func(ctx context.Context, j *handler.Job[stepped]) error {
+		if _, err := handler.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			return err
+		}
+		_, twice = handler.Step(ctx, "a", func(context.Context) (int, error) { return 2, nil })
+		return nil
+	}), nil)
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	if _, err := e.Client.Enqueue(ctx, stepped{Order: "1"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	if !errors.Is(twice, handler.ErrStepRepeated) {
+		t.Fatalf("a name used twice: %v", twice)
+	}
+	var se *ledger.StepError
+	for _, name := range []string{"", strings.Repeat("n", ledger.MaxStepName+1)} {
+		if err := ledger.CheckStep(ledger.Record{}, name, "1"); !errors.As(err, &se) {
+			t.Fatalf("name of %d bytes: %v", len(name), err)
+		}
+	}
+	full := ledger.Record{Steps: map[string]string{}}
+	for i := range ledger.MaxSteps {
+		full.Steps[strings.Repeat("s", i+1)] = "1"
+	}
+	if err := ledger.CheckStep(full, "one-more", "1"); !errors.As(err, &se) {
+		t.Fatalf("step %d: %v", ledger.MaxSteps+1, err)
+	}
+}
+
+// The requests of a run with steps, pinned: recording a step is one
+// UpdateItem; a run that replays recorded steps makes no request for
+// them (they came with its claim).
+func TestStepCosts(t *testing.T) {
+	t.Parallel()
+	s := newSteps(t)
+	s.fail = func(attempt int) error {
+		if attempt == 1 {
+			return &handler.RetryAfterError{Delay: time.Hour, Err: errors.New("fail after the charge")}
+		}
+		return nil
+	}
+	id := s.enqueue(t, stepped{Order: "1"})
+	s.counter.Reset()
+	s.e.Drain(t, s.h) // the first run: claim, the charge step, the failure's finish, the retry's send
+	first := dynamoCalls(s.counter)
+	s.e.RunNow(t, id)
+	s.counter.Reset()
+	s.e.Drain(t, s.h) // the retry: claim, the charge replayed, the mark step, finish
+	second := dynamoCalls(s.counter)
+	want1 := []string{"DynamoDB.UpdateItem", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem"}
+	if strings.Join(first, " ") != strings.Join(want1, " ") {
+		t.Errorf("a run with one new step: %v, want %v (claim, step, finish)", first, want1)
+	}
+	if strings.Join(second, " ") != strings.Join(want1, " ") {
+		t.Errorf("a run replaying one step and recording one: %v, want %v (claim, the new step, finish)", second, want1)
+	}
+	if rec := s.e.Get(t, id); rec.State != ledger.Succeeded {
+		t.Fatalf("job %s", rec.State)
+	}
+}
+
+// dynamoCalls are the DynamoDB requests among the counted ones, without
+// the kit's own reads (Drain's Scan).
+func dynamoCalls(c *awstest.Counter) []string {
+	var out []string
+	for _, call := range c.Calls() {
+		if strings.HasPrefix(call, "DynamoDB.") && call != "DynamoDB.Scan" {
+			out = append(out, call)
+		}
+	}
+	return out
+}
+
+// Requeue keeps a job's recorded steps (its next run replays them);
+// RequeueFresh drops them (its next run calls them again). RequeueFresh
+// of an active job is refused and writes nothing.
+func TestRequeueKeepsStepsAndFreshDropsThem(t *testing.T) {
+	t.Parallel()
+	s := newSteps(t)
+	s.fail = func(int) error { return handler.Permanent(errors.New("the order is gone")) }
+	id := s.enqueue(t, stepped{Order: "1"})
+	if rec := s.drain(t, id); rec.State != ledger.Failed {
+		t.Fatalf("job %s", rec.State)
+	}
+	ctx := context.Background()
+	if _, err := s.e.Client.Requeue(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	s.drain(t, id)
+	if charges, _ := s.count(id); charges != 1 {
+		t.Fatalf("after Requeue: %d charges, want 1 (the step replayed)", charges)
+	}
+	if _, err := s.e.Client.RequeueFresh(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if rec := s.e.Get(t, id); rec.State != ledger.Enqueued || len(rec.Steps) != 0 {
+		t.Fatalf("after RequeueFresh: %s with steps %v, want Enqueued with none", rec.State, rec.Steps)
+	}
+	s.drain(t, id)
+	if charges, _ := s.count(id); charges != 2 {
+		t.Fatalf("after RequeueFresh: %d charges, want 2 (the step called again)", charges)
+	}
+	active := s.enqueue(t, stepped{Order: "2"})
+	var nt *enqueue.NotTerminalError
+	if _, err := s.e.Client.RequeueFresh(ctx, active); !errors.As(err, &nt) {
+		t.Fatalf("RequeueFresh of an Enqueued job: %v, want *NotTerminalError", err)
+	}
+}

@@ -1,0 +1,127 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// AttrSteps is a job's map of completed step name to its result (JSON):
+// Record.Steps, written by RecordStep.
+const AttrSteps = "steps"
+
+// Limits of a job's steps (RecordStep). They keep the record within
+// DynamoDB's 400 KB item: a step is refused when its result would pass
+// MaxStepBytes, its job would pass MaxSteps steps or MaxStepsBytes in
+// all, or the record (its args included) would pass the item limit.
+const (
+	MaxStepName   = 128
+	MaxStepBytes  = 16 << 10
+	MaxSteps      = 100
+	MaxStepsBytes = 64 << 10
+)
+
+// StepError refuses a step's record: its name or its result is outside
+// the limits. Nothing was written. It names the step, never its result.
+type StepError struct {
+	Name   string // the step's name, cut to MaxStepName
+	Reason string
+}
+
+func (e *StepError) Error() string {
+	return fmt.Sprintf("nexjob: step %q not recorded: %s", e.Name, e.Reason)
+}
+
+// CheckStep says whether a step named name with a result of result's size
+// may be added to rec's steps (nil: it may).
+func CheckStep(rec Record, name, result string) error {
+	total := len(result) + len(name)
+	for n, r := range rec.Steps {
+		total += len(n) + len(r)
+	}
+	switch {
+	case name == "" || len(name) > MaxStepName || !utf8.ValidString(name):
+		return &StepError{Name: truncate(name, MaxStepName), Reason: fmt.Sprintf("a step's name is 1 to %d bytes of UTF-8", MaxStepName)}
+	case len(result) > MaxStepBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d", len(result), MaxStepBytes)}
+	case len(rec.Steps) >= MaxSteps:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the job has %d steps, the limit", MaxSteps)}
+	case total > MaxStepsBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the job's steps would be %d bytes, the limit is %d", total, MaxStepsBytes)}
+	case len(rec.Args)+total > MaxArgsBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the record would pass DynamoDB's item limit (args %d bytes, steps %d)", len(rec.Args), total)}
+	}
+	return nil
+}
+
+// RecordStep records the result of rec's step name, for the run that
+// claimed rec: one UpdateItem, conditional on the record still carrying
+// rec's fencing token and being Processing (a run whose lease a newer
+// claim took gets ErrFenced, as Finish does, and writes nothing). A
+// resend of an applied write (its reply lost) sets the same value again.
+// A step outside the limits is a *StepError, nothing written.
+//
+// Cost: one request; its write units are the record's size after the
+// write, in KB rounded up (one for a job whose args and steps are under
+// about 700 bytes), and every later write of the record (a claim, a
+// finish) pays for the steps it carries too.
+func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string) error {
+	if err := CheckStep(rec, name, result); err != nil {
+		return err
+	}
+	step := expression.Name(AttrSteps).AppendName(expression.Name(name))
+	upd := expression.Set(step, expression.Value(result))
+	if len(rec.Steps) == 0 {
+		// The map may not exist yet: a path into a missing map fails.
+		upd = expression.Set(expression.Name(AttrSteps), expression.Value(map[string]string{name: result}))
+	}
+	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
+		And(expression.Name(AttrState).Equal(expression.Value(string(Processing))))
+	if len(rec.Steps) == 0 {
+		cond = cond.And(expression.Name(AttrSteps).AttributeNotExists())
+	}
+	_, err := s.updateByID(ctx, rec.ID, cond, upd)
+	var nc *NotClaimableError
+	switch {
+	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing && nc.Current.Steps[name] == result:
+		return nil // this very write, applied before (a resend after a lost reply)
+	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing:
+		return fmt.Errorf("nexjob: record step %q of job %s: the record's steps changed under the run", truncate(name, MaxStepName), rec.ID)
+	case errors.As(err, &nc):
+		return fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
+	}
+	return err
+}
+
+// decodeSteps decodes Record.Steps.
+func decodeSteps(av types.AttributeValue) (map[string]string, error) {
+	m, ok := av.(*types.AttributeValueMemberM)
+	if !ok {
+		return nil, wrongType(av, "M")
+	}
+	out := make(map[string]string, len(m.Value))
+	for k, v := range m.Value {
+		s, err := str(v)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = s
+	}
+	return out, nil
+}
+
+// ForgetSteps drops the recorded steps of job id, which must be ended
+// (Succeeded, Failed or Expired): its next run, after a Requeue, calls
+// every step's function again. One conditional UpdateItem; a job that is
+// not ended gives a *NotClaimableError with its record, and nothing is
+// written; a job with no steps is no error.
+func (s *Store) ForgetSteps(ctx context.Context, id string) error {
+	st := expression.Name(AttrState)
+	cond := isJob(id).And(st.Equal(expression.Value(Succeeded)).Or(st.Equal(expression.Value(Failed))).Or(st.Equal(expression.Value(Expired))))
+	_, err := s.updateByID(ctx, id, cond, expression.Remove(expression.Name(AttrSteps)))
+	return err
+}
