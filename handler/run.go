@@ -47,7 +47,8 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	// carries 8 KB of someone's data) where the record would not.
 	result, err := safeRun(runCtx, e, rec)
 	err = redact.Capped(err, ledger.MaxLastError)
-	if err != nil {
+	var sleep *sleepError
+	if err != nil && !errors.As(err, &sleep) {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, "run failed")
 	}
@@ -61,7 +62,12 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 // runFailed ends a run that returned err (or was cut off).
 func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, runCtx context.Context, err error, start time.Time) bool {
 	var perm *PermanentError
+	var sleep *sleepError
 	switch {
+	case errors.As(err, &sleep):
+		// Not a failure: the job sleeps until its time, no attempt spent.
+		h.runLog(ctx, slog.LevelInfo, "nexjob: job sleeping", rec, start, slog.Time("until", sleep.until))
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: sleep.until, Deferred: true}, nil)
 	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:
 		h.runLog(ctx, slog.LevelWarn, "nexjob: job cut off by the invocation deadline; attempt given back", rec, start, slog.Int("cut_offs", rec.CutOffs+1))
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, CutOff: true, LastError: errCutOff.Error()}, nil)

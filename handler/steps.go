@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nexjob/nexjob-aws/ledger"
 )
@@ -136,6 +137,56 @@ func StepKey(ctx context.Context, name string) string {
 func stepsOf(ctx context.Context) *steps {
 	if j := runOf(ctx); j != nil {
 		return j.steps
+	}
+	return nil
+}
+
+// sleepError ends a run that sleeps: the job is Scheduled for until.
+type sleepError struct {
+	name  string
+	until time.Time
+}
+
+func (e *sleepError) Error() string {
+	return fmt.Sprintf("nexjob: sleeping (%q) until %s", e.name, e.until.UTC().Format(time.RFC3339))
+}
+
+// Sleep is SleepUntil(ctx, name, now + d), now taken once: by the run that
+// first meets the sleep.
+func Sleep(ctx context.Context, name string, d time.Duration) error {
+	s := stepsOf(ctx)
+	if s == nil {
+		return ErrNotInRun
+	}
+	return SleepUntil(ctx, name, s.store.Now().Add(d))
+}
+
+// SleepUntil sleeps the job until t, durably: the first run that meets it
+// records t as the step name (see Step) and ends at once, with no attempt
+// spent and no compute held; the job is Scheduled for t, through the
+// paths every later run takes (an SQS delay, carried forward, or a
+// one-time schedule beyond FarAfter when far schedules are on), and its
+// next run replays the steps before the sleep, passes it, and goes on.
+// The worker must return its error: a non-nil one is the run's end, not a
+// failure. A run that comes back before t (a duplicate delivery) sleeps
+// again to the recorded t.
+//
+// Cost: the sleep's step (one UpdateItem), the run's end (one UpdateItem)
+// and one send, whatever the length: a 30-day and a 1-year sleep make the
+// same requests (TestSleepCostsTheSameForAMonthAndAYear). With far
+// schedules off, a message further than SQS's 15 minutes hops forward
+// every 15 minutes (a receive, a send and a delete, no DynamoDB request).
+func SleepUntil(ctx context.Context, name string, t time.Time) error {
+	s := stepsOf(ctx)
+	if s == nil {
+		return ErrNotInRun
+	}
+	until, err := Step(ctx, name, func(context.Context) (int64, error) { return t.UnixMilli(), nil })
+	if err != nil {
+		return err
+	}
+	if s.store.Now().UnixMilli() < until {
+		return &sleepError{name: name, until: ledger.Millis(until)}
 	}
 	return nil
 }

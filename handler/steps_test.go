@@ -348,3 +348,78 @@ func TestRequeueKeepsStepsAndFreshDropsThem(t *testing.T) {
 		t.Fatalf("RequeueFresh of an Enqueued job: %v, want *NotTerminalError", err)
 	}
 }
+
+// napper steps, sleeps for its Days, and steps again.
+type napper struct {
+	Days int `json:"days"`
+}
+
+func (napper) Kind() string { return "napper" }
+
+// A sleep of 30 days and of a year, in the kit's time: the run that meets
+// it ends at once with no attempt spent, the job waits Scheduled for its
+// time, and the next run replays the step before the sleep and goes on.
+// Both sleeps cost the same requests: the sleep's step, the run's end and
+// one send.
+func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
+	t.Parallel()
+	var calls [2][]string
+	for i, days := range []int{30, 365} {
+		e := nexjobtest.New(t, nil)
+		cfg := e.Cfg
+		counter := awstest.Count(&cfg)
+		e.Cfg = cfg
+		var mu sync.Mutex
+		before, after := 0, 0
+		reg := handler.NewRegistry()
+		handler.AddWorker(reg, handler.WorkFunc[napper](func(ctx context.Context, j *handler.Job[napper]) error {
+			if _, err := handler.Step(ctx, "before", func(context.Context) (int, error) { mu.Lock(); before++; mu.Unlock(); return 1, nil }); err != nil {
+				return err
+			}
+			if err := handler.Sleep(ctx, "nap", time.Duration(j.Args.Days)*24*time.Hour); err != nil {
+				return err
+			}
+			mu.Lock()
+			after++
+			mu.Unlock()
+			return nil
+		}), nil)
+		h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+		res, err := e.Client.Enqueue(context.Background(), napper{Days: days}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := e.Now()
+		counter.Reset()
+		e.Drain(t, h)
+		for _, c := range counter.Calls() {
+			if c != "DynamoDB.Scan" {
+				calls[i] = append(calls[i], c)
+			}
+		}
+		rec := e.Get(t, res.ID)
+		wake := start.Add(time.Duration(days) * 24 * time.Hour)
+		if rec.State != ledger.Scheduled || rec.Attempt != 0 || ledger.Millis(rec.RunAt).Before(wake) || ledger.Millis(rec.RunAt).After(wake.Add(time.Minute)) {
+			t.Fatalf("%d days: the sleeping job is %s, attempt %d, run at %v; want Scheduled, attempt 0, at %v", days, rec.State, rec.Attempt, ledger.Millis(rec.RunAt), wake)
+		}
+		e.Advance(t, time.Duration(days-1)*24*time.Hour)
+		e.Drain(t, h) // a day early: still asleep (its message hops)
+		if rec := e.Get(t, res.ID); rec.State != ledger.Scheduled || after != 0 {
+			t.Fatalf("%d days, a day early: %s after %d runs past the sleep", days, rec.State, after)
+		}
+		e.RunNow(t, res.ID)
+		e.Drain(t, h)
+		rec = e.Get(t, res.ID)
+		mu.Lock()
+		if rec.State != ledger.Succeeded || rec.Attempt != 1 || before != 1 || after != 1 {
+			t.Fatalf("%d days: %s after %d attempts, the step before the sleep run %d times, the rest %d; want Succeeded after one, once each", days, rec.State, rec.Attempt, before, after)
+		}
+		mu.Unlock()
+	}
+	want := []string{"DynamoDB.UpdateItem", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem", "SQS.SendMessage"}
+	for i, days := range []int{30, 365} {
+		if strings.Join(calls[i], " ") != strings.Join(want, " ") {
+			t.Errorf("the run that meets a %d-day sleep: %v, want %v (claim, the step before, the sleep's step, its end, its send)", days, calls[i], want)
+		}
+	}
+}
