@@ -35,6 +35,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -139,6 +140,15 @@ func (a *Admin) Holder(ctx context.Context, key string) (ledger.Record, error) {
 
 // HashKey is the key's stored hash, to show instead of the key.
 func (a *Admin) HashKey(key string) string { return a.store.HashKey(key) }
+
+// Signal sends job id its signal name with a JSON payload (raw, as typed
+// by an operator: it must be valid JSON): see enqueue.Client.Signal.
+func (a *Admin) Signal(ctx context.Context, id, name, payload string) error {
+	if !json.Valid([]byte(payload)) {
+		return &enqueue.InputError{Field: "payload", Reason: "is not valid JSON"}
+	}
+	return a.client.Signal(ctx, id, name, json.RawMessage(payload))
+}
 
 // Requeue runs a terminal job again: see enqueue.Client.Requeue.
 func (a *Admin) Requeue(ctx context.Context, id string) (enqueue.Result, error) {

@@ -67,7 +67,11 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 	case errors.As(err, &sleep):
 		// Not a failure: the job sleeps until its time, no attempt spent.
 		h.runLog(ctx, slog.LevelInfo, "nexjob: job sleeping", rec, start, slog.Time("until", sleep.until))
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: sleep.until, Deferred: true}, nil)
+		done := h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: sleep.until, Deferred: true}, nil)
+		if done && sleep.signal {
+			h.signalledMeanwhile(ctx, rec.ID, sleep.name)
+		}
+		return done
 	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:
 		h.runLog(ctx, slog.LevelWarn, "nexjob: job cut off by the invocation deadline; attempt given back", rec, start, slog.Int("cut_offs", rec.CutOffs+1))
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Enqueued, CutOff: true, LastError: errCutOff.Error()}, nil)

@@ -82,6 +82,16 @@ func (s *steps) record(ctx context.Context, name, result string) error {
 // the record's size: one for a small job); a replayed step costs no
 // request (its result came with the run's claim).
 func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
+	if strings.HasPrefix(name, "nexjob:") {
+		var zero T
+		return zero, Permanent(&ledger.StepError{Name: name, Reason: `names beginning "nexjob:" are the package's own (signals, waits)`})
+	}
+	return step(ctx, name, fn)
+}
+
+// step is Step without the check of the name: the package's own steps
+// (a wait's end) use it.
+func step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	s := stepsOf(ctx)
 	if s == nil {
@@ -143,8 +153,9 @@ func stepsOf(ctx context.Context) *steps {
 
 // sleepError ends a run that sleeps: the job is Scheduled for until.
 type sleepError struct {
-	name  string
-	until time.Time
+	name   string
+	until  time.Time
+	signal bool // a wait for signal name
 }
 
 func (e *sleepError) Error() string {
@@ -189,4 +200,69 @@ func SleepUntil(ctx context.Context, name string, t time.Time) error {
 		return &sleepError{name: name, until: ledger.Millis(until)}
 	}
 	return nil
+}
+
+// SignalTimeoutError: WaitForSignal's timeout passed with no signal. The
+// worker decides: return it (the run fails and is retried, and the retry
+// times out again at once: wrap it in Permanent to end the job) or go on.
+type SignalTimeoutError struct{ Name string }
+
+func (e *SignalTimeoutError) Error() string {
+	return fmt.Sprintf("nexjob: no signal %q before the wait's timeout", e.Name)
+}
+
+// WaitForSignal returns the payload of the job's signal name (sent by
+// enqueue's Client.Signal), decoded as T. A signal sent before the wait is
+// kept and returned at once. Otherwise the first run that meets the wait
+// records its end (now + timeout, as a step) and ends at once, with no
+// attempt spent, the job Scheduled for that end: the signal wakes it (its
+// next run replays the steps before and returns the payload here), or the
+// end does, and the wait returns a *SignalTimeoutError. Return its error
+// as for Sleep: a non-nil one other than the timeout is the run's end.
+//
+// Cost: a wait that sleeps is its end's step, the run's end, one read
+// (a signal that came while the run was ending wakes it then) and a send;
+// the signal is one or two UpdateItems, one more and a send when it wakes
+// the job.
+func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duration) (T, error) {
+	var zero T
+	s := stepsOf(ctx)
+	if s == nil {
+		return zero, ErrNotInRun
+	}
+	s.mu.Lock()
+	payload, sent := s.rec.Steps[ledger.SignalStep(name)]
+	s.mu.Unlock()
+	if sent {
+		var v T
+		if err := json.Unmarshal([]byte(payload), &v); err != nil {
+			return zero, Permanent(fmt.Errorf("nexjob: signal %q does not decode: %w", name, err))
+		}
+		return v, nil
+	}
+	end := s.store.Now().Add(timeout).UnixMilli()
+	// A JSON number: the ledger compares it, as a string, with now.
+	at, err := step(ctx, ledger.WaitStep(name), func(context.Context) (int64, error) { return end, nil })
+	if err != nil {
+		return zero, err
+	}
+	if s.store.Now().UnixMilli() >= at {
+		return zero, &SignalTimeoutError{Name: name}
+	}
+	return zero, &sleepError{name: name, until: ledger.Millis(at), signal: true}
+}
+
+// signalledMeanwhile wakes job id if its signal name came while the run
+// that began to wait for it was ending (the signal found it Processing and
+// woke no one): one read, and the wake when it did.
+func (h *Handler) signalledMeanwhile(ctx context.Context, id, name string) {
+	cur, err := h.store.Get(ctx, id)
+	if err != nil || cur.Steps[ledger.SignalStep(name)] == "" || cur.State != ledger.Scheduled {
+		return // read failed: the wait's end wakes it
+	}
+	if out, ok, err := h.store.Wake(ctx, cur); err == nil && ok {
+		if err := h.producer.Dispatch(ctx, out); err != nil {
+			h.log.WarnContext(ctx, "nexjob: sending a signalled job failed; its wait's end wakes it", "job_id", id, "err", err)
+		}
+	}
 }

@@ -46,6 +46,8 @@ usage: nexjob COMMAND [flags] [args]
   schedules                           recurring jobs: expression, concurrency, next firing
   cancel ID... [--reason R]           withdraw Enqueued or Scheduled jobs: each becomes Failed, marked
                                       cancelled, kept for the failed retention
+  signal ID NAME JSON                 send a waiting job its signal NAME (handler.WaitForSignal) with
+                                      a JSON payload, e.g. nexjob signal JOB approval '{"by":"ada"}'
   requeue ID...                       run terminal jobs again (a continuation only after
                                       its parents Succeed: it waits for them again)
   requeue --state S [--kind K] [--since D] [--limit N]
@@ -209,7 +211,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return c.provision(ctx, cfg, rest[0])
-	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules":
+	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules", "signal":
 	default:
 		return usageError(fmt.Sprintf("unknown command %q", cmd))
 	}
@@ -254,6 +256,15 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return op.bulk(ctx, f, "delete", rest, func(id string) (string, error) { return "deleted " + id, op.a.Delete(ctx, id) })
+	case "signal":
+		if err := want(3); err != nil {
+			return err
+		}
+		if err := op.a.Signal(ctx, rest[0], rest[1], rest[2]); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintf(c.stdout, "signalled %s: %s\n", clean(rest[0]), clean(rest[1]))
+		return err
 	case "redrive":
 		return op.redrive(ctx, f)
 	case "move-queue":

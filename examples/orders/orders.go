@@ -74,30 +74,88 @@ func Place(ctx context.Context, c *enqueue.Client, o Order) (Placed, error) {
 	return Placed{ChargeID: charge.ID, ReceiptID: receipt.ID, Duplicate: charge.Duplicate}, nil
 }
 
+// Provider is the payment provider: Charge charges a card once per
+// idempotency key (a repeat of the key returns the first charge), as
+// real providers do.
+type Provider interface {
+	Charge(ctx context.Context, card string, cents int, idempotencyKey string) (chargeID string, err error)
+}
+
+// Orders marks orders paid.
+type Orders interface {
+	MarkPaid(ctx context.Context, orderID, chargeID string) error
+}
+
+// Services are what the workers call. Registry uses logging stand-ins.
+type Services struct {
+	Provider Provider
+	Orders   Orders
+	Log      *slog.Logger
+}
+
 // Registry returns the app's kinds: what the worker runs and the DLQ
 // consumer's hooks need.
 func Registry() *handler.Registry {
 	reg := handler.NewRegistry()
-	Register(reg, slog.Default())
+	log := slog.Default()
+	RegisterWith(reg, Services{Provider: loggedProvider{log}, Orders: loggedOrders{log}, Log: log})
 	return reg
 }
 
-// Register adds the app's kinds to reg.
+// Register adds the app's kinds to reg, with logging stand-ins for the
+// provider and the orders.
 func Register(reg *handler.Registry, log *slog.Logger) {
+	RegisterWith(reg, Services{Provider: loggedProvider{log}, Orders: loggedOrders{log}, Log: log})
+}
+
+// charged is the charge step's result, recorded on the job.
+type charged struct {
+	ChargeID string `json:"chargeId"`
+}
+
+// RegisterWith adds the app's kinds to reg. The charge runs as two steps
+// (handler.Step): the charge, recorded once it succeeded, and the order
+// marked paid. A run that fails, is killed or is taken over after the
+// charge replays the recorded charge and only marks the order; a charge
+// whose record was lost (throttled past the SDK's retries) is called again
+// with the same handler.StepKey, and the provider returns the first
+// charge. So the card is charged once and the order paid once.
+func RegisterWith(reg *handler.Registry, s Services) {
 	handler.AddWorker(reg, handler.WorkFunc[Charge](func(ctx context.Context, j *handler.Job[Charge]) error {
 		if strings.HasPrefix(j.Args.Card, "declined") {
 			return handler.Permanent(ErrDeclined)
 		}
-		// A real provider call goes here, with the job's key as its
-		// idempotency key so a repeat of the run charges once.
-		log.InfoContext(ctx, "orders: charged", "job_id", j.ID, "cents", j.Args.Cents)
-		return nil
+		c, err := handler.Step(ctx, "charge", func(ctx context.Context) (charged, error) {
+			id, err := s.Provider.Charge(ctx, j.Args.Card, j.Args.Cents, handler.StepKey(ctx, "charge"))
+			return charged{ChargeID: id}, err
+		})
+		if err != nil {
+			return err
+		}
+		_, err = handler.Step(ctx, "mark-paid", func(ctx context.Context) (bool, error) {
+			return true, s.Orders.MarkPaid(ctx, j.Args.OrderID, c.ChargeID)
+		})
+		return err
 	}), &handler.KindOptions{OnDeadLetter: func(ctx context.Context, rec ledger.Record, cause error) error {
-		log.WarnContext(ctx, "orders: charge failed; its receipt is cancelled", "job_id", rec.ID, "err", cause)
+		s.Log.WarnContext(ctx, "orders: charge failed; its receipt is cancelled", "job_id", rec.ID, "err", cause)
 		return nil
 	}})
 	handler.AddWorker(reg, handler.WorkFunc[Receipt](func(ctx context.Context, j *handler.Job[Receipt]) error {
-		log.InfoContext(ctx, "orders: receipt sent", "job_id", j.ID)
+		s.Log.InfoContext(ctx, "orders: receipt sent", "job_id", j.ID)
 		return nil
 	}), nil)
+}
+
+type loggedProvider struct{ log *slog.Logger }
+
+func (p loggedProvider) Charge(ctx context.Context, _ string, cents int, key string) (string, error) {
+	p.log.InfoContext(ctx, "orders: charged", "cents", cents)
+	return "ch_" + key, nil
+}
+
+type loggedOrders struct{ log *slog.Logger }
+
+func (o loggedOrders) MarkPaid(ctx context.Context, orderID, _ string) error {
+	o.log.InfoContext(ctx, "orders: paid")
+	return nil
 }

@@ -1,0 +1,53 @@
+package enqueue
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// Signal sends the job jobID its signal name with payload (encoded as
+// JSON), for the worker's handler.WaitForSignal: recorded on the job, and
+// the job woken when it sleeps in that wait (its message sent at once).
+// The first signal of a name wins. Refusals are a
+// *ledger.SignalRefusedError, nothing written: a second signal of the
+// name (ledger.ErrSignalSent), a job that ended (ledger.ErrJobEnded), a
+// wait that timed out (ledger.ErrSignalTooLate). A payload that does not
+// encode, or is over ledger.MaxStepBytes, is an *InputError or a
+// *ledger.StepError. An unknown job is ledger.ErrNotFound.
+//
+// The payload is the caller's data: it is never logged. Cost: one
+// UpdateItem (two for a job with no steps yet), and one more and a send
+// when it wakes the job.
+func (c *Client) Signal(ctx context.Context, jobID, name string, payload any) error {
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return &InputError{Field: "payload", Reason: "does not encode as JSON", Err: err}
+	}
+	rec, err := c.store.Signal(ctx, jobID, name, string(b))
+	if err != nil {
+		return err
+	}
+	if !c.store.Waiting(rec, name) {
+		return nil // it reads the signal when it waits, or wakes for it then
+	}
+	out, ok, err := c.store.Wake(ctx, rec)
+	if err != nil {
+		return fmt.Errorf("nexjob: wake job %s for its signal: %w", jobID, err)
+	}
+	if ok {
+		return c.Dispatch(ctx, out)
+	}
+	return nil
+}
+
+// SignalByKey is Signal to the job that holds idempotency key key (a
+// webhook that knows the order's id signals "payment-1001"): one read
+// more. No job holding the key is ledger.ErrNotFound.
+func (c *Client) SignalByKey(ctx context.Context, key, name string, payload any) error {
+	rec, err := c.store.GetByKey(ctx, key)
+	if err != nil {
+		return err
+	}
+	return c.Signal(ctx, rec.ID, name, payload)
+}

@@ -1,0 +1,211 @@
+package handler_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+)
+
+// Signals (issue 29): a job waits for a named signal with a timeout; the
+// signal wakes it, or was kept from before the wait.
+
+type reconcile struct {
+	Ledger string `json:"ledger"`
+}
+
+func (reconcile) Kind() string { return "reconcile" }
+
+type approval struct {
+	By string `json:"by"`
+}
+
+// signalEnv runs reconcile jobs: a prepare step, a wait for "approval"
+// (48 hours), and the approver recorded. meanwhile, if set, runs in the
+// first run that begins to wait, before it ends.
+type signalEnv struct {
+	e         *nexjobtest.Env
+	h         *handler.Handler
+	counter   *awstest.Counter
+	mu        sync.Mutex
+	prepared  map[string]int
+	approver  map[string]string
+	meanwhile func(id string)
+}
+
+func newSignals(t *testing.T) *signalEnv {
+	t.Helper()
+	e := nexjobtest.New(t, nil)
+	s := &signalEnv{e: e, prepared: map[string]int{}, approver: map[string]string{}}
+	cfg := e.Cfg
+	s.counter = awstest.Count(&cfg)
+	e.Cfg = cfg
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[reconcile](func(ctx context.Context, j *handler.Job[reconcile]) error {
+		if _, err := handler.Step(ctx, "prepare", func(context.Context) (bool, error) {
+			s.mu.Lock()
+			s.prepared[j.ID]++
+			s.mu.Unlock()
+			return true, nil
+		}); err != nil {
+			return err
+		}
+		a, err := handler.WaitForSignal[approval](ctx, "approval", 48*time.Hour)
+		var timeout *handler.SignalTimeoutError
+		switch {
+		case errors.As(err, &timeout):
+			return handler.Permanent(err)
+		case err != nil:
+			if f := s.meanwhile; f != nil {
+				s.meanwhile = nil
+				f(j.ID)
+			}
+			return err
+		}
+		s.mu.Lock()
+		s.approver[j.ID] = a.By
+		s.mu.Unlock()
+		return nil
+	}), nil)
+	s.h = e.Handler(t, reg, &handler.Options{Logger: quiet})
+	return s
+}
+
+func (s *signalEnv) enqueue(t *testing.T, key string) string {
+	t.Helper()
+	var opts *enqueue.Opts
+	if key != "" {
+		opts = &enqueue.Opts{IdempotencyKey: key}
+	}
+	res, err := s.e.Client.Enqueue(context.Background(), reconcile{Ledger: "2026-11"}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.ID
+}
+
+func (s *signalEnv) seen(id string) (prepared int, by string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prepared[id], s.approver[id]
+}
+
+// The job waits, Scheduled with no attempt spent; the signal wakes it with
+// no clock moved, and the run replays its step and reads the payload. A
+// second signal to the ended job is refused. Requests pinned: the waiting
+// run, and the signal that wakes it.
+func TestSignalWakesAWaitingJob(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	id := s.enqueue(t, "")
+	s.counter.Reset()
+	s.e.Drain(t, s.h)
+	waiting := dynamoAndSQS(s.counter)
+	if rec := s.e.Get(t, id); rec.State != ledger.Scheduled || rec.Attempt != 0 {
+		t.Fatalf("the waiting job: %s, attempt %d; want Scheduled, attempt 0", rec.State, rec.Attempt)
+	}
+	ctx := context.Background()
+	s.counter.Reset()
+	if err := s.h.Producer().Signal(ctx, id, "approval", approval{By: "ada"}); err != nil { // the counted client
+		t.Fatal(err)
+	}
+	signal := dynamoAndSQS(s.counter)
+	s.e.Drain(t, s.h)
+	if prepared, by := s.seen(id); s.e.Get(t, id).State != ledger.Succeeded || prepared != 1 || by != "ada" {
+		t.Fatalf("after the signal: %s, prepared %d times, approved by %q", s.e.Get(t, id).State, prepared, by)
+	}
+	var refused *ledger.SignalRefusedError
+	if err := s.e.Client.Signal(ctx, id, "approval", approval{By: "bo"}); !errors.As(err, &refused) || !errors.Is(err, ledger.ErrJobEnded) {
+		t.Fatalf("a signal to the ended job: %v, want ErrJobEnded", err)
+	}
+	wantWait := "DynamoDB.UpdateItem DynamoDB.UpdateItem DynamoDB.UpdateItem DynamoDB.UpdateItem SQS.SendMessage DynamoDB.GetItem"
+	if got := strings.Join(waiting, " "); got != wantWait {
+		t.Errorf("the run that begins to wait: %s, want %s (claim, the step, the wait's end, the run's end, its send, the read for a signal meanwhile)", got, wantWait)
+	}
+	if got, want := strings.Join(signal, " "), "DynamoDB.UpdateItem DynamoDB.UpdateItem SQS.SendMessage"; got != want {
+		t.Errorf("a signal that wakes the job: %s, want %s (the signal, the wake, the send)", got, want)
+	}
+}
+
+// A signal sent before the wait is kept: the first run reads it and never
+// sleeps. A second signal of the name is refused while the job waits.
+// SignalByKey finds the job by its idempotency key.
+func TestSignalBeforeTheWaitIsKept(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	id := s.enqueue(t, "reconcile-2026-11")
+	ctx := context.Background()
+	if err := s.e.Client.SignalByKey(ctx, "reconcile-2026-11", "approval", approval{By: "ada"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.e.Client.Signal(ctx, id, "approval", approval{By: "bo"}); !errors.Is(err, ledger.ErrSignalSent) {
+		t.Fatalf("a second signal: %v, want ErrSignalSent", err)
+	}
+	s.e.Drain(t, s.h)
+	if rec := s.e.Get(t, id); rec.State != ledger.Succeeded || rec.Attempt != 1 {
+		t.Fatalf("%s after %d attempts", rec.State, rec.Attempt)
+	}
+	if _, by := s.seen(id); by != "ada" {
+		t.Fatalf("approved by %q, want the first signal's", by)
+	}
+}
+
+// The wait's timeout passes: a signal then is refused (ErrSignalTooLate),
+// and the job's next run gets a *SignalTimeoutError (here it fails the job).
+func TestSignalAfterTheTimeoutIsRefused(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	id := s.enqueue(t, "")
+	s.e.Drain(t, s.h)
+	s.e.Advance(t, 48*time.Hour+time.Minute)
+	if err := s.e.Client.Signal(context.Background(), id, "approval", approval{By: "ada"}); !errors.Is(err, ledger.ErrSignalTooLate) {
+		t.Fatalf("a signal after the timeout: %v, want ErrSignalTooLate", err)
+	}
+	s.e.Drain(t, s.h)
+	rec := s.e.Get(t, id)
+	if rec.State != ledger.Failed || !strings.Contains(rec.LastError, `no signal "approval"`) {
+		t.Fatalf("after the timeout: %s (%q), want Failed with the timeout", rec.State, rec.LastError)
+	}
+	if prepared, by := s.seen(id); prepared != 1 || by != "" {
+		t.Fatalf("prepared %d times, approved by %q", prepared, by)
+	}
+}
+
+// The signal comes while the run that begins to wait is ending (the job
+// is Processing: the signal wakes no one): the run, once its wait is
+// recorded, finds the signal and wakes the job. No clock moved.
+func TestSignalWhileTheWaitBegins(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	s.meanwhile = func(id string) {
+		if err := s.e.Client.Signal(context.Background(), id, "approval", approval{By: "ada"}); err != nil {
+			t.Error(err)
+		}
+	}
+	id := s.enqueue(t, "")
+	s.e.Drain(t, s.h)
+	if rec := s.e.Get(t, id); rec.State != ledger.Succeeded {
+		t.Fatalf("the job signalled as its wait began: %s, want Succeeded (woken)", rec.State)
+	}
+	if _, by := s.seen(id); by != "ada" {
+		t.Fatalf("approved by %q", by)
+	}
+}
+
+func dynamoAndSQS(c *awstest.Counter) []string {
+	var out []string
+	for _, call := range c.Calls() {
+		if call != "DynamoDB.Scan" && !strings.HasPrefix(call, "SQS.GetQueue") {
+			out = append(out, call)
+		}
+	}
+	return out
+}

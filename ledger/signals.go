@@ -1,0 +1,114 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+)
+
+// Signals and the waits for them are kept in a job's steps (Record.Steps)
+// under names a step of the worker's cannot take: they ride on the claim's
+// record and count in the steps' limits.
+const (
+	reservedStep = "nexjob:"
+	signalStep   = reservedStep + "signal:"
+	waitStep     = reservedStep + "wait:"
+)
+
+// SignalStep is the step name that keeps signal name's payload, and
+// WaitStep the one that keeps the end (Unix ms) of a wait for it.
+func SignalStep(name string) string { return signalStep + name }
+
+// WaitStep: see SignalStep.
+func WaitStep(name string) string { return waitStep + name }
+
+// Reasons a Signal is refused (wrapped in a *SignalRefusedError).
+var (
+	ErrSignalSent    = errors.New("a signal of this name was sent to the job already")
+	ErrSignalTooLate = errors.New("the job's wait for this signal timed out")
+	ErrJobEnded      = errors.New("the job has ended")
+)
+
+// SignalRefusedError refuses a signal; nothing was written. Err is one of
+// ErrSignalSent, ErrSignalTooLate, ErrJobEnded.
+type SignalRefusedError struct {
+	JobID, Name string
+	State       State
+	Err         error
+}
+
+func (e *SignalRefusedError) Error() string {
+	return fmt.Sprintf("nexjob: signal %q to job %s (%s) refused: %v", truncate(e.Name, MaxStepName), e.JobID, e.State, e.Err)
+}
+
+func (e *SignalRefusedError) Unwrap() error { return e.Err }
+
+// Signal records payload (JSON) as signal name of job id: one conditional
+// UpdateItem (two when the job has no steps yet), and the job's record as
+// it now is. The first signal of a name wins: a second is refused
+// (ErrSignalSent), as is one to a job that ended (ErrJobEnded) or whose
+// wait for the name timed out (ErrSignalTooLate). A signal sent before
+// the job waits is kept for the wait. A resend of an applied write (its
+// reply lost) reads as the success it was. Name and payload are held to
+// the steps' limits (*StepError).
+func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, error) {
+	if err := CheckStep(Record{}, name, payload); err != nil {
+		return Record{}, err
+	}
+	sig, wait := SignalStep(name), WaitStep(name)
+	steps := expression.Name(AttrSteps)
+	st := expression.Name(AttrState)
+	active := st.Equal(expression.Value(Enqueued)).Or(st.Equal(expression.Value(Scheduled))).
+		Or(st.Equal(expression.Value(Processing))).Or(st.Equal(expression.Value(AwaitingContinuation)))
+	// A wait's end is 13 digits of Unix ms until 2286: as strings they
+	// compare as numbers.
+	inTime := steps.AppendName(expression.Name(wait)).AttributeNotExists().
+		Or(steps.AppendName(expression.Name(wait)).GreaterThan(expression.Value(strconv.FormatInt(s.now().UnixMilli(), 10))))
+	cond := isJob(id).And(active).And(inTime).And(steps.AppendName(expression.Name(sig)).AttributeNotExists())
+	rec, err := s.updateByID(ctx, id, cond.And(steps.AttributeExists()), expression.Set(steps.AppendName(expression.Name(sig)), expression.Value(payload)))
+	var nc *NotClaimableError
+	if errors.As(err, &nc) && nc.Current.Steps == nil && !nc.Current.State.Terminal() {
+		rec, err = s.updateByID(ctx, id, isJob(id).And(active).And(steps.AttributeNotExists()),
+			expression.Set(steps, expression.Value(map[string]string{sig: payload})))
+	}
+	if errors.As(err, &nc) {
+		cur := nc.Current
+		refused := &SignalRefusedError{JobID: id, Name: name, State: cur.State, Err: ErrJobEnded}
+		switch {
+		case cur.State.Terminal():
+		case cur.Steps[sig] != "":
+			refused.Err = ErrSignalSent
+		case cur.Steps[wait] != "" && cur.Steps[wait] <= strconv.FormatInt(s.now().UnixMilli(), 10):
+			refused.Err = ErrSignalTooLate
+		default:
+			return Record{}, err // raced with a write of the steps: the caller may try again
+		}
+		return Record{}, refused
+	}
+	return rec, err
+}
+
+// Waiting reports whether rec sleeps in a wait for signal name: Scheduled,
+// with the wait's end still ahead.
+func (s *Store) Waiting(rec Record, name string) bool {
+	end, err := strconv.ParseInt(rec.Steps[WaitStep(name)], 10, 64)
+	return err == nil && rec.State == Scheduled && end > s.now().UnixMilli()
+}
+
+// Wake makes rec, Scheduled for rec.RunAt, due now: one UpdateItem
+// conditional on the record being still Scheduled for that time (a job
+// that moved on is left alone: ok false). The caller sends its message.
+func (s *Store) Wake(ctx context.Context, rec Record) (Record, bool, error) {
+	now := s.now().UnixMilli()
+	cond := isJob(rec.ID).And(expression.Name(AttrState).Equal(expression.Value(Scheduled))).
+		And(expression.Name(AttrRunAt).Equal(expression.Value(rec.RunAt)))
+	out, err := s.updateByID(ctx, rec.ID, cond, expression.Set(expression.Name(AttrRunAt), expression.Value(now)).Set(expression.Name(AttrUpdatedAt), expression.Value(now)))
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, false, nil
+	}
+	return out, err == nil, err
+}
