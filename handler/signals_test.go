@@ -209,3 +209,25 @@ func dynamoAndSQS(c *awstest.Counter) []string {
 	}
 	return out
 }
+
+// Cancel ends a job asleep in its wait as it ends any Scheduled job: it
+// never runs again, and a signal then is refused (ErrJobEnded).
+func TestCancelAWaitingJob(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	id := s.enqueue(t, "")
+	s.e.Drain(t, s.h)
+	ctx := context.Background()
+	if _, err := s.e.Client.Cancel(ctx, id, "", 7*24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.e.Client.Signal(ctx, id, "approval", approval{By: "ada"}); !errors.Is(err, ledger.ErrJobEnded) {
+		t.Fatalf("a signal to the cancelled job: %v, want ErrJobEnded", err)
+	}
+	s.e.Advance(t, 49*time.Hour) // past the wait's end: its message comes and is dropped
+	s.e.Drain(t, s.h)
+	rec := s.e.Get(t, id)
+	if prepared, by := s.seen(id); rec.State != ledger.Failed || !rec.Cancelled || prepared != 1 || by != "" {
+		t.Fatalf("the cancelled job: %s (cancelled %v), prepared %d times, approved by %q", rec.State, rec.Cancelled, prepared, by)
+	}
+}
