@@ -51,3 +51,18 @@ func (c *Client) SignalByKey(ctx context.Context, key, name string, payload any)
 	}
 	return c.Signal(ctx, rec.ID, name, payload)
 }
+
+// Complete completes the wait a callback token names (handler's
+// CallbackToken) with payload: Signal to its job and name, once the
+// token's MAC is checked under the key secret (a forged or altered token
+// is ledger.ErrBadCallbackToken; without a key secret,
+// ledger.ErrNoKeySecret). A completed token is refused
+// (ledger.ErrSignalSent), an expired one (its wait timed out) too
+// (ledger.ErrSignalTooLate). Nothing is written when it is refused.
+func (c *Client) Complete(ctx context.Context, token string, payload any) error {
+	id, name, err := c.store.ParseCallbackToken(token)
+	if err != nil {
+		return err
+	}
+	return c.Signal(ctx, id, name, payload)
+}

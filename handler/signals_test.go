@@ -231,3 +231,77 @@ func TestCancelAWaitingJob(t *testing.T) {
 		t.Fatalf("the cancelled job: %s (cancelled %v), prepared %d times, approved by %q", rec.State, rec.Cancelled, prepared, by)
 	}
 }
+
+// Callback tokens: a worker hands another system a token for its wait;
+// the token completes it once. A forged or altered token, a reused one
+// and an expired one are refused with nothing written; a deployment with
+// no key secret makes none.
+func TestCallbackTokens(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, &nexjobtest.Options{Ledger: ledger.Options{KeySecret: []byte("a deployment's secret")}})
+	tokens := make(chan string, 4)
+	var got sync.Map
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[reconcile](func(ctx context.Context, j *handler.Job[reconcile]) error {
+		tok, err := handler.CallbackToken(ctx, "bank")
+		if err != nil {
+			return err
+		}
+		tokens <- tok
+		a, err := handler.WaitForSignal[approval](ctx, "bank", time.Hour)
+		if err != nil {
+			var timeout *handler.SignalTimeoutError
+			if errors.As(err, &timeout) {
+				return handler.Permanent(err)
+			}
+			return err
+		}
+		got.Store(j.ID, a.By)
+		return nil
+	}), nil)
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	ctx := context.Background()
+	first, err := e.Client.Enqueue(ctx, reconcile{Ledger: "a"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	tok := <-tokens
+	if strings.Contains(tok, first.ID) {
+		t.Fatalf("the token %q shows the job's id", tok)
+	}
+	second, err := e.Client.Enqueue(ctx, reconcile{Ledger: "b"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	other := <-tokens
+	forged := []string{"", "njcb1.", tok + "x", tok[:len(tok)-2], strings.Replace(tok, "njcb1.", "njcb2.", 1),
+		tok[:strings.LastIndexByte(tok, '.')] + other[strings.LastIndexByte(other, '.'):]} // the first job's name, the second's MAC
+	for _, f := range forged {
+		if err := e.Client.Complete(ctx, f, approval{By: "mallory"}); !errors.Is(err, ledger.ErrBadCallbackToken) {
+			t.Fatalf("forged token %q: %v, want ErrBadCallbackToken", f, err)
+		}
+	}
+	if err := e.Client.Complete(ctx, tok, approval{By: "bank"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Client.Complete(ctx, tok, approval{By: "bank again"}); !errors.Is(err, ledger.ErrSignalSent) {
+		t.Fatalf("a reused token: %v, want ErrSignalSent", err)
+	}
+	e.Drain(t, h)
+	if by, _ := got.Load(first.ID); by != "bank" || e.Get(t, first.ID).State != ledger.Succeeded {
+		t.Fatalf("completed by %v, job %s", by, e.Get(t, first.ID).State)
+	}
+	e.Advance(t, time.Hour+time.Minute)
+	if err := e.Client.Complete(ctx, other, approval{By: "late"}); !errors.Is(err, ledger.ErrSignalTooLate) {
+		t.Fatalf("an expired token: %v, want ErrSignalTooLate", err)
+	}
+	e.Drain(t, h)
+	if rec := e.Get(t, second.ID); rec.State != ledger.Failed {
+		t.Fatalf("the job whose token expired: %s", rec.State)
+	}
+	if _, err := newSignals(t).e.Client.Store().CallbackToken(first.ID, "bank"); !errors.Is(err, ledger.ErrNoKeySecret) {
+		t.Fatalf("a token with no key secret: %v", err)
+	}
+}

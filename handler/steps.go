@@ -266,3 +266,18 @@ func (h *Handler) signalledMeanwhile(ctx context.Context, id, name string) {
 		}
 	}
 }
+
+// CallbackToken is an opaque token for the job's signal name, for another
+// system to complete the wait (enqueue's Client.Complete) without the
+// job's id or any other right: a MAC under the deployment's key secret
+// binds the job and the name, so no token is guessable from a job id. A
+// completed token is refused (ledger.ErrSignalSent), as is one whose
+// wait timed out (ledger.ErrSignalTooLate). The same on every run of the
+// job. No key secret: ledger.ErrNoKeySecret.
+func CallbackToken(ctx context.Context, name string) (string, error) {
+	s := stepsOf(ctx)
+	if s == nil {
+		return "", ErrNotInRun
+	}
+	return s.store.CallbackToken(s.rec.ID, name)
+}

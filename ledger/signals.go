@@ -2,9 +2,12 @@ package ledger
 
 import (
 	"context"
+	"crypto/hmac"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 )
@@ -111,4 +114,51 @@ func (s *Store) Wake(ctx context.Context, rec Record) (Record, bool, error) {
 		return nc.Current, false, nil
 	}
 	return out, err == nil, err
+}
+
+// ErrNoKeySecret: a callback token needs the deployment's key secret
+// (Options.KeySecret, NEXJOB_KEY_SECRET): without it a token could be
+// made by anyone who knows the job's id.
+var ErrNoKeySecret = errors.New("nexjob: callback tokens need a key secret (NEXJOB_KEY_SECRET)")
+
+// ErrBadCallbackToken: a token that no worker of this deployment made
+// (malformed, or its MAC does not match under the key secret).
+var ErrBadCallbackToken = errors.New("nexjob: not a callback token of this deployment")
+
+// callbackPrefix starts every callback token (its format's version).
+const callbackPrefix = "njcb1."
+
+// CallbackToken is the token of job id's signal name: the job and the
+// name, and their MAC under the key secret (HMAC-SHA256, 128 bits), so no
+// token can be made, or altered, without the secret. No secret:
+// ErrNoKeySecret.
+func (s *Store) CallbackToken(id, name string) (string, error) {
+	if len(s.secret) == 0 {
+		return "", ErrNoKeySecret
+	}
+	return callbackPrefix + base64.RawURLEncoding.EncodeToString([]byte(id+"\x00"+name)) + "." + s.callbackMAC(id, name), nil
+}
+
+// ParseCallbackToken checks token's MAC and returns its job and signal
+// name: ErrBadCallbackToken when it does not hold, ErrNoKeySecret with no
+// secret.
+func (s *Store) ParseCallbackToken(token string) (id, name string, err error) {
+	if len(s.secret) == 0 {
+		return "", "", ErrNoKeySecret
+	}
+	rest, found := strings.CutPrefix(token, callbackPrefix)
+	body, mac, ok := strings.Cut(rest, ".")
+	raw, err := base64.RawURLEncoding.DecodeString(body)
+	if !found || !ok || err != nil {
+		return "", "", ErrBadCallbackToken
+	}
+	id, name, ok = strings.Cut(string(raw), "\x00")
+	if !ok || !hmac.Equal([]byte(s.callbackMAC(id, name)), []byte(mac)) {
+		return "", "", ErrBadCallbackToken
+	}
+	return id, name, nil
+}
+
+func (s *Store) callbackMAC(id, name string) string {
+	return hashKey(s.secret, "callback\x00"+id+"\x00"+name)
 }
