@@ -57,12 +57,16 @@ const ThrottleWait = time.Second
 // spent and a ticket: waiters start in the order they came. A run that
 // ends hands its slot to the first waiter (reserved for it for one
 // lease) and wakes it: the waiter's job is made due and sent at once.
-// Should the wake be lost (a worker killed between the release and the
-// send, a holder killed in its run), the waiter comes back by itself
-// when its turn would be due if every run ahead of it took its whole
-// lease (the first Limit waiters: when the first held lease ends), or
-// after MaxBackoff if that is sooner; a slot found free with waiters
-// queued is handed to them by any claim of the key.
+// Each wake also brings the next waiter's own return forward to one
+// lease from then. Should a wake be lost (a worker killed between the
+// release and the send, a holder killed in its run, a woken job that
+// never comes), the queue is held up one lease at most: the next waiter
+// comes back, finds the reserved slot's lease ended and takes its turn.
+// Every waiter also comes back by itself when its turn would be due if
+// every run ahead of it took its whole lease (the first Limit waiters:
+// when the first held lease ends), or after MaxBackoff if that is sooner;
+// a slot found free with waiters queued is handed to them by any claim
+// of the key.
 //
 // Cost: a run takes one consistent read and one conditional PutItem of
 // the key's item to take its slot and one UpdateItem to free it (the
@@ -70,11 +74,11 @@ const ThrottleWait = time.Second
 // key takes at most ledger.KeyWriteCeiling/2 runs a second). Waiting is
 // linear in the waiters: each costs one deferral (a claim, a finish, the
 // slot's read and put, its ticket's item, a send, and its message's
-// receive and delete) and one wake (a read and put of the key's item,
-// the ticket's update, the job's update and a send), and its own message
-// comes back once more, at its estimated turn, to find the job done (a
-// receive, a refused claim, a delete), whatever the length of the
-// queue and the wait.
+// receive and delete), one wake (a read and put of the key's item, the
+// ticket's update, the job's update and a send), one arming (the
+// ticket's read, the job's update, a send), and its own messages come
+// back once or twice more to find the job done (a receive, a refused
+// claim, a delete each), whatever the length of the queue and the wait.
 type Concurrency struct {
 	// Key as for Throttle: nil limits the kind as a whole, "" leaves the
 	// job unlimited.
@@ -262,6 +266,28 @@ func (q slotQueue) waiting(ctx context.Context, ticket int64, id string, until t
 	}
 }
 
+// arm brings the next waiter's own return forward to one grace from now,
+// should the wake it is due lose its way (a worker killed between a
+// release and the send, a holder killed in its run, a woken job that
+// never came): whatever the queue's length, a lost wake holds the queue
+// up for one lease at most, not until the next waiter's estimated turn.
+// A read, an update and a send per wake; a ticket no job holds (the end
+// of the queue, a waiter not recorded yet) is passed by.
+func (q slotQueue) arm(ctx context.Context, ticket int64) {
+	h := q.h
+	id, err := h.store.WaiterJob(ctx, q.hash, ticket)
+	if err != nil || id == "" {
+		return
+	}
+	rec, ok, err := h.store.ArmWaiter(ctx, id, ticket, h.store.Now().Add(q.grace))
+	if err != nil || !ok {
+		return
+	}
+	if err := h.producer.Dispatch(ctx, rec); err != nil {
+		h.log.WarnContext(ctx, "nexjob: sending an armed waiter failed; it comes back at its own time", "job_id", id, "err", err)
+	}
+}
+
 // maxWakes bounds the waiters one call passes over; the rest come back
 // by themselves.
 const maxWakes = 16
@@ -293,6 +319,7 @@ func (q slotQueue) wakeOne(ctx context.Context, ticket int64) []int64 {
 		if err := h.producer.Dispatch(ctx, rec); err != nil {
 			h.log.WarnContext(ctx, "nexjob: sending a woken waiter failed; it comes back by itself", "job_id", id, "err", err)
 		}
+		q.arm(ctx, ticket+1)
 		return nil
 	case errors.As(err, &nc) && nc.Current.State == ledger.Processing && nc.Current.LeaseUntil > h.store.Now().UnixMilli():
 		return nil // running on its slot, or about to record its deferral and find the mark

@@ -8,6 +8,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	dbtypes "github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -212,7 +213,7 @@ type waitersEnv struct {
 	runs    map[string]int
 }
 
-func newWaiters(t *testing.T, n int) *waitersEnv {
+func newWaiters(t *testing.T, n int, lease ...time.Duration) *waitersEnv {
 	t.Helper()
 	e := nexjobtest.New(t, nil)
 	w := &waitersEnv{e: e, release: make(chan struct{}), held: make(chan struct{}), runs: map[string]int{}}
@@ -231,7 +232,11 @@ func newWaiters(t *testing.T, n int) *waitersEnv {
 		}
 		return nil
 	}), &handler.KindOptions{Concurrency: &handler.Concurrency{Limit: 1}})
-	w.h = e.Handler(t, reg, &handler.Options{Logger: quiet})
+	o := &handler.Options{Logger: quiet}
+	if len(lease) > 0 {
+		o.Lease = lease[0]
+	}
+	w.h = e.Handler(t, reg, o)
 	ctx := context.Background()
 	res, err := e.Client.Enqueue(ctx, queued{N: 0}, nil)
 	if err != nil {
@@ -389,4 +394,47 @@ func TestCancelledWaiterIsPassedOver(t *testing.T) {
 	if rec := w.e.Get(t, first.ID); rec.State != ledger.Failed || !rec.Cancelled || w.runs[first.ID] != 0 {
 		t.Errorf("the cancelled waiter: %s (cancelled %v) after %d runs", rec.State, rec.Cancelled, w.runs[first.ID])
 	}
+}
+
+// A wake lost (its send throttled past the SDK's retries) holds the
+// queue up one lease at most, wherever it happens: each wake brings the
+// next waiter's own return forward to one lease. Here the third waiter's
+// wake is lost: one lease on (the kit's clock), it and the fourth run,
+// each once. Before, the third came back only at its estimated turn (three
+// leases: it had two waiters ahead of it), and the fourth after it:
+// "the third and fourth waiters: not within a minute".
+func TestLostWakeHoldsTheQueueUpOneLease(t *testing.T) {
+	t.Parallel()
+	w := newWaiters(t, 4, 10*time.Minute) // a lease no real wait reaches
+	w.queue(t)
+	tickets := map[int64]string{}
+	for _, id := range w.waiters {
+		tickets[w.e.Get(t, id).Ticket] = id
+	}
+	order := slices.Sorted(maps.Keys(tickets))
+	third := tickets[order[2]]
+	lease := ledger.Millis(w.e.Get(t, w.holder).LeaseUntil).Sub(w.e.Now())
+	// The third's wake (its message sent with no delay: an arming has
+	// one) is throttled past the retries.
+	fault := w.ft.Add(faults.Rule{Op: "SQS.SendMessage", Times: faults.Attempts, Fault: faults.Throttle,
+		Match: func(body []byte) bool {
+			return bytes.Contains(body, []byte(third)) && !bytes.Contains(body, []byte(`"DelaySeconds"`))
+		}})
+	close(w.release)
+	<-w.held
+	done := func(ids ...string) func() bool {
+		return func() bool {
+			for _, id := range ids {
+				if w.e.Get(t, id).State != ledger.Succeeded {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	pollUntil(t, w.e, w.h, "the first two waiters", done(tickets[order[0]], tickets[order[1]]))
+	<-fault.Done()
+	w.e.Advance(t, lease+time.Second)
+	pollUntil(t, w.e, w.h, "the third and fourth waiters", done(third, tickets[order[3]]))
+	w.ranOnce(t)
 }

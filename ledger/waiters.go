@@ -170,3 +170,32 @@ func (s *Store) WakeWaiter(ctx context.Context, id string, ticket int64) (Record
 	}
 	return rec, err
 }
+
+// WaiterJob is the job holding ticket of keyHash ("" when none recorded
+// it): one eventually consistent GetItem.
+func (s *Store) WaiterJob(ctx context.Context, keyHash string, ticket int64) (string, error) {
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(s.table), Key: waiterKey(keyHash, ticket)})
+	if err != nil {
+		return "", fmt.Errorf("nexjob: read a concurrency waiter in %s: %w", s.table, err)
+	}
+	if v, ok := out.Item[attrWaiterJob].(*types.AttributeValueMemberS); ok {
+		return v.Value, nil
+	}
+	return "", nil
+}
+
+// ArmWaiter brings the run time of job id, Scheduled and waiting on
+// ticket, forward to at when it is later: one conditional UpdateItem; ok
+// false when the job does not wait on the ticket or is due sooner. The
+// caller sends its message.
+func (s *Store) ArmWaiter(ctx context.Context, id string, ticket int64, at time.Time) (Record, bool, error) {
+	cond := isJob(id).And(expression.Name(AttrState).Equal(expression.Value(string(Scheduled)))).
+		And(expression.Name(AttrTicket).Equal(expression.Value(ticket))).
+		And(expression.Name(AttrRunAt).GreaterThan(expression.Value(at.UnixMilli())))
+	rec, err := s.updateByID(ctx, id, cond, expression.Set(expression.Name(AttrRunAt), expression.Value(at.UnixMilli())))
+	var nc *NotClaimableError
+	if errors.As(err, &nc) || errors.Is(err, ErrNotFound) {
+		return Record{}, false, nil
+	}
+	return rec, err == nil, err
+}
