@@ -211,10 +211,17 @@ func (h *Handler) concurrency(ctx context.Context, c *Concurrency, hash string, 
 		q.release(context.WithoutCancel(ctx), holder, rec.ID)
 		return admission{deferTo: now.Add(minConcurrencyBackoff), release: func() {}}
 	}
-	q.wake(ctx, a.Wake) // free slots found with waiters queued
+	// Free slots found with waiters queued are handed to them after this
+	// run's end is recorded (or its deferral is): never on the way to the
+	// run, whose invocation the wakes' requests would eat into (the 10k
+	// soak, seed 1796517429524512631: a run started after its deadline).
 	if a.OK {
 		id := rec.ID // not rec: a closure over it moved every admit's record to the heap
-		return admission{slot: slot, release: func() { q.release(context.WithoutCancel(ctx), holder, id) }}
+		return admission{slot: slot, release: func() {
+			ctx := context.WithoutCancel(ctx)
+			q.release(ctx, holder, id)
+			q.wake(ctx, a.Wake)
+		}}
 	}
 	// Its turn if every run ahead takes its whole lease; one of the first
 	// Limit waiters looks again when the first held slot frees itself.
@@ -230,7 +237,9 @@ func (h *Handler) concurrency(ctx context.Context, c *Concurrency, hash string, 
 	// one kept past its time would start beside the next job's slot. It
 	// takes a new one when it comes back.
 	return admission{deferTo: deferTo, ticket: a.Ticket, release: func() {}, waiter: func() {
-		q.waiting(context.WithoutCancel(ctx), a.Ticket, rec.ID, deferTo)
+		ctx := context.WithoutCancel(ctx)
+		q.waiting(ctx, a.Ticket, rec.ID, deferTo)
+		q.wake(ctx, a.Wake)
 	}}
 }
 
