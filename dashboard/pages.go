@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/nexjob/nexjob-aws/admin"
@@ -119,15 +120,37 @@ func actions(r ledger.Record) []string {
 		return []string{"delete"}
 	case r.State.Terminal():
 		return []string{"requeue", "delete"}
+	case waitsFor(r) != "":
+		return []string{"signal", "cancel", "delete"}
 	case r.State == ledger.Enqueued || r.State == ledger.Scheduled:
 		return []string{"cancel", "delete"}
 	}
 	return []string{"delete"}
 }
 
+// waitsFor is the signal a Scheduled job sleeps in a wait for (the first
+// by name), or "".
+func waitsFor(r ledger.Record) string {
+	if r.State != ledger.Scheduled {
+		return ""
+	}
+	var names []string
+	for step := range r.Steps {
+		if name, ok := strings.CutPrefix(step, ledger.WaitStep("")); ok && r.Steps[ledger.SignalStep(name)] == "" {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	sort.Strings(names)
+	return names[0]
+}
+
 var explain = map[string]string{
 	"requeue": "The job goes back to Enqueued with a fresh attempt budget and is sent to the queue: it will run again.",
 	"cancel":  "The job will not run. Its record becomes Failed, marked cancelled, and is kept for the failed retention; its key stays held as by any failed job.",
+	"signal":  "The job's wait for this signal ends: the payload (JSON) is recorded on the job, and the job runs again at once. The first signal of a name wins.",
 	"delete":  "The record is removed and its idempotency key is free at once. A message still on the queue is then dropped without a run.",
 	"redrive": "Every message in the dead-letter queue goes back into work: ended jobs are requeued, active ones sent again. Messages that are not jobs stay.",
 }
@@ -148,6 +171,11 @@ func (s *server) confirm(w http.ResponseWriter, r *http.Request) {
 		}
 		v.Action, v.Target = action, "job "+id
 		v.PostTo, v.Back = v.Base+"/jobs/"+url.PathEscape(id)+"/"+action, v.Base+"/jobs/"+url.PathEscape(id)
+		if action == "signal" {
+			if rec, err := s.a.Get(r.Context(), id); err == nil {
+				v.Signal = waitsFor(rec)
+			}
+		}
 	}
 	v.Title, v.Explain = v.Action, explain[v.Action]
 	s.render(w, http.StatusOK, "confirm", v)
@@ -181,6 +209,9 @@ func (s *server) act(w http.ResponseWriter, r *http.Request) {
 	case action == "cancel":
 		_, err = s.a.Cancel(ctx, id, r.PostFormValue("reason"))
 		done = "cancelled"
+	case action == "signal":
+		err = s.a.Signal(ctx, id, r.PostFormValue("name"), r.PostFormValue("payload"))
+		done = "signalled"
 	case action == "delete":
 		err = s.a.Delete(ctx, id)
 		done, back = "deleted", s.o.Prefix+"/"

@@ -37,6 +37,7 @@ type view struct {
 	Action       string
 	Target       string
 	Explain      string
+	Signal       string // the signal a job waits for, on its signal page
 	PostTo, Back string
 }
 
