@@ -15,7 +15,8 @@ import (
 // "cancelled by an operator") and kept for retention (0 keeps it until
 // deleted); its continuations end Failed too, down the whole tree (see
 // CancelContinuations). Its message, when it comes,
-// is acknowledged without a run. Any other state gives a
+// is acknowledged without a run. A running job (Processing) is asked to
+// stop at its next step: a *CancelRequestedError. An ended one gives a
 // *NotCancellableError and nothing is written; an unknown job,
 // ledger.ErrNotFound. Requeue runs a cancelled job after all.
 //
@@ -28,6 +29,17 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	rec, ok, err := c.store.Withdraw(ctx, jobID, reason, c.store.ExpiresAfter(retention))
 	if err != nil {
 		return ledger.Record{}, c.missing(err)
+	}
+	if !ok && rec.State == ledger.Processing {
+		// Running: it is asked to stop at its next step (handler.Step).
+		cur, asked, err := c.store.RequestCancel(ctx, jobID, reason)
+		if err != nil {
+			return ledger.Record{}, c.missing(err)
+		}
+		if asked {
+			return cur, &CancelRequestedError{JobID: jobID}
+		}
+		rec = cur
 	}
 	if !ok {
 		return rec, &NotCancellableError{JobID: jobID, State: rec.State}
@@ -57,7 +69,16 @@ func (c *Client) unschedule(ctx context.Context, jobID string, runAt int64) {
 	}
 }
 
-// NotCancellableError: Cancel of a job that already started or ended.
+// CancelRequestedError: Cancel of a running job. It is asked to stop: its
+// next step's record (handler.Step) is refused and the run fails for good
+// with the reason; a run with no step left ends as it would have.
+type CancelRequestedError struct{ JobID string }
+
+func (e *CancelRequestedError) Error() string {
+	return fmt.Sprintf("nexjob: job %s is running; it is asked to stop at its next step", e.JobID)
+}
+
+// NotCancellableError: Cancel of a job that already ended.
 type NotCancellableError struct {
 	JobID string
 	State ledger.State

@@ -121,7 +121,7 @@ func step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	}
 	if err := s.record(ctx, name, string(b)); err != nil {
 		var se *ledger.StepError
-		if errors.As(err, &se) {
+		if errors.As(err, &se) || errors.Is(err, ledger.ErrCancelRequested) {
 			return zero, Permanent(err)
 		}
 		return zero, err

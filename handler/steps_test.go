@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -421,5 +422,42 @@ func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
 		if strings.Join(calls[i], " ") != strings.Join(want, " ") {
 			t.Errorf("the run that meets a %d-day sleep: %v, want %v (claim, the step before, the sleep's step, its end, its send)", days, calls[i], want)
 		}
+	}
+}
+
+// Cancel of a running job asks it to stop: its next step's record is
+// refused and the run fails for good with the reason; the steps after it
+// never run.
+func TestCancelStopsARunningJobAtItsNextStep(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	inStep, release := make(chan struct{}), make(chan struct{})
+	var after atomic.Int32
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[stepped](func(ctx context.Context, j *handler.Job[stepped]) error {
+		if _, err := handler.Step(ctx, "a", func(context.Context) (int, error) { close(inStep); <-release; return 1, nil }); err != nil {
+			return err
+		}
+		_, err := handler.Step(ctx, "b", func(context.Context) (int, error) { after.Add(1); return 2, nil })
+		return err
+	}), nil)
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	ctx := context.Background()
+	res, err := e.Client.Enqueue(ctx, stepped{Order: "1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { defer close(done); e.Drain(t, h) }()
+	<-inStep
+	var asked *enqueue.CancelRequestedError
+	if _, err := e.Client.Cancel(ctx, res.ID, "the order was withdrawn", time.Hour); !errors.As(err, &asked) {
+		t.Fatalf("Cancel of a running job: %v, want *CancelRequestedError", err)
+	}
+	close(release)
+	<-done
+	rec := e.Get(t, res.ID)
+	if rec.State != ledger.Failed || !strings.Contains(rec.LastError, "cancelled by an operator while running") || after.Load() != 0 || len(rec.Steps) != 0 {
+		t.Fatalf("the cancelled run: %s (%q), step b ran %d times, steps %v; want Failed with the cancel, b never, nothing recorded", rec.State, rec.LastError, after.Load(), rec.Steps)
 	}
 }

@@ -183,7 +183,7 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	upd := expression.Set(st, expression.Value(Enqueued)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
-	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched, AttrCancelled, AttrResult} {
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched, AttrCancelled, AttrResult, AttrCancelReq} {
 		upd = upd.Remove(expression.Name(a))
 	}
 	upd = s.withIndex(upd, Enqueued, id, nowMs)

@@ -115,6 +115,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Queue, err = str(av)
 		case AttrSteps:
 			r.Steps, err = decodeSteps(av)
+		case AttrCancelReq:
+			r.CancelReq, err = str(av)
 		case AttrByCheck:
 			r.ByCheck, err = boolean(av)
 		case AttrNonJob:

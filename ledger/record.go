@@ -105,6 +105,10 @@ type Record struct {
 	// JSON (RecordStep): every run of the job reads them from its claim.
 	// They stay across retries and requeues.
 	Steps map[string]string `dynamodbav:"steps,omitempty"`
+	// CancelReq is an operator's reason for stopping the running job
+	// (Store.RequestCancel): its next step's record is refused with
+	// ErrCancelRequested, and the run fails for good.
+	CancelReq string `dynamodbav:"cancelReq,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's

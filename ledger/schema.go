@@ -49,6 +49,7 @@ const (
 	AttrHookUntil    = "hookUntil"   // unix ms: end of the lease on the due hook (Record.HookUntil)
 	AttrDefers       = "defers"      // runs deferred in a row by flow control (Record.Defers)
 	AttrSlot         = "slot"        // unix ms: the throttle slot a deferred run holds (Record.Slot)
+	AttrCancelReq    = "cancelReq"   // an operator's reason, asking a running job to stop at its next step (Record.CancelReq)
 	AttrTicket       = "ticket"      // a deferred run's place in its concurrency key's queue (Record.Ticket)
 	AttrParents      = "parents"     // string set: a fan-in continuation's parents (Record.Parents)
 	AttrReleased     = "released"    // string set: the parents that released it (Record.Released)

@@ -80,13 +80,16 @@ func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string)
 		upd = expression.Set(expression.Name(AttrSteps), expression.Value(map[string]string{name: result}))
 	}
 	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
-		And(expression.Name(AttrState).Equal(expression.Value(string(Processing))))
+		And(expression.Name(AttrState).Equal(expression.Value(string(Processing)))).
+		And(expression.Name(AttrCancelReq).AttributeNotExists())
 	if len(rec.Steps) == 0 {
 		cond = cond.And(expression.Name(AttrSteps).AttributeNotExists())
 	}
 	_, err := s.updateByID(ctx, rec.ID, cond, upd)
 	var nc *NotClaimableError
 	switch {
+	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.CancelReq != "":
+		return fmt.Errorf("%w: %s", ErrCancelRequested, truncate(nc.Current.CancelReq, MaxLastError))
 	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing && nc.Current.Steps[name] == result:
 		return nil // this very write, applied before (a resend after a lost reply)
 	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing:
@@ -124,4 +127,22 @@ func (s *Store) ForgetSteps(ctx context.Context, id string) error {
 	cond := isJob(id).And(st.Equal(expression.Value(Succeeded)).Or(st.Equal(expression.Value(Failed))).Or(st.Equal(expression.Value(Expired))))
 	_, err := s.updateByID(ctx, id, cond, expression.Remove(expression.Name(AttrSteps)))
 	return err
+}
+
+// ErrCancelRequested: an operator asked the running job to stop
+// (RequestCancel); its step was not recorded.
+var ErrCancelRequested = errors.New("nexjob: cancelled by an operator while running")
+
+// RequestCancel asks job id's current run (it must be Processing) to stop
+// at its next step: one conditional UpdateItem setting the reason. ok
+// false (with the record) when the job is not Processing; nothing is
+// written then.
+func (s *Store) RequestCancel(ctx context.Context, id, reason string) (Record, bool, error) {
+	cond := isJob(id).And(expression.Name(AttrState).Equal(expression.Value(string(Processing))))
+	rec, err := s.updateByID(ctx, id, cond, expression.Set(expression.Name(AttrCancelReq), expression.Value(truncate(reason, MaxLastError))))
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, false, nil
+	}
+	return rec, err == nil, err
 }
