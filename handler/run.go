@@ -39,7 +39,7 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	span := trace.SpanFromContext(ctx) // process's consumer span; tracing off: the producer's, not recording here
 	start := time.Now()
 	ctx = withRun(ctx, h.log, rec, start) // the job's logger, for the worker and for what follows the run
-	runOf(ctx).steps = &steps{store: h.store, rec: rec, used: map[string]bool{}}
+	runOf(ctx).steps = &steps{store: h.store, rec: rec}
 	runCtx, cancel := context.WithDeadlineCause(ctx, deadline, cause)
 	defer cancel()
 	// A worker's error text is stored, logged and put on the span: capped

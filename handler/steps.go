@@ -36,6 +36,9 @@ func (s *steps) recorded(name string) (string, bool, error) {
 	if s.used[name] {
 		return "", false, fmt.Errorf("%w: %q", ErrStepRepeated, name)
 	}
+	if s.used == nil {
+		s.used = map[string]bool{} // made on a run's first step: most runs have none
+	}
 	s.used[name] = true
 	r, ok := s.rec.Steps[name]
 	return r, ok, nil

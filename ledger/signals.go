@@ -105,10 +105,8 @@ func (s *Store) Waiting(rec Record, name string) bool {
 // conditional on the record being still Scheduled for that time (a job
 // that moved on is left alone: ok false). The caller sends its message.
 func (s *Store) Wake(ctx context.Context, rec Record) (Record, bool, error) {
-	now := s.now().UnixMilli()
-	cond := isJob(rec.ID).And(expression.Name(AttrState).Equal(expression.Value(Scheduled))).
-		And(expression.Name(AttrRunAt).Equal(expression.Value(rec.RunAt)))
-	out, err := s.updateByID(ctx, rec.ID, cond, expression.Set(expression.Name(AttrRunAt), expression.Value(now)).Set(expression.Name(AttrUpdatedAt), expression.Value(now)))
+	cond := scheduled(rec.ID).And(expression.Name(AttrRunAt).Equal(expression.Value(rec.RunAt)))
+	out, err := s.updateByID(ctx, rec.ID, cond, dueNow(s.now()))
 	var nc *NotClaimableError
 	if errors.As(err, &nc) {
 		return nc.Current, false, nil

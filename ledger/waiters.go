@@ -159,11 +159,7 @@ var ErrNotWaiting = errors.New("nexjob: job is not waiting on this ticket")
 // waiting on the ticket is an error wrapping ErrNotWaiting and a
 // *NotClaimableError with its record; a job gone is ErrNotFound.
 func (s *Store) WakeWaiter(ctx context.Context, id string, ticket int64) (Record, error) {
-	now := s.now().UnixMilli()
-	cond := isJob(id).And(expression.Name(AttrState).Equal(expression.Value(string(Scheduled)))).
-		And(expression.Name(AttrTicket).Equal(expression.Value(ticket)))
-	upd := expression.Set(expression.Name(AttrRunAt), expression.Value(now)).Set(expression.Name(AttrUpdatedAt), expression.Value(now))
-	rec, err := s.updateByID(ctx, id, cond, upd)
+	rec, err := s.updateByID(ctx, id, scheduled(id).And(onTicket(ticket)), dueNow(s.now()))
 	var nc *NotClaimableError
 	if errors.As(err, &nc) {
 		return Record{}, fmt.Errorf("%w: %w", ErrNotWaiting, err)
@@ -189,13 +185,28 @@ func (s *Store) WaiterJob(ctx context.Context, keyHash string, ticket int64) (st
 // false when the job does not wait on the ticket or is due sooner. The
 // caller sends its message.
 func (s *Store) ArmWaiter(ctx context.Context, id string, ticket int64, at time.Time) (Record, bool, error) {
-	cond := isJob(id).And(expression.Name(AttrState).Equal(expression.Value(string(Scheduled)))).
-		And(expression.Name(AttrTicket).Equal(expression.Value(ticket))).
-		And(expression.Name(AttrRunAt).GreaterThan(expression.Value(at.UnixMilli())))
+	cond := scheduled(id).And(onTicket(ticket)).And(expression.Name(AttrRunAt).GreaterThan(expression.Value(at.UnixMilli())))
 	rec, err := s.updateByID(ctx, id, cond, expression.Set(expression.Name(AttrRunAt), expression.Value(at.UnixMilli())))
 	var nc *NotClaimableError
 	if errors.As(err, &nc) || errors.Is(err, ErrNotFound) {
 		return Record{}, false, nil
 	}
 	return rec, err == nil, err
+}
+
+// scheduled is the condition that the item is job id, Scheduled: what a
+// wake or an arming of a waiting job writes on.
+func scheduled(id string) expression.ConditionBuilder {
+	return isJob(id).And(expression.Name(AttrState).Equal(expression.Value(string(Scheduled))))
+}
+
+// onTicket: the job waits on ticket of its concurrency key.
+func onTicket(ticket int64) expression.ConditionBuilder {
+	return expression.Name(AttrTicket).Equal(expression.Value(ticket))
+}
+
+// dueNow makes a job due at now (a wake).
+func dueNow(now time.Time) expression.UpdateBuilder {
+	ms := now.UnixMilli()
+	return expression.Set(expression.Name(AttrRunAt), expression.Value(ms)).Set(expression.Name(AttrUpdatedAt), expression.Value(ms))
 }
