@@ -64,8 +64,8 @@ bench: ## ours vs the bare SDK (the four ratios), then the emulator benchmarks
 # (TestShortSoak: three fixed seeds, 200 jobs each).
 SEED ?=
 JOBS ?= 10000
-soak: ## the long chaos soak: JOBS (10000) jobs, faults, kills and duplicates at once; SEED=... replays a seed
-	set -o pipefail; NEXJOB_SOAK_SEED=$(SEED) NEXJOB_SOAK_JOBS=$(JOBS) $(EMU) $(GO) test -tags soak -count=1 -timeout 180m -run '^TestSoak$$' -v ./internal/proof/soak/ | grep -vE '^=== (RUN|PAUSE|CONT)'
+soak: ## the long chaos soak: JOBS (10000) jobs, faults, kills and duplicates at once; SEED=... replays a seed; run logs kept in .cache/soak
+	set -o pipefail; NEXJOB_SOAK_DIR=$(CURDIR)/.cache/soak NEXJOB_SOAK_SEED=$(SEED) NEXJOB_SOAK_JOBS=$(JOBS) $(EMU) $(GO) test -tags soak -count=1 -timeout 180m -run '^TestSoak$$' -v ./internal/proof/soak/ | grep -vE '^=== (RUN|PAUSE|CONT)'
 
 vet: ## no tracked file over 1 MB, gofmt check and go vet
 	@./.ci/check-sizes

@@ -27,17 +27,20 @@ const maxKeptBody = 300 * 1024
 // HandleDeadLetters is the handler of the DLQ consumer function. What it
 // does with a job's message depends on the job's record, read once:
 //
-//   - Processing with its lease run out: the worker never reported a
-//     result in maxReceiveCount receives (it crashed or timed out every
-//     time). The job becomes Failed with that reason, once; its
-//     dead-letter hook runs with a cause matching ErrOrphaned.
+//   - Processing with its lease run out and no attempts left: the worker
+//     never reported a result (it crashed or timed out every time). The
+//     job becomes Failed with that reason, once; its dead-letter hook runs
+//     with a cause matching ErrOrphaned.
 //   - Processing under a live lease: a run is going on and will record its
 //     result; the message comes back (a failure) and is looked at again.
-//   - Enqueued or Scheduled: no run of it started (its claims failed, or
-//     every receive came too near the end of an invocation). It is not
-//     poison: the job is sent back, the reason kept in its LastError, up
-//     to Options.MaxReturns times; then it becomes Failed saying so, and
-//     its hook runs with a cause matching ErrNeverStarted.
+//   - Enqueued, Scheduled, or Processing with its lease run out and
+//     attempts left: the ledger says it is not poison (receives are spent
+//     by more than runs: claims that failed, receives too near the end of
+//     an invocation, processes killed before their claim). The job is sent
+//     back, the reason kept in its LastError, up to Options.MaxReturns
+//     times (one dead letter counts once, however often it is delivered);
+//     then it becomes Failed saying so, and its hook runs with a cause
+//     matching ErrNeverStarted (ErrOrphaned if a run had started).
 //   - Failed or Expired with continuations: they are ended (again), as
 //     the worker ends them, down the tree.
 //   - ended, or waiting on its parent: a duplicate; dropped.
@@ -84,22 +87,35 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 	switch {
 	case rec.State == ledger.Processing && rec.LeaseUntil > now.UnixMilli():
 		return errRunGoingOn
-	case rec.State == ledger.Processing:
-		cause := fmt.Errorf("%w: poison message moved to the dead-letter queue after %s receives (the worker crashed or timed out every time)", ErrOrphaned, receives)
+	case rec.State == ledger.Processing && rec.Attempt >= rec.MaxAttempts:
+		cause := fmt.Errorf("%w: poison message moved to the dead-letter queue after %s receives (the worker crashed or timed out every time); no attempts are left", ErrOrphaned, receives)
 		return h.failDeadLetter(ctx, rec, cause)
-	case rec.State == ledger.Enqueued || rec.State == ledger.Scheduled:
-		if rec.Returns >= h.o.MaxReturns {
+	case rec.State == ledger.Processing || rec.State == ledger.Enqueued || rec.State == ledger.Scheduled:
+		// Not poison, by the ledger: attempts are left (a Processing job's
+		// last claim ran out its lease: the next claim takes it over, as
+		// the worker's would), or no run started. Receives are spent by
+		// more than runs (receives too near an invocation's end, claims
+		// that failed, kills before the claim), so the record decides.
+		if rec.Returns >= h.o.MaxReturns && rec.ReturnOf != m.MessageId {
 			cause := fmt.Errorf("%w, %d times (after %s receives the last time): its claims failed or its receives came too near the invocation's end",
 				ErrNeverStarted, rec.Returns+1, receives)
+			if rec.State == ledger.Processing {
+				cause = fmt.Errorf("%w: its message reached the dead-letter queue %d times (after %s receives the last time) with attempts left; the worker crashed or timed out every time",
+					ErrOrphaned, rec.Returns+1, receives)
+			}
 			return h.failDeadLetter(ctx, rec, cause)
 		}
 		reason := fmt.Sprintf("message reached the dead-letter queue after %s receives although the job never started (claims failed or receives came too near the invocation's end); sent back (%d of %d)",
 			receives, rec.Returns+1, h.o.MaxReturns)
-		back, ok, err := h.store.Return(ctx, rec, reason)
+		if rec.State == ledger.Processing {
+			reason = fmt.Sprintf("message reached the dead-letter queue after %s receives with attempts left (attempt %d of %d: its worker was lost and the lease ran out); sent back (%d of %d)",
+				receives, rec.Attempt, rec.MaxAttempts, rec.Returns+1, h.o.MaxReturns)
+		}
+		back, ok, err := h.store.Return(ctx, rec, m.MessageId, reason)
 		if err != nil || !ok {
 			return err // !ok: it moved on; whatever moved it dispatches it
 		}
-		h.log.WarnContext(ctx, "nexjob: job that never started sent back from the DLQ", "job_id", rec.ID, "kind", rec.Kind, "returns", back.Returns)
+		h.log.WarnContext(ctx, "nexjob: job sent back from the DLQ", "job_id", rec.ID, "kind", rec.Kind, "state", rec.State, "returns", back.Returns)
 		return h.producer.Dispatch(ctx, back)
 	case rec.State.Terminal() && len(rec.Children) > 0:
 		// A dead letter again after its children could not be released

@@ -47,6 +47,10 @@
 // throttle through the SDK's retries) is tried again while the lease
 // lasts; other AWS errors send the message back, and the ledger's
 // conditions make the replay safe. The DLQ consumer (HandleDeadLetters)
-// tells a poison job (ErrOrphaned) from one that never started
-// (ErrNeverStarted, sent back MaxReturns times first).
+// lets the ledger decide, not the receive count: a job with attempts left
+// (never started, or its last worker lost) is sent back, at most
+// MaxReturns times, each dead letter counted once; a poison job, its
+// worker lost in its last attempt, ends Failed (ErrOrphaned), so it
+// crashes at most MaxAttempts workers; one sent back MaxReturns times
+// ends Failed too (ErrNeverStarted, or ErrOrphaned if a run started).
 package handler

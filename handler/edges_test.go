@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
@@ -76,10 +79,13 @@ func TestDeadLetterOfJobThatNeverStarted(t *testing.T) {
 	r := newRigWith(t, ok, rigConfig{hook: func(_ context.Context, _ ledger.Record, err error) error { hooks.Add(1); cause = err; return nil }})
 	id := r.enqueue(t, email{To: "patient@example.com"}, nil)
 	msgs := r.receive(t, 1)
+	n := 0
 	deadLetter := func() {
 		t.Helper()
 		m := poller.Event(r.e.DLQURL, msgs).Records[0]
 		m.Attributes["ApproximateReceiveCount"] = "5"
+		n++
+		m.MessageId = fmt.Sprintf("dead-letter-%d", n) // each return's message reached the DLQ in turn
 		resp, err := r.h.HandleDeadLetters(context.Background(), events.SQSEvent{Records: []events.SQSMessage{m}})
 		if err != nil || len(resp.BatchItemFailures) != 0 {
 			t.Fatalf("dead letter: %+v %v", resp, err)
@@ -240,6 +246,87 @@ func TestDeadLetterWritesUnderFaults(t *testing.T) {
 	if n := r.e.QueueDepth(t, r.e.QueueURL); n != 2 { // the original (in flight here) and the one sent back
 		t.Fatalf("job queue holds %d messages, want 2", n)
 	}
+
+	// The return written, its send throttled past the SDK's retries: the
+	// dead letter stays in the DLQ, and its redelivery sends the job
+	// without counting a second return (before: one dead letter delivered
+	// four times failed the job as never started; 10k soak, seed
+	// 1796502170212235855).
+	m.MessageId = "a-second-dead-letter"
+	ev = events.SQSEvent{Records: []events.SQSMessage{m}}
+	h = r.ft.Add(faults.Rule{Op: "SQS.SendMessage", Fault: faults.Throttle, Times: faults.Attempts})
+	if resp, err := r.h.HandleDeadLetters(context.Background(), ev); err != nil || len(resp.BatchItemFailures) != 1 {
+		t.Fatalf("send throttled: %+v %v; want the dead letter kept back", resp, err)
+	}
+	fired(t, h, faults.Attempts)
+	for range handler.DefaultMaxReturns + 1 { // redelivered, more often than returns are allowed
+		if resp, err := r.h.HandleDeadLetters(context.Background(), ev); err != nil || len(resp.BatchItemFailures) != 0 {
+			t.Fatalf("redelivered: %+v %v", resp, err)
+		}
+	}
+	if rec := r.get(t, id); rec.Returns != 2 || rec.State != ledger.Enqueued {
+		t.Fatalf("one dead letter delivered %d times: returns %d, %s %q; want it counted once (2 returns)", handler.DefaultMaxReturns+2, rec.Returns, rec.State, rec.LastError)
+	}
+	if n := r.e.QueueDepth(t, r.e.QueueURL); n < 3 {
+		t.Fatalf("job queue holds %d messages, want the redelivered dead letter's sends too", n)
+	}
+}
+
+// moveToDLQ takes m off the job queue, as the redrive policy does after
+// its sixth receive, and returns it as the DLQ consumer receives it.
+func (r *rig) moveToDLQ(t *testing.T, m sqstypes.Message) events.SQSMessage {
+	t.Helper()
+	if _, err := r.e.SQS.DeleteMessage(context.Background(), &sqs.DeleteMessageInput{QueueUrl: aws.String(r.e.QueueURL), ReceiptHandle: m.ReceiptHandle}); err != nil {
+		t.Fatal(err)
+	}
+	ev := poller.Event(r.e.DLQURL, []sqstypes.Message{m}).Records[0]
+	ev.Attributes["ApproximateReceiveCount"] = "6"
+	return ev
+}
+
+// TestDeadLetterOfAnOrphanWithAttemptsLeft: a job whose worker was lost
+// mid-run (Processing, its lease run out) reaches the DLQ with attempts
+// left. Receives are spent by more than runs (receives too near an
+// invocation's end, claims that failed, processes killed before their
+// claim), so the ledger decides: it is sent back and taken over, not
+// failed as poison (before: Failed "poison message moved to the
+// dead-letter queue after 6 receives" after one lost run; 10k soak, seed
+// 1796520246854062976).
+func TestDeadLetterOfAnOrphanWithAttemptsLeft(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	id := r.enqueue(t, email{To: "orphan@example.com"}, &enqueue.Opts{MaxAttempts: 2})
+	msgs := r.receive(t, 1)
+	if _, err := r.e.Client.Store().Claim(context.Background(), id, time.Millisecond); err != nil { // a run whose worker was lost
+		t.Fatal(err)
+	}
+	for rec := r.get(t, id); rec.LeaseUntil >= r.e.Client.Store().Now().UnixMilli(); rec = r.get(t, id) {
+		time.Sleep(time.Millisecond) // the 1 ms lease runs out
+	}
+	m := r.moveToDLQ(t, msgs[0])
+	if resp, err := r.h.HandleDeadLetters(context.Background(), events.SQSEvent{Records: []events.SQSMessage{m}}); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("dead letter: %+v %v", resp, err)
+	}
+	if rec := r.get(t, id); rec.State != ledger.Processing || rec.Returns != 1 || !strings.Contains(rec.LastError, "attempts left") {
+		t.Fatalf("after the dead letter: %s, returns %d, %q; want sent back with attempts left", rec.State, rec.Returns, rec.LastError)
+	}
+	r.drain(t)
+	r.ranAs(t, id, ledger.Succeeded, 2, "", 1)
+
+	// Out of attempts, the same dead letter fails it as an orphan.
+	id = r.enqueue(t, email{To: "orphan-last@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	msgs = r.receive(t, 1)
+	if _, err := r.e.Client.Store().Claim(context.Background(), id, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	for rec := r.get(t, id); rec.LeaseUntil >= r.e.Client.Store().Now().UnixMilli(); rec = r.get(t, id) {
+		time.Sleep(time.Millisecond)
+	}
+	m = r.moveToDLQ(t, msgs[0])
+	if resp, err := r.h.HandleDeadLetters(context.Background(), events.SQSEvent{Records: []events.SQSMessage{m}}); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("dead letter: %+v %v", resp, err)
+	}
+	expect(t, r.get(t, id), ledger.Failed, 1, "no attempts are left")
 }
 
 type archive struct{ Doc string }
@@ -266,7 +353,8 @@ func TestDeadLetterKeepsTheKindsRetention(t *testing.T) {
 	}
 	m := poller.Event(e.DLQURL, e.Messages(t, e.QueueURL)).Records[0]
 	m.Attributes["ApproximateReceiveCount"] = "5"
-	for range 2 { // sent back once (MaxReturns 1), then failed as never started
+	for i := range 2 { // sent back once (MaxReturns 1), then failed as never started
+		m.MessageId = fmt.Sprintf("dead-letter-%d", i) // the message sent back reached the DLQ too
 		if resp, err := h.HandleDeadLetters(context.Background(), events.SQSEvent{Records: []events.SQSMessage{m}}); err != nil || len(resp.BatchItemFailures) != 0 {
 			t.Fatalf("dead letter: %+v %v", resp, err)
 		}

@@ -46,11 +46,12 @@ func (r *hookRig) handler(t *testing.T, opts *handler.Options, gate chan struct{
 	return r.e.Handler(t, reg, opts)
 }
 
-// poison makes a job whose worker died (a claim whose lease ran out) and
-// returns its message as the DLQ consumer receives it.
+// poison makes a job whose worker died in its last attempt (a claim
+// whose lease ran out) and returns its message as the DLQ consumer
+// receives it.
 func (r *hookRig) poison(t *testing.T) (string, events.SQSEvent) {
 	ctx := context.Background()
-	res, err := r.e.Client.Enqueue(ctx, email{To: "poison@example.com"}, nil)
+	res, err := r.e.Client.Enqueue(ctx, email{To: "poison@example.com"}, &enqueue.Opts{MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,7 +24,14 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < stopBefore {
 		// Not claimed: it comes back after the visibility timeout, with no
 		// attempt spent.
-		h.log.WarnContext(ctx, "nexjob: invocation nearly over, message left for redelivery", "message_id", m.MessageId, "left", time.Until(dl))
+		// The job's id, when the body names one, so a job's receives can be
+		// followed in the logs (it is ours, not a secret: any sender can
+		// write a body, and it is logged as a message's).
+		id := ""
+		if msg, err := enqueue.DecodeMessage(m.Body); err == nil {
+			id = msg.ID
+		}
+		h.log.WarnContext(ctx, "nexjob: invocation nearly over, message left for redelivery", "message_id", m.MessageId, "job_id", id, "left", time.Until(dl))
 		return false
 	}
 	msg, err := enqueue.DecodeMessage(m.Body)

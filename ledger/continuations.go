@@ -102,7 +102,12 @@ func (s *Store) move(ctx context.Context, id string, from []State, to State, rea
 // if cond holds. moved=false (with the current record) means it did not.
 func (s *Store) transition(ctx context.Context, id string, cond expression.ConditionBuilder, upd expression.UpdateBuilder, to State, reason string, expiresAt time.Time) (Record, bool, error) {
 	nowMs := s.now().UnixMilli()
-	upd = upd.Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).Remove(expression.Name(AttrLeaseUntil))
+	upd = upd.Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
+	if to != Processing {
+		// A Processing job keeps its (run-out) lease: the claim that takes
+		// it over compares it with now, and a missing one compares false.
+		upd = upd.Remove(expression.Name(AttrLeaseUntil))
+	}
 	upd = s.withIndex(upd, to, id, nowMs)
 	if reason != "" {
 		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError))).
@@ -183,7 +188,7 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	upd := expression.Set(st, expression.Value(Enqueued)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
-	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrUndispatched, AttrCancelled, AttrResult, AttrCancelReq} {
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrReturnOf, AttrUndispatched, AttrCancelled, AttrResult, AttrCancelReq} {
 		upd = upd.Remove(expression.Name(a))
 	}
 	upd = s.withIndex(upd, Enqueued, id, nowMs)
@@ -258,18 +263,34 @@ func (s *Store) DeadLetter(ctx context.Context, seen Record, reason string, expi
 }
 
 // Return sends back a job whose message reached the dead-letter queue
-// before any run of it started: one update, conditional on the job still
-// being as seen, that counts the return in Record.Returns and keeps the
-// reason. The caller then dispatches it. returned=false (with the current
-// record) means it moved on meanwhile.
-func (s *Store) Return(ctx context.Context, seen Record, reason string) (Record, bool, error) {
-	if seen.State != Enqueued && seen.State != Scheduled {
+// before it could run: a job no run of it started (Enqueued, Scheduled),
+// or one whose last claim's lease ran out with attempts left (Processing:
+// the next claim takes it over). One update, conditional on the job still
+// being as seen, that counts the return in Record.Returns, keeps the
+// reason, and names the dead letter counted (msgID, its SQS message id)
+// in Record.ReturnOf. The caller then dispatches it.
+//
+// A dead letter is counted once: seen.ReturnOf == msgID (a redelivery of
+// the dead letter, whose handling failed after its count was written: the
+// send throttled, the consumer killed) writes nothing and returns seen,
+// to be dispatched again. Without it, one dead letter delivered four
+// times failed a job as never started (10k soak, seed
+// 1796502170212235855). returned=false (with the current record) means
+// it moved on meanwhile.
+func (s *Store) Return(ctx context.Context, seen Record, msgID, reason string) (Record, bool, error) {
+	if seen.State != Enqueued && seen.State != Scheduled && seen.State != Processing {
 		return seen, false, nil
+	}
+	if msgID != "" && seen.ReturnOf == msgID {
+		return seen, true, nil
 	}
 	// The state and token stay as they were, so the condition also names
 	// the count: a resend of an applied Return then fails it and finds its
 	// own nonce, instead of counting twice.
 	upd := expression.Set(expression.Name(AttrReturns), expression.Value(seen.Returns+1))
+	if msgID != "" {
+		upd = upd.Set(expression.Name(AttrReturnOf), expression.Value(msgID))
+	}
 	same := expression.Name(AttrReturns).Equal(expression.Value(seen.Returns))
 	if seen.Returns == 0 {
 		same = expression.AttributeNotExists(expression.Name(AttrReturns))

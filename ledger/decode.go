@@ -93,6 +93,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.CutOffs, err = integer(av)
 		case AttrReturns:
 			r.Returns, err = integer(av)
+		case AttrReturnOf:
+			r.ReturnOf, err = str(av)
 		case AttrArgsHash:
 			r.ArgsHash, err = str(av)
 		case AttrCancelled:

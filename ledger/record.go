@@ -73,6 +73,10 @@ type Record struct {
 	// Returns counts how often the DLQ consumer sent the job back because
 	// its message reached the DLQ before any run of it started.
 	Returns int `dynamodbav:"dlqReturns,omitempty"`
+	// ReturnOf is the SQS message id of the dead letter last counted in
+	// Returns: a redelivery of that dead letter (its handling failed
+	// after the count was written) is not counted again.
+	ReturnOf string `dynamodbav:"dlqMsg,omitempty"`
 	// ArgsHash fingerprints Kind and Args (see ArgsHash), so a key re-used
 	// with other args can be told from a true retry. Empty on records
 	// written before it existed.

@@ -342,14 +342,7 @@ func checkEnds(_ context.Context, f *facts) []string {
 			// that records it (seed 2, on CI: a soak.flaky job's last
 			// attempt succeeded, its worker died before Finish, and the
 			// next delivery failed it as an orphan out of attempts).
-			ended := 0
-			for _, r := range jr {
-				if r.end != 0 && (f.killedAt[r.pid] == 0 || laterIn(jr, r)) {
-					ended++
-				}
-			}
-			orphaned := rec.State == ledger.Failed && strings.Contains(rec.LastError, "orphaned") && ended < rec.Attempt
-			if rec.State != ledger.Succeeded && !orphaned {
+			if rec.State != ledger.Succeeded && !f.orphaned(rec) {
 				bad = append(bad, f.fail(rec.ID, "a %s job ended %s (last error %q)", rec.Kind, rec.State, rec.LastError))
 			}
 		}
@@ -384,6 +377,21 @@ func checkEnds(_ context.Context, f *facts) []string {
 		}
 	}
 	return bad
+}
+
+// orphaned reports whether rec ended Failed as an orphan out of
+// attempts, as kills allow: fewer of its runs reported an end than it
+// spent attempts (a run claimed in a process killed before it reported
+// counts as one).
+func (f *facts) orphaned(rec ledger.Record) bool {
+	jr := f.rs.byJob[rec.ID]
+	ended := 0
+	for _, r := range jr {
+		if r.end != 0 && (f.killedAt[r.pid] == 0 || laterIn(jr, r)) {
+			ended++
+		}
+	}
+	return rec.State == ledger.Failed && strings.Contains(rec.LastError, "orphaned") && ended < rec.Attempt
 }
 
 // keyPanics reports whether a Keyed record's key function panics.

@@ -2,11 +2,13 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -99,5 +101,32 @@ func TestFiringsCheck(t *testing.T) {
 	bad := checkFirings(context.Background(), f)
 	if len(bad) != 2 || !strings.Contains(bad[0], "T1 made 2 jobs") || !strings.Contains(bad[1], "never ran to its end") {
 		t.Fatalf("a late retry made a second job, which never ran: got %v", bad)
+	}
+	// Every claim of a firing's job killed before its run reported: an
+	// orphan out of attempts, as kills allow; failed otherwise, it is not.
+	f.led.all = f.led.all[:3]
+	f.led.all = append(f.led.all, &result{call: "firing", firing: "T4", id: "j4", created: true}, &result{call: "firing", firing: "T5", id: "j5", created: true})
+	f.byID = map[string]ledger.Record{
+		"j4": {ID: "j4", State: ledger.Failed, Attempt: 3, MaxAttempts: 3, LastError: "nexjob: orphaned job: no attempts are left"},
+		"j5": {ID: "j5", State: ledger.Failed, Attempt: 0, MaxAttempts: 3, LastError: "nexjob: the job never started"},
+	}
+	bad = checkFirings(context.Background(), f)
+	if len(bad) != 1 || !strings.Contains(bad[0], "j5") || !strings.Contains(bad[0], "never started") {
+		t.Fatalf("an orphan out of attempts, and a job failed unrun: got %v", bad)
+	}
+}
+
+// TestRecordOfAnUnsentDuplicate: a call that met the key's holder and
+// could not send it again (a *DispatchError) made no job: a late
+// firing's retry that got the next firing's job back is no second job
+// of its firing.
+func TestRecordOfAnUnsentDuplicate(t *testing.T) {
+	de := &enqueue.DispatchError{JobID: "b", Err: errors.New("throttled")}
+	if r := record(&result{}, enqueue.Result{ID: "b", Duplicate: true}, de); r.created || !r.duplicate || r.id != "b" {
+		t.Fatalf("met and not sent: %+v; want a duplicate", r)
+	}
+	de = &enqueue.DispatchError{JobID: "a", Err: errors.New("throttled")}
+	if r := record(&result{}, enqueue.Result{ID: "a"}, de); !r.created || r.duplicate || r.id != "a" {
+		t.Fatalf("created and not sent: %+v; want created", r)
 	}
 }

@@ -83,7 +83,7 @@ func checkRateLimit(_ context.Context, f *facts) []string {
 // firing nemesis delivers firings twice, and again late after the next
 // one): no firing's scheduled time made two jobs, and every job a firing
 // made ran to its end (its record may be gone: the next firing replaces
-// it).
+// it), or ended as an orphan out of attempts, as kills allow (checkEnds).
 func checkFirings(_ context.Context, f *facts) []string {
 	made := map[string][]string{}
 	for _, r := range f.led.all {
@@ -102,8 +102,13 @@ func checkFirings(_ context.Context, f *facts) []string {
 			for _, r := range f.rs.byJob[id] {
 				ok = ok || r.ok
 			}
-			if !ok {
-				bad = append(bad, f.fail(id, "made by the firing at %s and never ran to its end", at))
+			rec, kept := f.byID[id]
+			if !ok && (!kept || !f.orphaned(rec)) {
+				end := "its record gone"
+				if kept {
+					end = fmt.Sprintf("%s, attempt %d of %d, last error %q", rec.State, rec.Attempt, rec.MaxAttempts, rec.LastError)
+				}
+				bad = append(bad, f.fail(id, "made by the firing at %s and never ran to its end (%s)", at, end))
 			}
 		}
 	}

@@ -323,7 +323,11 @@ func record(r *result, res enqueue.Result, err error) *result {
 		r.rejected, r.id = dup, dup.ExistingJobID
 	case errors.As(err, &de):
 		// Recorded, not sent: the guard (or a retry of its key) sends it.
-		r.id, r.created = de.JobID, true
+		// The job this call created, or the holder it met and sent again
+		// (a late firing's retry that got the next firing's unsent job
+		// back read as a second job of its firing: the 10k soak, seed
+		// 1796517429524512631, "the firing at … made 2 jobs").
+		r.id, r.duplicate, r.created = de.JobID, res.Duplicate, !res.Duplicate
 	}
 	return r
 }

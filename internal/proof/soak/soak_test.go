@@ -2,7 +2,9 @@ package soak_test
 
 import (
 	"context"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 
@@ -24,7 +26,7 @@ func soakOnce(t *testing.T, seed uint64, jobs int) soak.Report {
 	e := nexjobtest.New(t, &nexjobtest.Options{Queues: []string{soak.Bulk}})
 	rep, err := soak.Run(context.Background(), soak.Env{Cfg: e.Cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL,
 		BulkURL: e.Queues[soak.Bulk], BulkDLQURL: e.QueueDLQs[soak.Bulk]},
-		soak.Config{Seed: seed, Jobs: jobs, Dir: t.TempDir(), Logf: t.Logf})
+		soak.Config{Seed: seed, Jobs: jobs, Dir: logDir(t, seed), Logf: t.Logf})
 	if err != nil {
 		t.Fatalf("seed %d: %v", seed, err)
 	}
@@ -39,6 +41,25 @@ func soakOnce(t *testing.T, seed uint64, jobs int) soak.Report {
 		t.Logf("replay: make soak SEED=%d JOBS=%d", seed, jobs)
 	}
 	return rep
+}
+
+// logDir is where a soak's run logs go: under NEXJOB_SOAK_DIR when set
+// (make soak sets it, and they are kept to read after a failure), else a
+// test's temporary directory.
+func logDir(t *testing.T, seed uint64) string {
+	root := os.Getenv("NEXJOB_SOAK_DIR")
+	if root == "" {
+		return t.TempDir()
+	}
+	dir := filepath.Join(root, fmt.Sprintf("seed-%d", seed))
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("run logs in %s", dir)
+	return dir
 }
 
 // TestShortSoak: three fixed seeds, a few hundred jobs each, under every
