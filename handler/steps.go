@@ -165,6 +165,15 @@ func (e *sleepError) Error() string {
 	return fmt.Sprintf("nexjob: sleeping (%q) until %s", e.name, e.until.UTC().Format(time.RFC3339))
 }
 
+// IsSleep reports whether err (from Sleep, SleepUntil or WaitForSignal,
+// or a worker's error wrapping it) ends the run in a durable sleep rather
+// than a failure: what a worker that logs or counts its own outcomes
+// tells apart.
+func IsSleep(err error) bool {
+	var s *sleepError
+	return errors.As(err, &s)
+}
+
 // Sleep is SleepUntil(ctx, name, now + d), now taken once: by the run that
 // first meets the sleep.
 func Sleep(ctx context.Context, name string, d time.Duration) error {

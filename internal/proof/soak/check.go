@@ -29,12 +29,23 @@ type run struct {
 	start, end int64 // unix nanoseconds; end 0: no end logged (its process was killed)
 	pid        int
 	ok         bool
+	slept      bool // it ended in a durable sleep: no attempt spent
+}
+
+// stepLine is a durable job's step as its run logged it: its function
+// called (got false) or its result returned (got true).
+type stepLine struct {
+	name, value string
+	at          int64 // unix nanoseconds
+	pid         int
+	got         bool
 }
 
 // runs are every run logged, and every dead-letter hook call by job.
 type runs struct {
 	byJob map[string][]*run
 	dead  map[string][]int // the pids whose hook call it logged
+	steps map[string][]stepLine
 	dir   string
 }
 
@@ -49,7 +60,7 @@ func laterIn(rs []*run, r *run) bool {
 }
 
 func readRuns(dir string) (runs, error) {
-	out := runs{byJob: map[string][]*run{}, dead: map[string][]int{}, dir: dir}
+	out := runs{byJob: map[string][]*run{}, dead: map[string][]int{}, steps: map[string][]stepLine{}, dir: dir}
 	files, err := filepath.Glob(filepath.Join(dir, "*.runs"))
 	if err != nil {
 		return out, err
@@ -67,6 +78,10 @@ func readRuns(dir string) (runs, error) {
 			case len(w) == 3 && w[0] == "dead":
 				pid, _ := strconv.Atoi(w[2])
 				out.dead[w[1]] = append(out.dead[w[1]], pid)
+			case len(w) == 6 && (w[0] == "step" || w[0] == "got"):
+				at, _ := strconv.ParseInt(w[4], 10, 64)
+				pid, _ := strconv.Atoi(w[5])
+				out.steps[w[1]] = append(out.steps[w[1]], stepLine{name: w[2], value: w[3], at: at, pid: pid, got: w[0] == "got"})
 			case len(w) >= 5 && (w[0] == "start" || w[0] == "end"):
 				att, _ := strconv.Atoi(w[2])
 				at, _ := strconv.ParseInt(w[3], 10, 64)
@@ -77,7 +92,7 @@ func readRuns(dir string) (runs, error) {
 					open[k] = r
 					out.byJob[w[1]] = append(out.byJob[w[1]], r)
 				} else if r := open[k]; r != nil {
-					r.end, r.ok = at, len(w) > 5 && w[5] == "ok"
+					r.end, r.ok, r.slept = at, len(w) > 5 && w[5] == "ok", len(w) > 5 && w[5] == "sleep"
 				}
 			}
 		}
@@ -120,6 +135,7 @@ func scan(ctx context.Context, db *dynamodb.Client, table string) ([]ledger.Reco
 type facts struct {
 	env      Env
 	st       *ledger.Store
+	cl       *enqueue.Client // the checker's own, through no fault
 	led      *ledgerOf
 	rs       runs
 	killedAt map[int]int64 // pid → kill time (unix ns)
@@ -136,12 +152,13 @@ func (f *facts) fail(id, format string, args ...any) string {
 }
 
 // check runs every checker (Checkers) over the facts of a run.
-func check(ctx context.Context, env Env, st *ledger.Store, led *ledgerOf, rs runs, kills []kill, rep *Report, c Config) []string {
+func check(ctx context.Context, env Env, cl *enqueue.Client, led *ledgerOf, rs runs, kills []kill, rep *Report, c Config) []string {
+	st := cl.Store()
 	recs, err := scan(ctx, dynamodb.NewFromConfig(env.Cfg), env.Table)
 	if err != nil {
 		return []string{"scan: " + err.Error()}
 	}
-	f := &facts{env: env, st: st, led: led, rs: rs, killedAt: map[int]int64{}, recs: recs, byID: map[string]ledger.Record{}, rep: rep, c: c}
+	f := &facts{env: env, st: st, cl: cl, led: led, rs: rs, killedAt: map[int]int64{}, recs: recs, byID: map[string]ledger.Record{}, rep: rep, c: c}
 	for _, r := range recs {
 		f.byID[r.ID] = r
 	}
@@ -359,8 +376,14 @@ func checkEnds(_ context.Context, f *facts) []string {
 		if r := f.led.results[rec.ID]; r != nil {
 			limit += (r.requeued + r.requeueUnknown) * rec.MaxAttempts
 		}
-		if len(jr) > limit {
-			bad = append(bad, f.fail(rec.ID, "%d runs for %d attempts (at most %d with its requeues)", len(jr), rec.Attempt, limit))
+		spent := 0 // a run that ended in a durable sleep gave its attempt back
+		for _, r := range jr {
+			if !r.slept {
+				spent++
+			}
+		}
+		if spent > limit {
+			bad = append(bad, f.fail(rec.ID, "%d runs for %d attempts (at most %d with its requeues)", spent, rec.Attempt, limit))
 		}
 		// No overlap: a run with no end ended when its process was killed.
 		sorted := append([]*run(nil), jr...)

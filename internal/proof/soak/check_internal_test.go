@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -128,5 +130,57 @@ func TestRecordOfAnUnsentDuplicate(t *testing.T) {
 	de = &enqueue.DispatchError{JobID: "a", Err: errors.New("throttled")}
 	if r := record(&result{}, enqueue.Result{ID: "a"}, de); !r.created || r.duplicate || r.id != "a" {
 		t.Fatalf("created and not sent: %+v; want created", r)
+	}
+}
+
+// TestDurableCheck: each durable promise's break is a violation, and a
+// job that kept them is none.
+func TestDurableCheck(t *testing.T) {
+	good := []stepLine{
+		{name: "draw", value: "7", at: 10, pid: 1},
+		{name: "draw", value: "7", at: 11, pid: 1, got: true},
+		{name: "draw", value: "7", at: 30, pid: 2, got: true}, // replayed by a retry
+		{name: "woke", value: "5000", at: 31, pid: 2},
+		{name: "woke", value: "5000", at: 32, pid: 2, got: true},
+		{name: "signal", value: "42", at: 33, pid: 2},
+		{name: "signal", value: "42", at: 34, pid: 2, got: true},
+	}
+	rec := ledger.Record{ID: "d1", Kind: "soak.durable", State: ledger.Succeeded,
+		Steps:  map[string]string{"draw": "7", "nap": "4000", "woke": "5000", "signal": "42"},
+		Result: `{"Draw":7,"Woke":5000,"Signal":42}`}
+	run := func(lines []stepLine, rec ledger.Record, sig signalSent) []string {
+		f := &facts{led: &ledgerOf{signals: []signalSent{sig}}, rs: runs{steps: map[string][]stepLine{"d1": lines}},
+			byID: map[string]ledger.Record{"d1": rec}, recs: []ledger.Record{rec}, c: Config{Skew: 2 * time.Second}}
+		return checkDurable(context.Background(), f)
+	}
+	sent := signalSent{id: "d1", payload: 42}
+	if bad := run(good, rec, sent); len(bad) != 0 {
+		t.Fatalf("a job that kept every promise: %v", bad)
+	}
+	again := append(slices.Clone(good), stepLine{name: "draw", value: "8", at: 20, pid: 3})
+	early := slices.Clone(good)
+	early[3].value, early[4].value = "1000", "1000"
+	earlyRec := rec
+	earlyRec.Steps = maps.Clone(rec.Steps)
+	earlyRec.Steps["woke"], earlyRec.Result = "1000", `{"Draw":7,"Woke":1000,"Signal":42}`
+	wrongResult := rec
+	wrongResult.Result = `{"Draw":8,"Woke":5000,"Signal":42}`
+	for _, c := range []struct {
+		name  string
+		lines []stepLine
+		rec   ledger.Record
+		sig   signalSent
+		want  string
+	}{
+		{"a step run again after its result was recorded", again, rec, sent, `step "draw" ran again`},
+		{"a wake before the nap's end", early, earlyRec, sent, "before its nap's end"},
+		{"a signal's payload not what the wait returned", good, rec, signalSent{id: "d1", payload: 41}, "signalled 41, its wait returned 42"},
+		{"its only signal refused as sent", good, rec, signalSent{id: "d1", payload: 42, err: ledger.ErrSignalSent}, "refused as sent already"},
+		{"a result read that is not the steps'", good, wrongResult, sent, "its result reads 8 5000 42"},
+	} {
+		bad := run(c.lines, c.rec, c.sig)
+		if len(bad) != 1 || !strings.Contains(bad[0], c.want) {
+			t.Errorf("%s: got %v, want one violation saying %q", c.name, bad, c.want)
+		}
 	}
 }

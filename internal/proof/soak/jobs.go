@@ -42,7 +42,26 @@ type (
 	}
 	// Fired is a recurring firing's job (recurring.Fire).
 	Fired struct{ N int }
+	// Durable is a durable job: a step ("draw"), a sleep of NapMs ("nap"),
+	// a step when it woke ("woke"), a wait for its signal "go" (its
+	// payload, or -1 after DurableWait, kept as the step "signal"); it
+	// fails its first Fails attempts after those, and its result is
+	// DurableResult. Each step's function and each step's return are
+	// logged (checkDurable).
+	Durable struct{ N, Fails, NapMs int }
 )
+
+// DurableResult is a Durable job's result: what its steps returned.
+type DurableResult struct {
+	Draw   int64
+	Woke   int64
+	Signal int
+}
+
+// DurableWait is how long a Durable job waits for its signal.
+const DurableWait = 20 * time.Second
+
+func (Durable) Kind() string { return "soak.durable" }
 
 func (OK) Kind() string     { return "soak.ok" }
 func (Flaky) Kind() string  { return "soak.flaky" }
@@ -75,8 +94,9 @@ const SlowTimeout = 150 * time.Millisecond
 
 // RunLog is one process's record of runs, appended to a file the checker
 // reads: "start ID ATTEMPT UNIXNANO PID", "end ID ATTEMPT UNIXNANO PID
-// OUTCOME", "dead ID PID" (a dead-letter hook's call). A killed process's
-// runs have a start and no end.
+// OUTCOME" (ok, err, or sleep: a durable sleep, no attempt spent), "dead
+// ID PID" (a dead-letter hook's call), and a durable job's "step"/"got"
+// lines (loggedStep). A killed process's runs have a start and no end.
 type RunLog struct {
 	mu  sync.Mutex
 	f   *os.File
@@ -166,5 +186,63 @@ func Registry(l *RunLog) *handler.Registry {
 		}), Limit: 3, MaxBackoff: time.Second, // waiters that look again by themselves too
 	}})
 	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Fired]) error { return nil }), &handler.KindOptions{Backoff: fast})
+	handler.AddWorkerResult(reg, handler.ResultFunc[Durable, DurableResult](func(ctx context.Context, j *handler.Job[Durable]) (DurableResult, error) {
+		l.line("start %s %d %d %d", j.ID, j.Attempt, time.Now().UnixNano(), l.pid)
+		res, err := durable(ctx, l, j)
+		outcome := "ok"
+		switch {
+		case handler.IsSleep(err):
+			outcome = "sleep" // no attempt spent
+		case err != nil:
+			outcome = "err"
+		}
+		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
+		return res, err
+	}), &handler.KindOptions{Backoff: fast})
 	return reg
+}
+
+// durable is a Durable job's run.
+func durable(ctx context.Context, l *RunLog, j *handler.Job[Durable]) (DurableResult, error) {
+	var r DurableResult
+	var err error
+	if r.Draw, err = loggedStep(ctx, l, j.ID, "draw", func() int64 { return time.Now().UnixNano() }); err != nil {
+		return r, err
+	}
+	if err := handler.Sleep(ctx, "nap", time.Duration(j.Args.NapMs)*time.Millisecond); err != nil {
+		return r, err
+	}
+	if r.Woke, err = loggedStep(ctx, l, j.ID, "woke", func() int64 { return time.Now().UnixMilli() }); err != nil {
+		return r, err
+	}
+	p, err := handler.WaitForSignal[int](ctx, "go", DurableWait)
+	var timeout *handler.SignalTimeoutError
+	switch {
+	case errors.As(err, &timeout):
+		p = -1
+	case err != nil:
+		return r, err
+	}
+	if r.Signal, err = loggedStep(ctx, l, j.ID, "signal", func() int { return p }); err != nil {
+		return r, err
+	}
+	if j.Attempt <= j.Args.Fails {
+		return r, errors.New("soak: durable, not yet")
+	}
+	return r, nil
+}
+
+// loggedStep is handler.Step of fn, logging "step ID NAME VALUE UNIXNANO
+// PID" when fn runs and "got ID NAME VALUE UNIXNANO PID" when the step
+// returns its result (recorded, or replayed).
+func loggedStep[V any](ctx context.Context, l *RunLog, id, name string, fn func() V) (V, error) {
+	v, err := handler.Step(ctx, name, func(context.Context) (V, error) {
+		v := fn()
+		l.line("step %s %s %v %d %d", id, name, v, time.Now().UnixNano(), l.pid)
+		return v, nil
+	})
+	if err == nil {
+		l.line("got %s %s %v %d %d", id, name, v, time.Now().UnixNano(), l.pid)
+	}
+	return v, err
 }

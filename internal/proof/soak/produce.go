@@ -52,6 +52,7 @@ type ledgerOf struct {
 	all     []*result
 	results map[string]*result // created jobs by id
 	n       int
+	signals []signalSent // the Signal calls to Durable jobs
 }
 
 func (l *ledgerOf) add(r *result) {
@@ -138,6 +139,8 @@ type producer struct {
 	id   int
 	seq  int
 	bulk bool // the named queue Bulk is there
+	// signals are the Signal calls still to be made to Durable jobs.
+	signals sync.WaitGroup
 }
 
 var policies = []ledger.DuplicatePolicy{ledger.AllowAfterFailed, ledger.RejectIfFailed, ledger.RejectAlways}
@@ -164,6 +167,7 @@ func (p *producer) args(kind string) (enqueue.JobArgs, int) {
 }
 
 func (p *producer) run(ctx context.Context, n int) {
+	defer p.signals.Wait()
 	for i := 0; i < n && ctx.Err() == nil; i++ {
 		x := p.rng.Float64()
 		switch {
@@ -171,6 +175,8 @@ func (p *producer) run(ctx context.Context, n int) {
 			key := fmt.Sprintf("shared-%d", p.rng.IntN(p.keys))
 			kind := []string{"soak.ok", "soak.ok", "soak.doomed", "soak.flaky"}[p.rng.IntN(4)]
 			p.one(ctx, kind, &enqueue.Opts{IdempotencyKey: key, DuplicatePolicy: policies[p.rng.IntN(3)], MaxAttempts: 3})
+		case x < 0.42: // durable: a step, a sleep, a signal and a result
+			p.durable(ctx)
 		case x < 0.44:
 			p.one(ctx, "soak.ok", nil)
 		case x < 0.46: // a key function that panics for some (a team's bug): those fail, never run
@@ -232,6 +238,34 @@ func (p *producer) one(ctx context.Context, kind string, o *enqueue.Opts) {
 	res, err := p.c.Enqueue(ctx, a, o)
 	r.done = time.Now()
 	p.led.add(record(r, res, err))
+}
+
+// durable enqueues a Durable job and signals it 0 to 3 s later, from
+// its own goroutine: before its wait began, during it, or (a signal call
+// that failed) never, and it times out.
+func (p *producer) durable(ctx context.Context) {
+	p.seq++
+	n := p.id*1_000_000 + p.seq
+	a := Durable{N: n, Fails: p.rng.IntN(2), NapMs: 300 + p.rng.IntN(1700)}
+	r := &result{call: "enqueue", kind: a.Kind(), flakyFail: a.Fails, at: time.Now()}
+	res, err := p.c.Enqueue(ctx, a, &enqueue.Opts{MaxAttempts: 4})
+	r.done = time.Now()
+	p.led.add(record(r, res, err))
+	if !r.created {
+		return
+	}
+	after := time.Duration(p.rng.IntN(3000)) * time.Millisecond
+	p.signals.Go(func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(after):
+		}
+		err := p.c.Signal(ctx, r.id, "go", n)
+		p.led.mu.Lock()
+		p.led.signals = append(p.led.signals, signalSent{id: r.id, payload: n, err: err})
+		p.led.mu.Unlock()
+	})
 }
 
 // tx enqueues in a transaction of the producer's own (EnqueueTx, the

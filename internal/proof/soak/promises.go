@@ -18,4 +18,5 @@ var Checkers = map[string]checker{
 	"ratelimit":   checkRateLimit,
 	"firings":     checkFirings,
 	"listing":     checkListing,
+	"durable":     checkDurable,
 }

@@ -332,7 +332,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	rep.Violations = append(rep.Violations, check(context.Background(), env, st, led, runs, kills.killed(), &rep, c)...)
+	rep.Violations = append(rep.Violations, check(context.Background(), env, checkClient, led, runs, kills.killed(), &rep, c)...)
 	return rep, nil
 }
 
