@@ -26,6 +26,7 @@ package infra
 
 import (
 	"fmt"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
 	"strconv"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -67,6 +68,9 @@ type JobQueue struct {
 	WebDashboardURL    awslambda.FunctionUrl      // its IAM-authenticated URL
 	GuardFailures      awssqs.Queue               // stream batches the guard gave up on (nil with NoGuard)
 	GuardFailureAlarm  awscloudwatch.Alarm        // on GuardFailures' depth
+	Events             awslambda.Function         // the completion events' publisher (nil without CompletionEvents)
+	EventsFailures     awssqs.Queue               // stream batches it gave up on
+	EventsFailureAlarm awscloudwatch.Alarm        // on EventsFailures' depth
 	ScheduleGroup      awsscheduler.ScheduleGroup // recurring jobs' schedules; nil without the Recurring prop
 	FarScheduleGroup   awsscheduler.ScheduleGroup // far jobs' one-time schedules, apart (nil with NoFarSchedules)
 	RecurringTarget    awslambda.Function         // Scheduler's target: enqueues a firing
@@ -77,6 +81,7 @@ type JobQueue struct {
 	keySecretKey       awskms.IKey
 	env                map[string]*string // every function's settings
 	guardAfter         string
+	eventBus           *string // the completion events' bus name (nil: the default bus)
 }
 
 // Settings returns the environment a function of this role needs (see
@@ -94,6 +99,15 @@ func (q *JobQueue) Settings(role settings.Role) *map[string]*string {
 	switch role {
 	case settings.Producer:
 		delete(e, settings.EnvDLQURL)
+	case settings.Events:
+		// Only the bus (and the team's own variables).
+		for _, v := range settings.Vars(settings.Worker) {
+			delete(e, v)
+		}
+		for _, v := range []string{settings.EnvScheduleTarget, settings.EnvSchedulerRole} {
+			delete(e, v)
+		}
+		e[settings.EnvRole] = jsii.String(string(role))
 	case settings.Guard:
 		// Only what the guard reads (and the team's own variables).
 		for _, v := range []string{settings.EnvTable, settings.EnvDLQURL, settings.EnvRetention, settings.EnvIndexAllStates,
@@ -228,33 +242,17 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	}
 
 	if q.Guard != nil {
-		// The dispatch guard: reads the table's stream (scoped to this stream,
-		// not "*", unlike the CDK's stream event source grant) and sends
-		// check messages. The filter keeps every other change from invoking it.
-		q.Table.GrantStream(q.Guard, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
-			jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
+		// The dispatch guard: reads the table's stream and sends check
+		// messages.
+		q.grantStream(q.Guard)
 		q.grantQueues(q.Guard, "sqs:SendMessage")
 		q.grantFarActions(q.Guard, "scheduler:CreateSchedule") // far jobs' checks: their own schedule, made if missing
-		// A batch that fails all its retries is not dropped silently: its
-		// stream position goes to a queue of its own, and an alarm says so
-		// (those jobs lost their recovery check; look them up and Dispatch).
-		q.GuardFailures = awssqs.NewQueue(c, jsii.String("GuardFailures"), &awssqs.QueueProps{
-			Encryption: awssqs.QueueEncryption_SQS_MANAGED, EnforceSSL: jsii.Bool(true),
-			RetentionPeriod: awscdk.Duration_Days(jsii.Number(14)),
-		})
-		q.GuardFailureAlarm = depthAlarm(c, q.GuardFailures, "GuardFailed", "nexjob: the dispatch guard gave up on stream records (their jobs' recovery checks were not sent)")
-		awslambda.NewEventSourceMapping(c, jsii.String("GuardStream"), &awslambda.EventSourceMappingProps{
-			OnFailure:        awslambdaeventsources.NewSqsDlq(q.GuardFailures),
-			Target:           q.Guard,
-			EventSourceArn:   q.Table.TableStreamArn(),
-			StartingPosition: awslambda.StartingPosition_TRIM_HORIZON,
-			BatchSize:        jsii.Number(100),
-			// Ten seconds of changes per batch: a job claimed within them
-			// (the usual case) needs no check message (see package guard).
-			MaxBatchingWindow:  awscdk.Duration_Seconds(jsii.Number(10)),
-			BisectBatchOnError: jsii.Bool(true),
-			RetryAttempts:      jsii.Number(50),
-			Filters: &[]*map[string]interface{}{awslambda.FilterCriteria_Filter(&map[string]interface{}{
+		// A batch given up on: those jobs lost their recovery check; look
+		// them up and Dispatch. Ten seconds of changes per batch: a job
+		// claimed within them (the usual case) needs no check message
+		// (see package guard).
+		q.GuardFailures, q.GuardFailureAlarm = q.streamConsumer(c, q.Guard, "Guard", "nexjob: the dispatch guard gave up on stream records (their jobs' recovery checks were not sent)",
+			awslambda.StartingPosition_TRIM_HORIZON, 10, awslambda.FilterCriteria_Filter(&map[string]interface{}{
 				"eventName": awslambda.FilterRule_Or(jsii.String("INSERT"), jsii.String("MODIFY")),
 				"dynamodb": map[string]interface{}{"NewImage": map[string]interface{}{
 					ledger.AttrState:   map[string]interface{}{"S": awslambda.FilterRule_Or(jsii.String(string(ledger.Enqueued)), jsii.String(string(ledger.Scheduled)))},
@@ -267,8 +265,10 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 					ledger.AttrState:   map[string]interface{}{"S": awslambda.FilterRule_IsEqual(jsii.String(string(ledger.Processing)))},
 					ledger.AttrAttempt: map[string]interface{}{"N": awslambda.FilterRule_IsEqual(jsii.String("1"))},
 				}},
-			})},
-		})
+			}))
+	}
+	if p.CompletionEvents != nil {
+		q.completionEvents(c, p, roleEnv(settings.Events))
 	}
 
 	// Recurring first: the dashboard lists its schedules.
@@ -359,4 +359,71 @@ func newFunction(scope constructs.Construct, p JobQueueProps, id string, code aw
 		Environment:  &env,
 		Tracing:      tracing,
 	})
+}
+
+// completionEvents adds the completion events' publisher: a function of
+// role events on the table's stream (a second consumer beside the
+// guard's), its mapping filtered to a job's end (a MODIFY from an active
+// state to a terminal one: every other change never invokes it), granted
+// the stream's reads and events:PutEvents on the one bus. A batch that
+// fails all its retries keeps its stream position in a queue of its own,
+// with an alarm, as the guard's does.
+func (q *JobQueue) completionEvents(c constructs.Construct, p JobQueueProps, env map[string]*string) {
+	bus := p.CompletionEvents.Bus
+	if bus == nil {
+		bus = awsevents.EventBus_FromEventBusName(c, jsii.String("DefaultBus"), jsii.String("default"))
+	}
+	q.eventBus = bus.EventBusName()
+	env[settings.EnvEventBus] = q.eventBus
+	q.Events = newFunction(c, p, "CompletionEvents", p.code(settings.Events), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
+	q.grantStream(q.Events)
+	bus.GrantPutEventsTo(q.Events, nil)
+	active := []*string{}
+	for _, st := range []ledger.State{ledger.Enqueued, ledger.Scheduled, ledger.Processing, ledger.AwaitingContinuation} {
+		active = append(active, jsii.String(string(st)))
+	}
+	ended := []*string{}
+	for _, st := range []ledger.State{ledger.Succeeded, ledger.Failed, ledger.Expired} {
+		ended = append(ended, jsii.String(string(st)))
+	}
+	q.EventsFailures, q.EventsFailureAlarm = q.streamConsumer(c, q.Events, "Events", "nexjob: the completion events' publisher gave up on stream records (their jobs' end events were not published)",
+		awslambda.StartingPosition_LATEST, 1, awslambda.FilterCriteria_Filter(&map[string]interface{}{
+			"eventName": awslambda.FilterRule_IsEqual(jsii.String("MODIFY")),
+			"dynamodb": map[string]interface{}{
+				"NewImage": map[string]interface{}{ledger.AttrState: map[string]interface{}{"S": awslambda.FilterRule_Or(ended...)}},
+				"OldImage": map[string]interface{}{ledger.AttrState: map[string]interface{}{"S": awslambda.FilterRule_Or(active...)}},
+			},
+		}))
+}
+
+// streamConsumer feeds fn the table's stream (name+"Stream": up to 100
+// records over window seconds, the filters keeping every other change
+// from invoking it, a failing batch bisected and retried 50 times); fn
+// needs grantStream. A batch that fails all its retries is not dropped
+// silently: its stream position goes to a queue of its own
+// (name+"Failures"), and an alarm (name+"Failed") says so.
+func (q *JobQueue) streamConsumer(c constructs.Construct, fn awslambda.Function, name, alarm string, start awslambda.StartingPosition, window float64, filters ...*map[string]interface{}) (awssqs.Queue, awscloudwatch.Alarm) {
+	failures := awssqs.NewQueue(c, jsii.String(name+"Failures"), &awssqs.QueueProps{
+		Encryption: awssqs.QueueEncryption_SQS_MANAGED, EnforceSSL: jsii.Bool(true),
+		RetentionPeriod: awscdk.Duration_Days(jsii.Number(14)),
+	})
+	awslambda.NewEventSourceMapping(c, jsii.String(name+"Stream"), &awslambda.EventSourceMappingProps{
+		OnFailure:          awslambdaeventsources.NewSqsDlq(failures),
+		Target:             fn,
+		EventSourceArn:     q.Table.TableStreamArn(),
+		StartingPosition:   start,
+		BatchSize:          jsii.Number(100),
+		MaxBatchingWindow:  awscdk.Duration_Seconds(jsii.Number(window)),
+		BisectBatchOnError: jsii.Bool(true),
+		RetryAttempts:      jsii.Number(50),
+		Filters:            &filters,
+	})
+	return failures, depthAlarm(c, failures, name+"Failed", alarm)
+}
+
+// grantStream grants fn the table's stream's reads, scoped to this
+// stream (not "*", unlike the CDK's stream event source grant).
+func (q *JobQueue) grantStream(fn awslambda.Function) {
+	q.Table.GrantStream(fn, jsii.String("dynamodb:DescribeStream"), jsii.String("dynamodb:GetRecords"),
+		jsii.String("dynamodb:GetShardIterator"), jsii.String("dynamodb:ListStreams"))
 }

@@ -2,6 +2,7 @@ package infra
 
 import (
 	"fmt"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
 	"os"
 	"path/filepath"
 	"time"
@@ -133,6 +134,11 @@ type JobQueueProps struct {
 	// sets NEXJOB_SCHEDULE_* in Settings(Producer). Grant GrantSchedule to
 	// whoever creates schedules. Defaults to false.
 	Recurring *bool
+	// CompletionEvents publishes each job's end (Succeeded, Failed,
+	// Expired) to an EventBridge bus (package completion): a function
+	// of role events on the table's stream, filtered to ends, granted
+	// events:PutEvents on that bus alone. Defaults to nil: none.
+	CompletionEvents *CompletionEventsProps
 	// NoFarSchedules leaves out far jobs' one-time schedules: a job due
 	// more than 15 minutes ahead then hops through SQS delays of 900 s
 	// (2,880 hops for 30 days). By default the construct makes their
@@ -271,6 +277,8 @@ func codeProp(r settings.Role) string {
 		return "WebDashboard.Code"
 	case settings.Recurring:
 		return "Code (or CodeDir/recurring)"
+	case settings.Events:
+		return "Code (or CodeDir/events)"
 	}
 	return "GuardCode (or NoGuard)"
 }
@@ -319,4 +327,10 @@ func (p *JobQueueProps) retention() string {
 
 func formatSeconds(d awscdk.Duration) string {
 	return fmt.Sprintf("%.0fs", *d.ToSeconds(nil))
+}
+
+// CompletionEventsProps configure the completion events.
+type CompletionEventsProps struct {
+	// Bus receives the events. Defaults to the account's default bus.
+	Bus awsevents.IEventBus
 }

@@ -6,8 +6,8 @@
 //	}
 //
 // Serve picks the function's role from NEXJOB_ROLE (worker, deadletter,
-// guard, dashboard or recurring), so one binary can serve them all;
-// Worker, DeadLetter, Guard, Dashboard and Recurring start one role each. Every role reads its configuration through
+// guard, dashboard, recurring or events), so one binary can serve them all;
+// Worker, DeadLetter, Guard, Dashboard, Recurring and Events start one role each. Every role reads its configuration through
 // settings.Load: the same variables the CDK construct sets on every
 // function and that producers and the CLI read.
 //
@@ -30,12 +30,14 @@ import (
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-lambda-go/lambdaurl"
+	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/admin"
 	"github.com/nexjob/nexjob-aws/dashboard"
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/completion"
 	"github.com/nexjob/nexjob-aws/handler/guard"
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/metrics"
@@ -68,8 +70,10 @@ func Serve(reg *handler.Registry, opts *Options) {
 		Dashboard(opts)
 	case settings.Recurring:
 		Recurring(opts)
+	case settings.Events:
+		Events(opts)
 	default:
-		fail(logger(opts, r), &settings.InvalidError{Var: settings.EnvRole, Reason: "want worker, deadletter, guard, dashboard or recurring"})
+		fail(logger(opts, r), &settings.InvalidError{Var: settings.EnvRole, Reason: "want worker, deadletter, guard, dashboard, recurring or events"})
 	}
 }
 
@@ -98,6 +102,18 @@ func Guard(opts *Options) {
 	}
 	g := guard.New(sqs.NewFromConfig(s.AWS), s.QueueURL, &guard.Options{After: s.GuardAfter, Logger: log, Far: s.FarScheduler(), Queues: s.QueueURLs()})
 	start(opts, log, g.HandleStream)
+}
+
+// Events starts the completion events' publisher, fed by the table's
+// stream (the construct's CompletionEvents prop). It does not return.
+func Events(opts *Options) {
+	log := logger(opts, settings.Events)
+	s, err := settings.Load(context.Background(), settings.Events)
+	if err != nil {
+		fail(log, err)
+	}
+	p := completion.New(eventbridge.NewFromConfig(s.AWS), &completion.Options{Bus: s.EventBus, Logger: log})
+	start(opts, log, p.HandleStream)
 }
 
 // Dashboard starts the web dashboard behind a Lambda function URL (the

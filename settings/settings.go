@@ -97,6 +97,7 @@ const (
 	EnvQueueARN           = "NEXJOB_QUEUE_ARN"
 	EnvScheduleDLQARN     = "NEXJOB_SCHEDULE_DLQ_ARN"
 	EnvQueues             = "NEXJOB_QUEUES"
+	EnvEventBus           = "NEXJOB_EVENT_BUS"
 )
 
 // Role is what the process is: each reads the variables it needs.
@@ -111,6 +112,7 @@ const (
 	Operator   Role = "operator"   // the CLI and the dashboard (package admin)
 	Dashboard  Role = "dashboard"  // the dashboard as a Lambda function URL
 	Recurring  Role = "recurring"  // the EventBridge Scheduler target (recurring.Fire)
+	Events     Role = "events"     // the completion events' publisher (completion.HandleStream)
 )
 
 // Vars lists the variables a role reads, required ones first. The CDK
@@ -119,6 +121,8 @@ func Vars(r Role) []string {
 	switch r {
 	case Guard:
 		return []string{EnvQueueURL, EnvGuardAfter, EnvQueues}
+	case Events:
+		return []string{EnvEventBus}
 	case Worker:
 		// GuardAfter: a re-armed guard check is due as late as the guard's.
 		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues, EnvGuardAfter}
@@ -132,12 +136,13 @@ func Vars(r Role) []string {
 
 // NeedsKeySecret says whether role r hashes idempotency keys, and so reads
 // the key secret (NEXJOB_KEY_SECRET_PARAMETER or NEXJOB_KEY_SECRET) at
-// start: every role but the guard.
-func NeedsKeySecret(r Role) bool { return r != Guard }
+// start: every role but the stream's consumers (the guard, the events'
+// publisher).
+func NeedsKeySecret(r Role) bool { return r != Guard && r != Events }
 
 // required is how many of Vars(r) are required.
 func required(r Role) int {
-	if r == Guard {
+	if r == Guard || r == Events {
 		return 1
 	}
 	return 2
@@ -158,6 +163,8 @@ type Settings struct {
 	KeySecret      []byte
 	// GuardAfter is guard.Options.After; zero takes its default.
 	GuardAfter time.Duration
+	// EventBus is the completion events' bus (name or ARN).
+	EventBus string
 	// DashboardWrite turns the dashboard's write actions on.
 	DashboardWrite bool
 	// Schedules are recurring.Options: where recurring jobs' schedules
@@ -253,7 +260,7 @@ func Load(ctx context.Context, role Role) (Settings, error) {
 // FromEnv is Load with the SDK configuration and the environment given.
 func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string) string) (Settings, error) {
 	switch role {
-	case Worker, DeadLetter, Guard, Producer, Operator, Dashboard, Recurring:
+	case Worker, DeadLetter, Guard, Producer, Operator, Dashboard, Recurring, Events:
 	default:
 		return Settings{}, &InvalidError{Var: EnvRole, Reason: fmt.Sprintf("%q is not worker, deadletter or guard", string(role))}
 	}
@@ -267,7 +274,7 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 	}
 	s := Settings{
 		Role: role, AWS: cfg,
-		Table: getenv(EnvTable), QueueURL: getenv(EnvQueueURL), DLQURL: getenv(EnvDLQURL),
+		Table: getenv(EnvTable), QueueURL: getenv(EnvQueueURL), DLQURL: getenv(EnvDLQURL), EventBus: getenv(EnvEventBus),
 		Retention: handler.DefaultRetention,
 		Schedules: recurring.Options{Group: getenv(EnvScheduleGroup), TargetARN: getenv(EnvScheduleTarget), RoleARN: getenv(EnvSchedulerRole),
 			DeadLetterARN: getenv(EnvScheduleDLQARN)},
@@ -319,7 +326,7 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 			return Settings{}, &InvalidError{Var: EnvGuardAfter, Reason: "want a Go duration such as 2m"}
 		}
 	}
-	writes := role != Guard && (role != Dashboard || s.DashboardWrite)
+	writes := role != Guard && role != Events && (role != Dashboard || s.DashboardWrite)
 	if s.IndexShards > ledger.DefaultIndexShards && writes {
 		// Recorded before any write with it, so that a later deployment
 		// with fewer shards still lists this one's entries (one

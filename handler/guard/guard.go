@@ -144,6 +144,25 @@ type Change struct {
 	Attempt  int
 	RunAt    int64  // Unix ms, for Scheduled
 	Queue    string // the job's named queue, "" for the job queue
+	// OldID is the old image's job id ("" for an insert): a key's record
+	// put over by a new job names another job.
+	OldID string
+	// ListErr is the job's last error, cut to ledger.MaxListError.
+	ListErr string
+	// UpdatedAt is the change's time (Unix ms), by the writer's clock.
+	UpdatedAt int64
+	// MaxAttempts is the job's attempt budget.
+	MaxAttempts int
+}
+
+// Ended reports whether the change is a job's end: the same job, from an
+// active state to a terminal one. Not a record inserted terminal (a
+// replaced key holder's archive, a kept dead letter), nor a change
+// between terminal states (a hook's mark cleared), nor a new job put over
+// an ended one.
+func (c Change) Ended() bool {
+	return c.ID != "" && c.Kind != ledger.DeadLetterKind && c.OldID == c.ID && c.State.Terminal() &&
+		c.OldState != "" && !c.OldState.Terminal()
 }
 
 // needsCheck: the job just became runnable with no attempt spent. Not
@@ -293,6 +312,7 @@ func changeFrom(newImg, oldImg attrs) Change {
 		ID: str(newImg, ledger.AttrID), Kind: str(newImg, ledger.AttrKind),
 		State: ledger.State(str(newImg, ledger.AttrState)), OldState: ledger.State(str(oldImg, ledger.AttrState)),
 		Attempt: int(num(ledger.AttrAttempt)), RunAt: max(num(ledger.AttrRunAt), 0),
-		Queue: str(newImg, ledger.AttrQueue),
+		Queue: str(newImg, ledger.AttrQueue), OldID: str(oldImg, ledger.AttrID), ListErr: str(newImg, ledger.AttrListErr),
+		UpdatedAt: max(num(ledger.AttrUpdatedAt), 0), MaxAttempts: int(max(num(ledger.AttrMaxAttempts), 0)),
 	}
 }

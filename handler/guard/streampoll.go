@@ -20,13 +20,23 @@ type StreamPoller struct {
 	streams *dynamodbstreams.Client
 	table   string
 	g       *Guard
-	iters   map[string]*string // shard id → next iterator; nil when closed
-	arn     *string            // the table's latest stream, read once
+	sinks   []func(context.Context, []Change) error // the guard's Check, and Also's
+	iters   map[string]*string                      // shard id → next iterator; nil when closed
+	arn     *string                                 // the table's latest stream, read once
 }
 
 // NewStreamPoller returns a poller over the table's latest stream.
 func NewStreamPoller(db *dynamodb.Client, streams *dynamodbstreams.Client, table string, g *Guard) *StreamPoller {
-	return &StreamPoller{db: db, streams: streams, table: table, g: g, iters: map[string]*string{}}
+	return &StreamPoller{db: db, streams: streams, table: table, g: g, sinks: []func(context.Context, []Change) error{g.Check}, iters: map[string]*string{}}
+}
+
+// Also hands every batch of changes to sink too, after the guard (as a
+// second event source mapping on the stream would: the completion
+// events' publisher). A sink's error leaves the batch to come again, to
+// every sink: each must take a batch twice.
+func (p *StreamPoller) Also(sink func(context.Context, []Change) error) *StreamPoller {
+	p.sinks = append(p.sinks, sink)
+	return p
 }
 
 // Run polls until ctx is done.
@@ -85,8 +95,10 @@ func (p *StreamPoller) Poll(ctx context.Context) error {
 				}
 				changes = append(changes, changeFromStream(r.Dynamodb.NewImage, r.Dynamodb.OldImage))
 			}
-			if err := p.g.Check(ctx, changes); err != nil {
-				return err // the iterator is not advanced: the same records come again
+			for _, sink := range p.sinks {
+				if err := sink(ctx, changes); err != nil {
+					return err // the iterator is not advanced: the same records come again
+				}
 			}
 			it = out.NextShardIterator
 			p.iters[id] = it

@@ -188,7 +188,7 @@ func (t *Transport) Ops() []string {
 }
 
 // Operation names the request as "Service.Operation" from its X-Amz-Target
-// header (the JSON protocols of DynamoDB, SQS and SSM), or for EventBridge
+// header (the JSON protocols of DynamoDB, SQS, SSM and EventBridge), or for EventBridge
 // Scheduler's REST protocol from its method and path
 // ("Scheduler.CreateSchedule").
 func Operation(req *http.Request) string {
@@ -215,6 +215,8 @@ func Operation(req *http.Request) string {
 		svc = "SQS"
 	case svc == "AmazonSSM":
 		svc = "SSM"
+	case svc == "AWSEvents":
+		svc = "EventBridge"
 	}
 	return svc + "." + op
 }
@@ -297,7 +299,7 @@ func throttleCode(op string) string {
 	if strings.HasPrefix(op, "SQS.") {
 		return "com.amazonaws.sqs#RequestThrottled"
 	}
-	if strings.HasPrefix(op, "Scheduler.") || strings.HasPrefix(op, "SSM.") {
+	if strings.HasPrefix(op, "Scheduler.") || strings.HasPrefix(op, "SSM.") || strings.HasPrefix(op, "EventBridge.") {
 		return "ThrottlingException"
 	}
 	return "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException"
