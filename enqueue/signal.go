@@ -9,9 +9,12 @@ import (
 // Signal sends the job jobID its signal name with payload (encoded as
 // JSON), for the worker's handler.WaitForSignal: recorded on the job, and
 // the job woken when it sleeps in that wait (its message sent at once).
-// The first signal of a name wins. Refusals are a
-// *ledger.SignalRefusedError, nothing written: a second signal of the
-// name (ledger.ErrSignalSent), a job that ended (ledger.ErrJobEnded), a
+// The first signal of a name wins; the same signal sent again (the same
+// payload) is no error and wakes the job if it still sleeps in the wait,
+// so a caller retries a Signal that failed (a wake or a send throttled
+// past the SDK's retries: the signal is recorded, the job not yet woken).
+// Refusals are a *ledger.SignalRefusedError, nothing written: a second
+// signal of the name with another payload (ledger.ErrSignalSent), a job that ended (ledger.ErrJobEnded), a
 // wait that timed out (ledger.ErrSignalTooLate). A payload that does not
 // encode, or is over ledger.MaxStepBytes, is an *InputError or a
 // *ledger.StepError. An unknown job is ledger.ErrNotFound.

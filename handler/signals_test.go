@@ -11,6 +11,7 @@ import (
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
+	"github.com/nexjob/nexjob-aws/internal/proof/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
@@ -303,5 +304,69 @@ func TestCallbackTokens(t *testing.T) {
 	}
 	if _, err := newSignals(t).e.Client.Store().CallbackToken(first.ID, "bank"); !errors.Is(err, ledger.ErrNoKeySecret) {
 		t.Fatalf("a token with no key secret: %v", err)
+	}
+}
+
+// TestSignalUnderFaults: every write of a signal can fail after it took
+// effect. The signal's UpdateItem applied with its reply lost reads as
+// done, and the job is woken, as does the wake's past the SDK's retries
+// (read back); the wake throttled past the SDK's retries, or the send,
+// fails the call with the signal recorded: the caller's
+// retry of the same signal is no error (before: ErrSignalSent, the
+// caller's own signal refused) and wakes the job then, not at the wait's
+// timeout 48 hours on. Another payload is still refused.
+func TestSignalUnderFaults(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	isSignal := func(body []byte) bool { return strings.Contains(string(body), "nexjob:signal:approval") }
+	isWake := func(body []byte) bool { return !isSignal(body) && strings.Contains(string(body), `"Scheduled"`) }
+	for _, c := range []struct {
+		name  string
+		rule  faults.Rule
+		retry bool // the first call fails: the caller retries
+	}{
+		{"signal's reply lost", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isSignal, Fault: faults.LostReply}, false},
+		{"wake throttled past the retries", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isWake, Fault: faults.Throttle, Times: faults.Attempts}, true},
+		{"wake's reply lost past the retries (read back: its own)", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isWake, Fault: faults.LostReply, Times: faults.Attempts}, false},
+		{"send throttled past the retries", faults.Rule{Op: "SQS.SendMessage", Fault: faults.Throttle, Times: faults.Attempts}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSignals(t)
+			id := s.enqueue(t, "")
+			s.e.Drain(t, s.h)
+			if rec := s.e.Get(t, id); rec.State != ledger.Scheduled {
+				t.Fatalf("the waiting job: %s", rec.State)
+			}
+			ft, fc := (&awstest.Env{Env: s.e}).Faulty()
+			cl, err := enqueue.New(fc, s.e.Table, s.e.QueueURL, &enqueue.ClientOptions{Logger: quiet, Ledger: ledger.Options{Now: s.e.Now}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := ft.Add(c.rule)
+			err = cl.Signal(ctx, id, "approval", approval{By: "ada"})
+			if c.retry {
+				if err == nil {
+					t.Fatal("the first call succeeded through the fault")
+				}
+				if err = cl.Signal(ctx, id, "approval", approval{By: "ada"}); err != nil {
+					t.Fatalf("the caller's retry of its signal: %v, want no error", err)
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Fired() == 0 {
+				t.Fatal("the fault never fired")
+			}
+			s.e.Drain(t, s.h) // no clock moved: woken by the signal, not the timeout
+			if prepared, by := s.seen(id); s.e.Get(t, id).State != ledger.Succeeded || prepared != 1 || by != "ada" {
+				t.Fatalf("after the signal: %s, prepared %d times, approved by %q", s.e.Get(t, id).State, prepared, by)
+			}
+			var refused *ledger.SignalRefusedError
+			if err := cl.Signal(ctx, id, "approval", approval{By: "bo"}); !errors.As(err, &refused) {
+				t.Fatalf("another signal after the end: %v, want refused", err)
+			}
+		})
 	}
 }

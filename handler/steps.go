@@ -283,7 +283,8 @@ func (h *Handler) signalledMeanwhile(ctx context.Context, id, name string) {
 // system to complete the wait (enqueue's Client.Complete) without the
 // job's id or any other right: a MAC under the deployment's key secret
 // binds the job and the name, so no token is guessable from a job id. A
-// completed token is refused (ledger.ErrSignalSent), as is one whose
+// completed token is refused (ledger.ErrSignalSent) unless it is the same
+// completion again (the same payload: a retry), as is one whose
 // wait timed out (ledger.ErrSignalTooLate). The same on every run of the
 // job. No key secret: ledger.ErrNoKeySecret.
 func CallbackToken(ctx context.Context, name string) (string, error) {

@@ -51,8 +51,10 @@ func (e *SignalRefusedError) Unwrap() error { return e.Err }
 
 // Signal records payload (JSON) as signal name of job id: one conditional
 // UpdateItem (two when the job has no steps yet), and the job's record as
-// it now is. The first signal of a name wins: a second is refused
-// (ErrSignalSent), as is one to a job that ended (ErrJobEnded) or whose
+// it now is. The first signal of a name wins: a second with another
+// payload is refused (ErrSignalSent; the same payload, a caller's retry,
+// reads as the success it was, nothing written), as is one to a job that
+// ended (ErrJobEnded) or whose
 // wait for the name timed out (ErrSignalTooLate). A signal sent before
 // the job waits is kept for the wait. A resend of an applied write (its
 // reply lost) reads as the success it was. Name and payload are held to
@@ -82,6 +84,12 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 		refused := &SignalRefusedError{JobID: id, Name: name, State: cur.State, Err: ErrJobEnded}
 		switch {
 		case cur.State.Terminal():
+		case cur.Steps[sig] == payload:
+			// The same signal again: a caller's retry after an error (its
+			// wake or send failed past the SDK's retries, or its reply
+			// was lost past them). It reads as the success it was, and
+			// the caller wakes the job if it still sleeps in the wait.
+			return cur, nil
 		case cur.Steps[sig] != "":
 			refused.Err = ErrSignalSent
 		case cur.Steps[wait] != "" && cur.Steps[wait] <= strconv.FormatInt(s.now().UnixMilli(), 10):
