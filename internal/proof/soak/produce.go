@@ -82,8 +82,15 @@ func (l *ledgerOf) flow() map[string]int {
 			n["fan-in children"]++
 		case r.queue != "":
 			n["on "+r.queue]++
+		case r.kind == (Durable{}).Kind() && r.created:
+			n["durable"]++
 		case r.kind == (Limited{}).Kind() || r.kind == (Throttled{}).Kind() || r.kind == (Keyed{}).Kind():
 			n[strings.TrimPrefix(r.kind, "soak.")]++
+		}
+	}
+	for _, s := range l.signals {
+		if s.err == nil {
+			n["signals"]++
 		}
 	}
 	return n
