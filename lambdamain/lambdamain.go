@@ -24,14 +24,19 @@ package lambdamain
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-lambda-go/lambdaurl"
+	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/eventbridge"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/nexjob/nexjob-aws/admin"
 	"github.com/nexjob/nexjob-aws/dashboard"
@@ -224,7 +229,9 @@ func fail(log *slog.Logger, err error) {
 // handler/poller) as Lambda's event source mappings feed them on AWS,
 // with the same handler and the same settings (package settings:
 // NEXJOB_TABLE, NEXJOB_QUEUE_URL, …; AWS_ENDPOINT_URL for the emulator or
-// LocalStack). It is Asynq's srv.Run, River's client.Start:
+// LocalStack), and every named queue NEXJOB_QUEUES names with its DLQ,
+// each polled on its own (a queue it cannot reach is an error at start).
+// It is Asynq's srv.Run, River's client.Start:
 //
 //	func main() {
 //		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -258,11 +265,33 @@ func Local(ctx context.Context, reg *handler.Registry, opts *Options) error {
 			_ = poller.New(q, url, fn, &poller.Options{Logger: log}).Run(ctx)
 		}()
 	}
-	run(s.QueueURL, h.Handle)
+	// Every queue the settings name, the named ones (NEXJOB_QUEUES) and
+	// their DLQs too, each with its own poller: a queue this process
+	// cannot reach is an error now, not jobs left Enqueued on it.
+	urls := []string{s.QueueURL}
+	dlqs := []string{}
 	if s.DLQURL != "" {
-		run(s.DLQURL, h.HandleDeadLetters)
+		dlqs = append(dlqs, s.DLQURL)
 	}
-	log.InfoContext(ctx, "nexjob: running locally", "table", s.Table, "queue", s.QueueURL, "dlq", s.DLQURL)
+	names := slices.Sorted(maps.Keys(s.Queues))
+	for _, name := range names {
+		urls = append(urls, s.Queues[name].URL)
+		if d := s.Queues[name].DLQURL; d != "" {
+			dlqs = append(dlqs, d)
+		}
+	}
+	for _, url := range append(slices.Clone(urls), dlqs...) {
+		if _, err := q.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn}}); err != nil {
+			return fmt.Errorf("nexjob: queue %s cannot be reached (create it: nexjob provision NAME --queues …): %w", url, err)
+		}
+	}
+	for _, url := range urls {
+		run(url, h.Handle)
+	}
+	for _, url := range dlqs {
+		run(url, h.HandleDeadLetters)
+	}
+	log.InfoContext(ctx, "nexjob: running locally", "table", s.Table, "queue", s.QueueURL, "dlq", s.DLQURL, "named_queues", names)
 	wg.Wait()
 	return nil
 }

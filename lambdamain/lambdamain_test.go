@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -252,5 +253,48 @@ func TestNoFunctionLinksTheSSMClient(t *testing.T) {
 		if strings.HasPrefix(d, "github.com/aws/aws-sdk-go-v2/service/ssm") {
 			t.Errorf("a function links %s", d)
 		}
+	}
+}
+
+// TestLocalRunsNamedQueues: Local polls every named queue NEXJOB_QUEUES
+// names, and its DLQ, beside the job queue (before: 20 jobs on bulk stayed
+// Enqueued with no warning); a named queue it cannot reach is an error at
+// start, not jobs left waiting.
+func TestLocalRunsNamedQueues(t *testing.T) {
+	e := nexjobtest.New(t, &nexjobtest.Options{Queues: []string{"bulk"}})
+	e.Setenv(t)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- lambdamain.Local(ctx, registry(), &lambdamain.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	}()
+	var ids []string
+	for i := range 5 {
+		res, err := e.Client.Enqueue(context.Background(), note{Text: fmt.Sprint("bulk ", i)}, &enqueue.Opts{Queue: "bulk"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	for _, id := range ids {
+		e.WaitFor(t, id, ledger.Succeeded, time.Minute)
+	}
+	if _, err := e.SQS.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(e.QueueDLQs["bulk"]), MessageBody: aws.String("not a job")}); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(time.Minute); e.QueueDepth(t, e.QueueDLQs["bulk"]) != 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the bulk DLQ's dead letter was not taken")
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv(settings.EnvQueues, `{"gone":{"url":"`+e.QueueURL+`-gone"}}`)
+	err := lambdamain.Local(context.Background(), registry(), &lambdamain.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil || !strings.Contains(err.Error(), "cannot be reached") {
+		t.Fatalf("Local with a queue that does not exist: %v, want an error at start", err)
 	}
 }

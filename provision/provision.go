@@ -63,14 +63,11 @@ func Queues(ctx context.Context, q *sqs.Client, spec QueueSpec) (queueURL, dlqUR
 	if err != nil {
 		return "", "", fmt.Errorf("provision: create DLQ: %w", err)
 	}
-	attrs, err := q.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
-		QueueUrl: dlq.QueueUrl, AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn},
-	})
+	dlqARN, err := QueueARN(ctx, q, aws.ToString(dlq.QueueUrl))
 	if err != nil {
 		return "", "", fmt.Errorf("provision: DLQ ARN: %w", err)
 	}
-	redrive := fmt.Sprintf(`{"deadLetterTargetArn":%q,"maxReceiveCount":"%d"}`,
-		attrs.Attributes[string(sqstypes.QueueAttributeNameQueueArn)], spec.MaxReceiveCount)
+	redrive := fmt.Sprintf(`{"deadLetterTargetArn":%q,"maxReceiveCount":"%d"}`, dlqARN, spec.MaxReceiveCount)
 	main, err := q.CreateQueue(ctx, &sqs.CreateQueueInput{
 		QueueName: aws.String(spec.Name),
 		Attributes: map[string]string{
@@ -83,6 +80,17 @@ func Queues(ctx context.Context, q *sqs.Client, spec QueueSpec) (queueURL, dlqUR
 		return "", "", fmt.Errorf("provision: create queue: %w", err)
 	}
 	return aws.ToString(main.QueueUrl), aws.ToString(dlq.QueueUrl), nil
+}
+
+// QueueARN is the queue's ARN (one GetQueueAttributes).
+func QueueARN(ctx context.Context, q *sqs.Client, url string) (string, error) {
+	attrs, err := q.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl: aws.String(url), AttributeNames: []sqstypes.QueueAttributeName{sqstypes.QueueAttributeNameQueueArn},
+	})
+	if err != nil {
+		return "", err
+	}
+	return attrs.Attributes[string(sqstypes.QueueAttributeNameQueueArn)], nil
 }
 
 // TableJSON is ledger.CreateTableInput as the AWS CLI's --cli-input-json

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/admin"
 	"github.com/nexjob/nexjob-aws/dashboard"
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/provision"
 	"github.com/nexjob/nexjob-aws/settings"
@@ -496,14 +498,45 @@ func (c *cli) schema() error {
 	return nil
 }
 
-func (c *cli) provision(ctx context.Context, cfg aws.Config, name string) error {
+func (c *cli) provision(ctx context.Context, cfg aws.Config, name, queues string) error {
+	var named []string
+	for q := range strings.SplitSeq(queues, ",") {
+		if q = strings.TrimSpace(q); q == "" {
+			continue
+		}
+		if !kinds.Valid(q) {
+			return usageError(fmt.Sprintf("--queues: queue name %q must be %s", q, kinds.Rule))
+		}
+		named = append(named, q)
+	}
 	if err := provision.Table(ctx, dynamodb.NewFromConfig(cfg), name); err != nil {
 		return err
 	}
-	q, dlq, err := provision.Queues(ctx, sqs.NewFromConfig(cfg), provision.QueueSpec{Name: name})
+	sq := sqs.NewFromConfig(cfg)
+	q, dlq, err := provision.Queues(ctx, sq, provision.QueueSpec{Name: name})
 	if err != nil {
 		return err
 	}
-	c.printExports(cfg, map[string]string{settings.EnvTable: name, settings.EnvQueueURL: q, settings.EnvDLQURL: dlq})
+	vars := map[string]string{settings.EnvTable: name, settings.EnvQueueURL: q, settings.EnvDLQURL: dlq}
+	if len(named) > 0 {
+		qs := map[string]settings.NamedQueue{}
+		for _, n := range named {
+			url, dlq, err := provision.Queues(ctx, sq, provision.QueueSpec{Name: name + "-" + n})
+			if err != nil {
+				return err
+			}
+			arn, err := provision.QueueARN(ctx, sq, url)
+			if err != nil {
+				return err
+			}
+			qs[n] = settings.NamedQueue{URL: url, ARN: arn, DLQURL: dlq}
+		}
+		b, err := json.Marshal(qs)
+		if err != nil {
+			return err
+		}
+		vars[settings.EnvQueues] = string(b)
+	}
+	c.printExports(cfg, vars)
 	return nil
 }

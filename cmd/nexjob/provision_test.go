@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,7 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
+	"github.com/nexjob/nexjob-aws/settings"
 )
 
 func buildCLI(t *testing.T) string {
@@ -51,5 +60,46 @@ func TestNoRegion(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "no AWS region: set AWS_REGION") {
 		t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+// TestProvisionNamedQueues: --queues creates each named queue with its
+// DLQ beside the job queue and prints NEXJOB_QUEUES naming them (url,
+// arn, dlq), what lambdamain.Local and the kit read; a bad name is a
+// usage error and creates nothing (before: "flag provided but not
+// defined").
+func TestProvisionNamedQueues(t *testing.T) {
+	cfg := awstest.Config(t)
+	name := fmt.Sprintf("nj-provq-%d", time.Now().UnixNano()%1e9)
+	var out bytes.Buffer
+	c := &cli{stdout: &out, stderr: io.Discard, getenv: endpointOnly}
+	if err := c.run(context.Background(), []string{"provision", name, "--queues", "bulk,reports"}); err != nil {
+		t.Fatalf("provision --queues: %v\n%s", err, out.String())
+	}
+	var raw string
+	for line := range strings.Lines(out.String()) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "export "+settings.EnvQueues+"="); ok {
+			raw = strings.Trim(v, "'")
+		}
+	}
+	var qs map[string]settings.NamedQueue
+	if err := json.Unmarshal([]byte(raw), &qs); err != nil {
+		t.Fatalf("NEXJOB_QUEUES %q: %v\n%s", raw, err, out.String())
+	}
+	q := sqs.NewFromConfig(cfg)
+	for _, n := range []string{"bulk", "reports"} {
+		nq := qs[n]
+		if nq.URL == "" || nq.ARN == "" || nq.DLQURL == "" {
+			t.Fatalf("queue %s: %+v", n, nq)
+		}
+		for _, url := range []string{nq.URL, nq.DLQURL} {
+			if _, err := q.GetQueueAttributes(context.Background(), &sqs.GetQueueAttributesInput{QueueUrl: aws.String(url)}); err != nil {
+				t.Fatalf("queue %s not created: %v", url, err)
+			}
+		}
+	}
+	var usage usageError
+	if err := c.run(context.Background(), []string{"provision", name + "-bad", "--queues", "no spaces"}); !errors.As(err, &usage) {
+		t.Fatalf("a bad queue name: %v, want a usage error", err)
 	}
 }
