@@ -51,6 +51,7 @@ const maxKeptBody = 300 * 1024
 // DLQ. Every write is conditional on the record as read, so a job that
 // moved on meanwhile is left to what moved it.
 func (h *Handler) HandleDeadLetters(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
+	ctx = context.WithValue(ctx, clientKey{}, h.producer)
 	var resp events.SQSEventResponse
 	for _, m := range ev.Records {
 		if err := h.deadLetterOne(ctx, m); err != nil {

@@ -28,8 +28,9 @@ func (Report) Kind() string { return "report" }
 
 // exampleRun provisions a table and queue on the SDK environment's
 // backend (make test starts the default emulator), enqueues jobs and runs
-// the handler over reg until they are done.
-func exampleRun(name string, reg *handler.Registry, jobs []enqueue.JobArgs) {
+// the handler over reg until they are done (and, if set, until done
+// says so: jobs they enqueued ran too).
+func exampleRun(name string, reg *handler.Registry, jobs []enqueue.JobArgs, done ...func() bool) {
 	ctx := context.Background()
 	cfg, err := config.LoadDefaultConfig(ctx)
 	if err != nil {
@@ -66,6 +67,13 @@ func exampleRun(name string, reg *handler.Registry, jobs []enqueue.JobArgs) {
 			if rec.State.Terminal() {
 				break
 			}
+			if _, err := p.Poll(ctx); err != nil {
+				panic(err)
+			}
+		}
+	}
+	for _, d := range done {
+		for !d() {
 			if _, err := p.Poll(ctx); err != nil {
 				panic(err)
 			}

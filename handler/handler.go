@@ -222,6 +222,21 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 // Producer returns the enqueue client the handler dispatches with.
 func (h *Handler) Producer() *enqueue.Client { return h.producer }
 
+type clientKey struct{}
+
+// ClientFrom is the enqueue client of the handler that runs the job (or
+// the dead-letter hook) ctx is in, River's ClientFromContext: a worker
+// enqueues follow-up jobs, continues, signals or reads results with the
+// handler's own settings, named queues and key secret, instead of a
+// second client its main builds (and settings read twice at start).
+// Outside Handle and HandleDeadLetters it is ErrNotInRun.
+func ClientFrom(ctx context.Context) (*enqueue.Client, error) {
+	if c, ok := ctx.Value(clientKey{}).(*enqueue.Client); ok {
+		return c, nil
+	}
+	return nil, ErrNotInRun
+}
+
 // Handle runs one SQS batch: the jobs run concurrently (bounded by
 // Concurrency), and the response lists exactly the messages that must come
 // back. It never returns an error: a failure is per message. The runs of a
@@ -242,6 +257,7 @@ func (h *Handler) Producer() *enqueue.Client { return h.producer }
 // into later invocations. Handing the run to a pool goroutine cost a
 // one-job batch about a third more CPU on a 2-vCPU function (make bench).
 func (h *Handler) Handle(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
+	ctx = context.WithValue(ctx, clientKey{}, h.producer)
 	if len(ev.Records) == 1 {
 		return h.handleOne(ctx, ev.Records[0]), nil
 	}

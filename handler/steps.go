@@ -14,9 +14,10 @@ import (
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
-// ErrNotInRun: Step or StepKey was called outside a worker's Work (its
-// context is not a run's).
-var ErrNotInRun = errors.New("nexjob: a step needs the context of a job's run")
+// ErrNotInRun: Step, Sleep, WaitForSignal or CallbackToken was called
+// outside a worker's Work, or ClientFrom outside Handle and
+// HandleDeadLetters (the context is not a run's).
+var ErrNotInRun = errors.New("nexjob: not in a job's run (this needs the context the handler gives a worker)")
 
 // ErrStepRepeated: a step name was used twice in one run. Steps are named,
 // not counted, so each name is one step of the job.
