@@ -30,6 +30,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-lambda-go/lambda"
 	"github.com/aws/aws-lambda-go/lambdaurl"
@@ -291,7 +292,60 @@ func Local(ctx context.Context, reg *handler.Registry, opts *Options) error {
 	for _, url := range dlqs {
 		run(url, h.HandleDeadLetters)
 	}
-	log.InfoContext(ctx, "nexjob: running locally", "table", s.Table, "queue", s.QueueURL, "dlq", s.DLQURL, "named_queues", names)
+	group := ""
+	if os.Getenv(settings.EnvScheduleGroup) != "" {
+		// The deployment's recurring jobs fire here too, as Scheduler
+		// fires them on AWS (its local emulation keeps schedules and
+		// fires nothing).
+		group = s.Schedules.Group
+		rc := recurring.New(s.AWS, s.Schedules)
+		wg.Go(func() { fireRecurring(ctx, rc, h.Producer(), log) })
+	}
+	log.InfoContext(ctx, "nexjob: running locally", "table", s.Table, "queue", s.QueueURL, "dlq", s.DLQURL, "named_queues", names, "schedule_group", group)
 	wg.Wait()
 	return nil
+}
+
+// fireRecurring plays EventBridge Scheduler for the recurring jobs of
+// rc's group until ctx ends: every second it reads the schedules (List)
+// and fires each enabled one's firings that came due since Local started
+// (recurring.Next: the same cron, rate and time-zone rules), in order,
+// each through recurring.Fire with its scheduled time, so one firing
+// makes one run under the same keys as on AWS. Time is the client's
+// ledger clock (a test's kit clock moves it). A failed List or Fire is
+// logged and tried again the next second, from the same firing.
+func fireRecurring(ctx context.Context, rc *recurring.Client, c *enqueue.Client, log *slog.Logger) {
+	now := c.Store().Now
+	started := now()
+	from := map[string]time.Time{} // schedule id → its last firing (or the start)
+	for ctx.Err() == nil {
+		scheds, err := rc.List(ctx)
+		if err != nil && ctx.Err() == nil {
+			log.WarnContext(ctx, "nexjob: reading the recurring schedules failed", "err", err)
+		}
+		for _, sc := range scheds {
+			last, seen := from[sc.ID]
+			if !seen {
+				last = started
+			}
+			for range 1000 { // a clock moved far ahead fires what it passed, within reason
+				at, ok := sc.NextFiring(last)
+				if !ok || at.After(now()) {
+					break
+				}
+				f := sc.Firing
+				f.ScheduledTime = at.UTC().Format(time.RFC3339)
+				if _, err := recurring.Fire(ctx, c, f); err != nil {
+					log.WarnContext(ctx, "nexjob: a recurring firing failed; it is tried again", "schedule", sc.ID, "at", f.ScheduledTime, "err", err)
+					break
+				}
+				last = at
+			}
+			from[sc.ID] = last
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
 }

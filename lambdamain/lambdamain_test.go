@@ -16,6 +16,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
@@ -296,5 +297,59 @@ func TestLocalRunsNamedQueues(t *testing.T) {
 	err := lambdamain.Local(context.Background(), registry(), &lambdamain.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err == nil || !strings.Contains(err.Error(), "cannot be reached") {
 		t.Fatalf("Local with a queue that does not exist: %v, want an error at start", err)
+	}
+}
+
+// TestLocalFiresRecurring: with NEXJOB_SCHEDULE_GROUP set (nexjob
+// provision NAME --recurring prints it), Local fires the group's
+// recurring schedules in-process by their cron, through recurring.Fire
+// (the same one-firing-one-run keys): an hourly schedule's job runs once
+// the clock passes the hour (before: nothing fired locally). A group that
+// does not exist is named in Recurring's error (before: "StatusCode: 500
+// … invalid character '<'").
+func TestLocalFiresRecurring(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	e.Setenv(t)
+	ctx := context.Background()
+	group := e.Table + "-recurring"
+	if _, err := scheduler.NewFromConfig(e.Cfg).CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(group)}); err != nil {
+		t.Fatal(err)
+	}
+	opts := recurring.Options{Group: group, TargetARN: "arn:aws:lambda:us-east-1:000000000000:function:local", RoleARN: "arn:aws:iam::000000000000:role/local"}
+	t.Setenv(settings.EnvScheduleGroup, group)
+	t.Setenv(settings.EnvScheduleTarget, opts.TargetARN)
+	t.Setenv(settings.EnvSchedulerRole, opts.RoleARN)
+	if err := recurring.New(e.Cfg, opts).Recurring(ctx, "digest", "cron(0 * * * ? *)", note{Text: "hourly"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	missing := opts
+	missing.Group = group + "-gone"
+	if err := recurring.New(e.Cfg, missing).Recurring(ctx, "digest", "cron(0 * * * ? *)", note{Text: "hourly"}, nil); err == nil || !strings.Contains(err.Error(), `schedule group "`+missing.Group+`" does not exist`) {
+		t.Fatalf("a schedule in a group that does not exist: %v, want the group named", err)
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- lambdamain.Local(runCtx, registry(), &lambdamain.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Handler: &handler.Options{Ledger: ledger.Options{Now: e.Now}}})
+	}()
+	var rec ledger.Record
+	for end := time.Now().Add(time.Minute); rec.State != ledger.Succeeded; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("the hourly schedule never ran its job: %+v", rec)
+		}
+		e.Advance(t, time.Hour) // past the next hour, whenever the firer started
+		var err error
+		if rec, err = e.Client.Store().GetByKey(ctx, recurring.KeyPrefix+"digest"); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			t.Fatal(err)
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if rec.RequestAt == 0 || time.UnixMilli(rec.RequestAt).UTC().Minute() != 0 {
+		t.Fatalf("the job was made by a firing at %s; want an hour's firing", time.UnixMilli(rec.RequestAt).UTC())
 	}
 }

@@ -192,7 +192,8 @@ func NewFiring(id string, args enqueue.JobArgs, opts *Opts) (Firing, error) {
 // enqueues args each time (see "Concurrency").
 func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.JobArgs, opts *Opts) error {
 	if c.o.TargetARN == "" || c.o.RoleARN == "" {
-		return invalid("Options", "TargetARN and RoleARN are required to create schedules")
+		return invalid("Options", "TargetARN and RoleARN are required to create schedules: NEXJOB_SCHEDULE_TARGET_ARN and NEXJOB_SCHEDULER_ROLE_ARN "+
+			"(the construct's Recurring prop sets them; on an emulator, nexjob provision NAME --recurring prints them)")
 	}
 	sched, err := expression(expr)
 	if err != nil {
@@ -242,9 +243,23 @@ func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.Jo
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("nexjob: schedule recurring job %s: %w", id, err)
+		return c.scheduleError(ctx, id, err)
 	}
 	return nil
+}
+
+// scheduleError is err of a create or update of schedule id, naming the
+// missing piece when it is the group (one GetScheduleGroup, on this path
+// only): Scheduler's answer does not always say (an emulator's is a 500
+// with a page of HTML).
+func (c *Client) scheduleError(ctx context.Context, id string, err error) error {
+	_, gerr := c.s.GetScheduleGroup(ctx, &scheduler.GetScheduleGroupInput{Name: aws.String(c.o.Group)})
+	var nf *types.ResourceNotFoundException
+	if errors.As(gerr, &nf) {
+		return fmt.Errorf("nexjob: schedule recurring job %s: schedule group %q does not exist (NEXJOB_SCHEDULE_GROUP names it; the construct's Recurring prop makes it, on an emulator nexjob provision NAME --recurring): %w",
+			id, c.o.Group, err)
+	}
+	return fmt.Errorf("nexjob: schedule recurring job %s: %w", id, err)
 }
 
 // Schedule is one recurring job as Scheduler holds it.

@@ -32,9 +32,11 @@ usage: nexjob COMMAND [flags] [args]
 
   demo [--dashboard ADDR] [--write]   run the seed's jobs end to end and print the tables;
                                       with --dashboard, then serve the dashboard on the demo's data
-  provision NAME [--queues A,B]       create table NAME and queues NAME, NAME-dlq (and NAME-A, NAME-A-dlq for
-                                      each named queue) and print export lines (NEXJOB_QUEUES too):
-                                      eval "$(nexjob provision NAME --queues bulk)" points a shell at them
+  provision NAME [--queues A,B] [--recurring]
+                                      create table NAME and queues NAME, NAME-dlq (and NAME-A, NAME-A-dlq for
+                                      each named queue; with --recurring, on an emulator, schedule group
+                                      NAME-recurring, which lambdamain.Local fires) and print export lines:
+                                      eval "$(nexjob provision NAME --queues bulk --recurring)" points a shell at them
   schema                              print the table definition for the AWS CLI (LocalStack's hook)
   emulator                            start the default emulator (moto, installed once) on 127.0.0.1 and
                                       print its export lines, until Ctrl-C: no Docker, no repository
@@ -112,6 +114,7 @@ type flags struct {
 	table, queue, dlq   string
 	from                string // redrive: the named queue whose DLQ
 	queues              string // provision: named queues to create, comma-separated
+	recurring           bool   // provision: a schedule group for recurring jobs, fired by lambdamain.Local
 	to                  string // move-queue: the queue the jobs go to ("" the job queue)
 	state, kind, reason string
 	since, until, addr  string
@@ -140,6 +143,7 @@ func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	fs.StringVar(&f.from, "from", "", "redrive: the DLQ of this named queue (NEXJOB_QUEUES)")
 	fs.StringVar(&f.to, "to", "", "move-queue: the named queue the jobs go to (default the job queue)")
 	fs.StringVar(&f.queues, "queues", "", "provision: named queues to create too, comma-separated (bulk,reports)")
+	fs.BoolVar(&f.recurring, "recurring", false, "provision: a schedule group for recurring jobs (emulators only: lambdamain.Local fires them)")
 	fs.StringVar(&f.state, "state", "", "job state")
 	fs.StringVar(&f.kind, "kind", "", "job kind")
 	fs.StringVar(&f.since, "since", "", "changed at most this long ago (24h) or since this RFC 3339 time")
@@ -213,7 +217,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		if err := c.realAccount(ctx, cfg, f, "provision "+clean(rest[0])+" creates a table and two queues"); err != nil {
 			return err
 		}
-		return c.provision(ctx, cfg, rest[0], f.queues)
+		return c.provision(ctx, cfg, rest[0], f.queues, f.recurring)
 	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules", "signal":
 	default:
 		return usageError(fmt.Sprintf("unknown command %q", cmd))

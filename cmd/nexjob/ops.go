@@ -15,6 +15,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
+	schedtypes "github.com/aws/aws-sdk-go-v2/service/scheduler/types"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/admin"
@@ -498,7 +500,10 @@ func (c *cli) schema() error {
 	return nil
 }
 
-func (c *cli) provision(ctx context.Context, cfg aws.Config, name, queues string) error {
+func (c *cli) provision(ctx context.Context, cfg aws.Config, name, queues string, withRecurring bool) error {
+	if withRecurring && c.getenv("AWS_ENDPOINT_URL") == "" {
+		return usageError("--recurring is for an emulator (AWS_ENDPOINT_URL): on AWS the construct's Recurring prop makes the group, the target function and Scheduler's role")
+	}
 	var named []string
 	for q := range strings.SplitSeq(queues, ",") {
 		if q = strings.TrimSpace(q); q == "" {
@@ -536,6 +541,19 @@ func (c *cli) provision(ctx context.Context, cfg aws.Config, name, queues string
 			return err
 		}
 		vars[settings.EnvQueues] = string(b)
+	}
+	if withRecurring {
+		group := name + "-recurring"
+		_, err := scheduler.NewFromConfig(cfg).CreateScheduleGroup(ctx, &scheduler.CreateScheduleGroupInput{Name: aws.String(group)})
+		var conflict *schedtypes.ConflictException
+		if err != nil && !errors.As(err, &conflict) {
+			return fmt.Errorf("create schedule group %s: %w", group, err)
+		}
+		// Placeholders: nothing invokes them here, lambdamain.Local fires
+		// the group's schedules in-process; Recurring needs both set.
+		vars[settings.EnvScheduleGroup] = group
+		vars[settings.EnvScheduleTarget] = fmt.Sprintf("arn:aws:lambda:%s:000000000000:function:%s-local", cfg.Region, group)
+		vars[settings.EnvSchedulerRole] = fmt.Sprintf("arn:aws:iam::000000000000:role/%s-local", group)
 	}
 	c.printExports(cfg, vars)
 	return nil

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/scheduler"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
@@ -101,5 +102,24 @@ func TestProvisionNamedQueues(t *testing.T) {
 	var usage usageError
 	if err := c.run(context.Background(), []string{"provision", name + "-bad", "--queues", "no spaces"}); !errors.As(err, &usage) {
 		t.Fatalf("a bad queue name: %v, want a usage error", err)
+	}
+
+	// --recurring: a schedule group, and the variables Recurring needs
+	// (placeholders: lambdamain.Local fires the group's schedules).
+	out.Reset()
+	if err := c.run(context.Background(), []string{"provision", name, "--recurring"}); err != nil {
+		t.Fatalf("provision --recurring: %v", err)
+	}
+	for _, v := range []string{settings.EnvScheduleGroup + "=" + name + "-recurring", settings.EnvScheduleTarget + "=", settings.EnvSchedulerRole + "="} {
+		if !strings.Contains(strings.ReplaceAll(out.String(), "'", ""), "export "+v) {
+			t.Fatalf("provision --recurring printed no %s:\n%s", v, out.String())
+		}
+	}
+	if _, err := scheduler.NewFromConfig(cfg).GetScheduleGroup(context.Background(), &scheduler.GetScheduleGroupInput{Name: aws.String(name + "-recurring")}); err != nil {
+		t.Fatalf("the schedule group: %v", err)
+	}
+	noEmulator := &cli{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+	if err := noEmulator.run(context.Background(), []string{"provision", name, "--recurring", "--yes"}); !errors.As(err, &usage) {
+		t.Fatalf("--recurring with no emulator: %v, want a usage error", err)
 	}
 }
