@@ -99,6 +99,9 @@ type Options struct {
 	// receives too near the invocation's end) before it fails it with
 	// ErrNeverStarted. Defaults to DefaultMaxReturns.
 	MaxReturns int
+	// Backoff is the retry backoff of the kinds that set none
+	// (KindOptions.Backoff). Defaults to DefaultBackoff.
+	Backoff func(attempt int) time.Duration
 	// UnknownKindBackoff is the wait before retrying a job whose kind has
 	// no worker here (a producer deployed before its worker): the job
 	// spends an attempt, is logged at ERROR and retried. Defaults to
@@ -198,6 +201,9 @@ func New(cfg aws.Config, table, queueURL string, reg *Registry, opts *Options) (
 	}
 	if o.MaxReturns <= 0 {
 		o.MaxReturns = DefaultMaxReturns
+	}
+	if o.Backoff == nil {
+		o.Backoff = DefaultBackoff
 	}
 	if o.UnknownKindBackoff == nil {
 		o.UnknownKindBackoff = DefaultBackoff

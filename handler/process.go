@@ -135,7 +135,7 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 		// A flow-control key function panicked: user code, failed as a
 		// worker's panic is (the attempt is spent).
 		h.log.ErrorContext(ctx, "nexjob: flow-control key function failed", "job_id", rec.ID, "kind", rec.Kind, "err", err)
-		return h.failed(ctx, rec, err, e.backoff)
+		return h.failed(ctx, rec, err, h.backoffOf(e))
 	}
 	if !adm.deferTo.IsZero() {
 		// Flow control: no slot now. Not a run: the attempt is given back.

@@ -59,7 +59,8 @@ func (f ResultFunc[T, R]) Work(ctx context.Context, job *Job[T]) (R, error) { re
 // KindOptions tune one kind. The zero value takes every default.
 type KindOptions struct {
 	// Backoff gives the wait before the next attempt after a failed one
-	// (attempt counts from 1). Defaults to DefaultBackoff.
+	// (attempt counts from 1). Defaults to the handler's Options.Backoff
+	// (DefaultBackoff).
 	Backoff func(attempt int) time.Duration
 	// OnDeadLetter is called once when a job of this kind becomes Failed,
 	// with the record and the cause: the worker's last error (a

@@ -83,7 +83,7 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 		h.runLog(ctx, slog.LevelWarn, "nexjob: job failed permanently", rec, start, slog.Any("err", err))
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
 	}
-	return h.failed(ctx, rec, err, e.backoff)
+	return h.failed(ctx, rec, err, h.backoffOf(e))
 }
 
 // runLog logs the end of a run with the job's id, kind, attempt and run
@@ -128,9 +128,10 @@ func safeRun(ctx context.Context, e *entry, rec ledger.Record) (result string, e
 	return e.run(ctx, rec)
 }
 
-func (e *entry) backoff(attempt int) time.Duration {
+// backoffOf is e's retry backoff: its kind's, else Options.Backoff.
+func (h *Handler) backoffOf(e *entry) func(int) time.Duration {
 	if e.opts.Backoff != nil {
-		return e.opts.Backoff(attempt)
+		return e.opts.Backoff
 	}
-	return DefaultBackoff(attempt)
+	return h.o.Backoff
 }

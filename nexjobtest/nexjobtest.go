@@ -240,6 +240,11 @@ func (e *Env) Handler(t testing.TB, reg *handler.Registry, opts *handler.Options
 		o = *opts
 	}
 	o.Ledger = e.ledger
+	if o.Backoff == nil {
+		// No draw in a test's outcome: a retry comes after its backoff's
+		// lower bound (16 s, 31 s, …), every run.
+		o.Backoff = handler.FloorBackoff
+	}
 	if o.DLQURL == "" {
 		o.DLQURL = e.DLQURL
 	}
@@ -257,20 +262,41 @@ func (e *Env) Handler(t testing.TB, reg *handler.Registry, opts *handler.Options
 }
 
 // Drain feeds the job queue (and the named queues) to h.Handle, as
-// Lambda's event source mappings do, until nothing is left to run: no message visible or in flight and
-// no job Scheduled within DrainHorizon of h's clock. A job due later (a 1-hour delay, a 10-minute backoff) is left
-// Scheduled, its message hopping every MaxDelay: Advance the clock past
-// it and Drain again, and it runs in seconds. Drain fails the test if no
-// message was handled for a minute while work remained (a stuck queue),
-// or after DrainLimit in all: the bound follows progress, not the
-// machine's speed, so a long drain on a loaded machine is not a failure.
+// Lambda's event source mappings do, until nothing is left to run: no
+// message visible or in flight and no job Scheduled within DrainHorizon
+// of h's clock. It never waits for the clock: when all that is left is
+// Scheduled within DrainHorizon (a retry's backoff, a throttle or
+// concurrency deferral, a debounce window, a short sleep), it moves the
+// Env's clock to the first of them (Advance) and goes on, so a retry 16 s
+// out runs in well under a second, every time (the kit's handlers retry
+// with handler.FloorBackoff: no jitter). A job due later (a 1-hour delay,
+// a 10-minute backoff) is left Scheduled: Advance past it and Drain
+// again. With a clock of the test's own (Options.Ledger.Now) it cannot
+// move the clock and waits for those jobs in real time, as before. Drain
+// fails the test if no message was handled for a minute while work
+// remained (a stuck queue), or after DrainLimit in all. DrainNow runs
+// only what is due now.
 func (e *Env) Drain(t testing.TB, h *handler.Handler) {
+	t.Helper()
+	e.drain(t, h, DrainHorizon)
+}
+
+// DrainNow is one pass: it runs what is due now on h's clock and returns,
+// moving no clock and waiting for nothing Scheduled later (a retry is left
+// Scheduled, to assert on before the next Drain or Advance).
+func (e *Env) DrainNow(t testing.TB, h *handler.Handler) {
+	t.Helper()
+	e.drain(t, h, 0)
+}
+
+func (e *Env) drain(t testing.TB, h *handler.Handler, horizon time.Duration) {
 	t.Helper()
 	var ps []*poller.Poller
 	for _, url := range e.queueURLs() {
 		ps = append(ps, poller.New(e.SQS, url, h.Handle, &poller.Options{WaitTime: -1}))
 	}
 	now := h.Producer().Store().Now
+	own := e.clock != nil // Advance moves h's clock too, when h is the Env's (checked below)
 	// Quiet twice in a row: SQS's counts are read one after another, so a
 	// message that turns visible between them is in neither once.
 	limit := time.Now().Add(DrainLimit)
@@ -283,18 +309,30 @@ func (e *Env) Drain(t testing.TB, h *handler.Handler) {
 			}
 			n += got
 		}
-		if n == 0 && e.visible(t) == 0 && !e.runnable(t, now()) {
+		if n > 0 {
+			quiet, end = 0, time.Now().Add(time.Minute) // progress
+			continue
+		}
+		next, waiting := e.nextScheduled(t, now(), horizon)
+		switch {
+		case e.visible(t) > 0:
+			quiet = 0 // in flight elsewhere, or just turned visible
+		case !waiting:
 			if quiet++; quiet == 2 {
 				return
 			}
-		} else {
+			continue
+		case own && next.After(now()):
+			e.clock.off.Add(int64(next.Sub(now()))) // nothing else to run: its time, now
+			if now().Before(next) {
+				own = false // h reads a clock of its own: wait for it in real time
+			}
 			quiet = 0
+			continue
+		default:
+			quiet = 0 // due, its message still in an SQS delay (at most MaxDelay); or a clock of the test's own
 		}
-		if n == 0 {
-			time.Sleep(50 * time.Millisecond)
-		} else {
-			end = time.Now().Add(time.Minute) // progress
-		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("queue %s did not drain (no message handled for a minute, or %s in all; %d messages left)", e.QueueURL, DrainLimit, e.QueueDepth(t, e.QueueURL))
 }
@@ -332,18 +370,25 @@ func (e *Env) visible(t testing.TB) int {
 	return n
 }
 
-// runnable reports whether some job is Scheduled within DrainHorizon of
-// now: its message may be delayed (the queue's visible count misses it).
+// nextScheduled is the earliest run time of a job Scheduled before
+// now+horizon (its message may be delayed: the queue's visible count
+// misses it), and whether there is one; with horizon 0, of a job due now.
 // Enqueued and running jobs have their message visible or in flight.
 // One consistent Scan: a test's table is small.
-func (e *Env) runnable(t testing.TB, now time.Time) bool {
+func (e *Env) nextScheduled(t testing.TB, now time.Time, horizon time.Duration) (time.Time, bool) {
 	t.Helper()
+	var next time.Time
+	found := false
 	for _, r := range e.Scan(t) {
-		if r.State == ledger.Scheduled && !r.ExpiredAt(now) && ledger.Millis(r.RunAt).Before(now.Add(DrainHorizon)) {
-			return true
+		at := ledger.Millis(r.RunAt)
+		if r.State != ledger.Scheduled || r.ID == "" || r.ExpiredAt(now) || at.After(now.Add(horizon)) {
+			continue
+		}
+		if !found || at.Before(next) {
+			next, found = at, true
 		}
 	}
-	return false
+	return next, found
 }
 
 // Scan reads every item of the table, decoded, archived and expired ones

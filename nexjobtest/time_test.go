@@ -80,3 +80,59 @@ func TestFireRecurring(t *testing.T) {
 		t.Fatalf("the next firing after the run ended: %+v", next)
 	}
 }
+
+// TestDrainNeverWaits: a retry with the default backoff passes on the
+// kit's clock, not in real time, with one outcome every run (before: the
+// jittered backoff put the retry 16 to 74 s out, so after one Drain the
+// job was Succeeded in 2 runs of 6 and Scheduled in 4, and Drain waited
+// up to 30 s of real time for it). The kit's handlers retry after
+// handler.FloorBackoff; DrainNow runs only what is due and leaves the
+// retry Scheduled; Drain moves the Env's clock to it and runs it. A
+// 1-hour delay and a 30-day schedule wait for Advance.
+func TestDrainNeverWaits(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[greet](func(_ context.Context, j *handler.Job[greet]) error {
+		if j.Args.Name == "flaky" && j.Attempt == 1 {
+			return errors.New("not yet")
+		}
+		return nil
+	}), nil)
+	h := e.Handler(t, reg, nil)
+	ctx := context.Background()
+	flaky, err := e.Client.Enqueue(ctx, greet{Name: "flaky"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hour, err := e.Client.Enqueue(ctx, greet{Name: "hour"}, &enqueue.Opts{Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	month, err := e.Client.Enqueue(ctx, greet{Name: "month"}, &enqueue.Opts{RunAt: e.Now().Add(30 * 24 * time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := e.Now()
+	e.DrainNow(t, h)
+	rec := e.RequireState(t, flaky.ID, ledger.Scheduled)
+	if wait := ledger.Millis(rec.RunAt).Sub(start); rec.Attempt != 1 || wait < handler.FloorBackoff(1) || wait > handler.FloorBackoff(1)+time.Second {
+		t.Fatalf("after DrainNow: attempt %d, retry %s out; want attempt 1, retry %s out (the backoff's floor)", rec.Attempt, wait, handler.FloorBackoff(1))
+	}
+	e.Drain(t, h)
+	if rec := e.RequireState(t, flaky.ID, ledger.Succeeded); rec.Attempt != 2 {
+		t.Fatalf("after Drain: attempt %d, want 2", rec.Attempt)
+	}
+	if moved := e.Now().Sub(start); moved < handler.FloorBackoff(1) || moved > handler.FloorBackoff(1)+2*time.Second {
+		t.Fatalf("Drain moved the clock %s; want to the retry (%s)", moved, handler.FloorBackoff(1))
+	}
+	e.RequireState(t, hour.ID, ledger.Scheduled)
+	e.RequireState(t, month.ID, ledger.Scheduled)
+	e.Advance(t, time.Hour)
+	e.Drain(t, h)
+	e.RequireState(t, hour.ID, ledger.Succeeded)
+	e.RequireState(t, month.ID, ledger.Scheduled)
+	e.Advance(t, 30*24*time.Hour)
+	e.Drain(t, h)
+	e.RequireState(t, month.ID, ledger.Succeeded)
+}
