@@ -8,7 +8,8 @@ import (
 
 // KindDefaults is an optional method of an args type: its kind's defaults,
 // as River's InsertOpts. Enqueue takes MaxAttempts, DuplicatePolicy,
-// PayloadMismatch and Queue from it where the Opts leave them at their zero value;
+// PayloadMismatch, Queue and the key (IdempotencyKey, KeyByArgs) from it
+// where the Opts leave them at their zero value;
 // the worker (handler.AddWorker) takes Timeout and Retention where the
 // KindOptions leave them unset.
 //
@@ -34,6 +35,18 @@ type Defaults struct {
 	Retention *ledger.Retention
 	// Queue is the kind's named queue (Opts.Queue).
 	Queue string
+	// IdempotencyKey is the job's key when Opts names none: JobDefaults
+	// is a method of the args, so the key comes from them (River's
+	// UniqueOpts{ByArgs}):
+	//
+	//	func (w Welcome) JobDefaults() enqueue.Defaults {
+	//		return enqueue.Defaults{IdempotencyKey: "welcome/" + w.UserID, DuplicatePolicy: enqueue.RejectAlways}
+	//	}
+	IdempotencyKey string
+	// KeyByArgs, with no key from Opts or IdempotencyKey, keys the job by
+	// its kind and its whole args (their JSON, hashed as every key is):
+	// the same args are the same job.
+	KeyByArgs bool
 }
 
 // effective is the Opts an enqueue of args runs with, for Enqueue,
@@ -68,5 +81,9 @@ func applyDefaults(args JobArgs, o *Opts) {
 	}
 	if o.Queue == "" {
 		o.Queue = def.Queue
+	}
+	if o.IdempotencyKey == "" && o.Debounce == nil { // a debounce has its own key
+		o.IdempotencyKey = def.IdempotencyKey
+		o.keyByArgs = o.IdempotencyKey == "" && def.KeyByArgs
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
 
 // refund has the same key space as payment but another kind.
@@ -100,7 +101,7 @@ func TestKindDefaults(t *testing.T) {
 	if _, err := c.Enqueue(ctx, invoiceRun{Month: "2026-12"}, &enqueue.Opts{IdempotencyKey: "inv-2026-11"}); !errors.As(err, &pm) {
 		t.Fatalf("the kind's RejectPayload default: %v", err)
 	}
-	other, err := c.Enqueue(ctx, invoiceRun{Month: "2026-12"}, &enqueue.Opts{MaxAttempts: 5, DuplicatePolicy: enqueue.RejectIfFailed})
+	other, err := c.Enqueue(ctx, invoiceRun{Month: "2026-12"}, &enqueue.Opts{IdempotencyKey: "inv-2026-12", MaxAttempts: 5, DuplicatePolicy: enqueue.RejectIfFailed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,5 +222,62 @@ func TestReleaseKeyWhenReplyIsLost(t *testing.T) {
 				t.Fatalf("release after a lost reply: %+v %v; holder %v", rel, err, herr)
 			}
 		})
+	}
+}
+
+// welcome keys itself by its user (River's UniqueOpts{ByArgs}, one key
+// per user) and keeps one welcome for good.
+type welcome struct{ UserID string }
+
+func (welcome) Kind() string { return "welcome" }
+func (w welcome) JobDefaults() enqueue.Defaults {
+	return enqueue.Defaults{IdempotencyKey: "welcome/" + w.UserID, DuplicatePolicy: enqueue.RejectAlways}
+}
+
+// digest is keyed by its whole args.
+type digest struct{ Day, Team string }
+
+func (digest) Kind() string                  { return "digest" }
+func (digest) JobDefaults() enqueue.Defaults { return enqueue.Defaults{KeyByArgs: true} }
+
+// TestKindKeys (issue 30 item 8): a kind's key comes from its args
+// (Defaults.IdempotencyKey, or KeyByArgs for the whole args); a policy
+// with no key to apply to is refused, nothing written (before: two
+// Welcome jobs ran under RejectAlways, the policy silently ignored).
+func TestKindKeys(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	c, ctx := e.Client, context.Background()
+	first, err := c.Enqueue(ctx, welcome{UserID: "u1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.Enqueue(ctx, welcome{UserID: "u1"}, nil)
+	if err != nil || !again.Duplicate || again.ID != first.ID {
+		t.Fatalf("a second welcome of u1: %+v %v; want the first, a duplicate", again, err)
+	}
+	if other, err := c.Enqueue(ctx, welcome{UserID: "u2"}, nil); err != nil || other.Duplicate {
+		t.Fatalf("u2's welcome: %+v %v; want a new job", other, err)
+	}
+	d1, err := c.Enqueue(ctx, digest{Day: "2026-12-06", Team: "a"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2, err := c.Enqueue(ctx, digest{Day: "2026-12-06", Team: "a"}, nil); err != nil || d2.ID != d1.ID {
+		t.Fatalf("the same digest args: %+v %v; want the same job", d2, err)
+	}
+	if d3, err := c.Enqueue(ctx, digest{Day: "2026-12-06", Team: "b"}, nil); err != nil || d3.ID == d1.ID {
+		t.Fatalf("other digest args: %+v %v; want another job", d3, err)
+	}
+	before := len(e.Scan(t))
+	var in *enqueue.InputError
+	if _, err := c.Enqueue(ctx, invoiceRun{Month: "2027-01"}, nil); !errors.As(err, &in) || in.Field != "DuplicatePolicy" {
+		t.Fatalf("RejectAlways (the kind's default) with no key: %v, want an *InputError on DuplicatePolicy", err)
+	}
+	if _, err := c.Enqueue(ctx, digest{Day: "x"}, &enqueue.Opts{DuplicatePolicy: enqueue.RejectIfFailed, NoKindDefaults: true}); !errors.As(err, &in) {
+		t.Fatalf("RejectIfFailed with no key: %v, want an *InputError", err)
+	}
+	if after := len(e.Scan(t)); after != before {
+		t.Fatalf("a refused enqueue wrote %d items", after-before)
 	}
 }

@@ -1,6 +1,8 @@
 package enqueue
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"reflect"
@@ -78,6 +80,8 @@ type Opts struct {
 	// and EnqueueMany apply it; EnqueueTx, ContinueWith and
 	// ContinueWhenAll refuse it (an *InputError). Defaults to none.
 	Debounce *Debounce
+
+	keyByArgs bool // the kind's Defaults.KeyByArgs applies: newRecord keys the job by its args
 }
 
 // entry is an entry point: its name and whether it applies
@@ -116,8 +120,17 @@ func (c *Client) newRecord(args JobArgs, o *Opts, via entry) (ledger.Record, err
 	if len(raw) > ledger.MaxArgsBytes {
 		return ledger.Record{}, invalid("args", fmt.Sprintf("%d bytes encoded, the limit is %d", len(raw), ledger.MaxArgsBytes))
 	}
+	if o.keyByArgs {
+		sum := sha256.Sum256([]byte(kind + "\x00" + string(raw)))
+		o.IdempotencyKey = "nexjob-args:" + kind + ":" + hex.EncodeToString(sum[:16])
+	}
 	if err := checkKey(o.IdempotencyKey); err != nil {
 		return ledger.Record{}, err
+	}
+	if o.IdempotencyKey == "" && o.DuplicatePolicy != AllowAfterFailed {
+		// A policy decides between jobs of one key: with none it would be
+		// ignored, and two Welcome jobs run under RejectAlways.
+		return ledger.Record{}, invalid("DuplicatePolicy", o.DuplicatePolicy.String()+" needs an idempotency key (Opts.IdempotencyKey, or the kind's Defaults.IdempotencyKey or KeyByArgs)")
 	}
 	if len(o.RequestID) > 512 {
 		return ledger.Record{}, invalid("RequestID", "longer than 512 bytes")
