@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -154,7 +155,7 @@ func (s *Store) ParseCallbackToken(token string) (id, name string, err error) {
 	}
 	rest, found := strings.CutPrefix(token, callbackPrefix)
 	body, mac, ok := strings.Cut(rest, ".")
-	raw, err := base64.RawURLEncoding.DecodeString(body)
+	raw, err := base64.RawURLEncoding.Strict().DecodeString(body) // one text per token: no slack in the last bits
 	if !found || !ok || err != nil {
 		return "", "", ErrBadCallbackToken
 	}
@@ -165,6 +166,14 @@ func (s *Store) ParseCallbackToken(token string) (id, name string, err error) {
 	return id, name, nil
 }
 
+// callbackMAC is the token's MAC: HMAC-SHA256 of the job and the name
+// under a key of its own, derived from the secret (HMAC(secret, its
+// label)), never under the secret itself: idempotency keys are hashed
+// under the secret and their hashes are shown (the dashboard, nexjob get),
+// so a MAC under the same key was a key hash anyone could have made be
+// shown (a job keyed "callback\x00<id>\x00<name>" forged the token).
 func (s *Store) callbackMAC(id, name string) string {
-	return hashKey(s.secret, "callback\x00"+id+"\x00"+name)
+	k := hmac.New(sha256.New, s.secret)
+	k.Write([]byte("nexjob callback token key, v1"))
+	return hashKey(k.Sum(nil), id+"\x00"+name)
 }
