@@ -81,7 +81,9 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 		err = redact.Capped(fmt.Errorf("%w: %w", context.Cause(runCtx), err), ledger.MaxLastError)
 	case errors.As(err, &perm):
 		h.runLog(ctx, slog.LevelWarn, "nexjob: job failed permanently", rec, start, slog.Any("err", err))
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
+		// An operator's cancel, seen at the next step's record, is marked
+		// as every cancel is (Record.Cancelled).
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error(), Cancelled: errors.Is(err, ledger.ErrCancelRequested)}, err)
 	}
 	return h.failed(ctx, rec, err, h.backoffOf(e))
 }

@@ -159,6 +159,9 @@ type Finish struct {
 	// retries of it (NewNonce). Empty: Finish picks a fresh one, and a
 	// later call cannot recognise an earlier call's applied write.
 	Nonce string
+	// Cancelled, with State Failed, marks the end an operator's cancel
+	// (Record.Cancelled): a running job stopped at its next step.
+	Cancelled bool
 	// Result, with State Succeeded, is the run's result (its JSON), kept
 	// as Record.Result by this same update: at most ResultRoom(rec)
 	// bytes, valid UTF-8. "" keeps none.
@@ -206,7 +209,7 @@ type finishShape struct {
 	state                                       State
 	lastError, deferred, runAt, hook, hookLease bool
 	expires, cutOff, dropDefers, slot, dropSlot bool
-	ticket, dropTicket, result                  bool
+	ticket, dropTicket, result, cancelled       bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -217,7 +220,7 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		cutOff: f.CutOff, dropDefers: !f.Deferred && rec.Defers > 0,
 		slot: f.Deferred && !f.Slot.IsZero(), dropSlot: rec.Slot != 0,
 		ticket: f.Deferred && f.Ticket != 0, dropTicket: rec.Ticket != 0,
-		result: f.State == Succeeded && f.Result != "",
+		result: f.State == Succeeded && f.Result != "", cancelled: f.State == Failed && f.Cancelled,
 	}
 	e := s.finishes.start(k, 20, 14, 512) // a Finish: up to 19 names, 13 values, about 480 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
@@ -252,6 +255,10 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 	}
 	if k.result {
 		e.assign(AttrResult, e.s(":result", f.Result))
+	}
+	if k.cancelled {
+		e.values[":cancelled"] = &types.AttributeValueMemberBOOL{Value: true}
+		e.assign(AttrCancelled, ":cancelled")
 	}
 	switch {
 	case k.deferred: // the cut-offs stand
