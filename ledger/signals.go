@@ -103,11 +103,15 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 	return rec, err
 }
 
-// Waiting reports whether rec sleeps in a wait for signal name: Scheduled,
-// with the wait's end still ahead.
+// Waiting reports whether rec sleeps in a wait for signal name: Scheduled
+// for the wait's end, still ahead; or already made due by a wake whose
+// send may have failed (a caller's retry sends it). Not a job Scheduled
+// for another time (a RetryAfter after the wait took its signal): a
+// signal's retry must not run it early.
 func (s *Store) Waiting(rec Record, name string) bool {
 	end, err := strconv.ParseInt(rec.Steps[WaitStep(name)], 10, 64)
-	return err == nil && rec.State == Scheduled && end > s.now().UnixMilli()
+	now := s.now().UnixMilli()
+	return err == nil && rec.State == Scheduled && end > now && (rec.RunAt == end || rec.RunAt <= now)
 }
 
 // Wake makes rec, Scheduled for rec.RunAt, due now: one UpdateItem
