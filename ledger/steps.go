@@ -92,6 +92,14 @@ func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string)
 		return fmt.Errorf("%w: %s", ErrCancelRequested, truncate(nc.Current.CancelReq, MaxLastError))
 	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing && nc.Current.Steps[name] == result:
 		return nil // this very write, applied before (a resend after a lost reply)
+	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing && len(rec.Steps) == 0 && len(nc.Current.Steps) > 0:
+		// The run's first step, and a signal made the steps' map since the
+		// claim (the run's record had none): add to the map as it is now,
+		// within the limits counted with what it holds. Failing here failed
+		// a job signalled before its wait and ran its first step twice.
+		now := rec
+		now.Steps = nc.Current.Steps
+		return s.RecordStep(ctx, now, name, result)
 	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing:
 		return fmt.Errorf("nexjob: record step %q of job %s: the record's steps changed under the run", truncate(name, MaxStepName), rec.ID)
 	case errors.As(err, &nc):
