@@ -223,6 +223,8 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		return h.settleChildren(ctx, cur)
 	case cur.State.Terminal() || cur.State == ledger.AwaitingContinuation:
 		return true // a duplicate delivery, or the parent will dispatch it
+	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli() && h.store.Signalled(cur):
+		return h.wakeSignalled(ctx, cur) // asleep in a wait its signal reached: now
 	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli():
 		msg.RunAt = cur.RunAt
 		return h.carryForward(ctx, msg, now)

@@ -69,7 +69,7 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 		h.runLog(ctx, slog.LevelInfo, "nexjob: job sleeping", rec, start, slog.Time("until", sleep.until))
 		done := h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: sleep.until, Deferred: true}, nil)
 		if done && sleep.signal {
-			h.signalledMeanwhile(ctx, rec.ID, sleep.name)
+			return h.signalledMeanwhile(ctx, rec.ID, sleep.name) // not done: the message comes back and wakes it
 		}
 		return done
 	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:

@@ -268,16 +268,38 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 // signalledMeanwhile wakes job id if its signal name came while the run
 // that began to wait for it was ending (the signal found it Processing and
 // woke no one): one read, and the wake when it did.
-func (h *Handler) signalledMeanwhile(ctx context.Context, id, name string) {
+func (h *Handler) signalledMeanwhile(ctx context.Context, id, name string) bool {
 	cur, err := h.store.Get(ctx, id)
-	if err != nil || cur.Steps[ledger.SignalStep(name)] == "" || cur.State != ledger.Scheduled {
-		return // read failed: the wait's end wakes it
+	if err != nil {
+		h.log.WarnContext(ctx, "nexjob: reading a job that began to wait failed; its message comes back to look again", "job_id", id, "err", err)
+		return false
 	}
-	if out, ok, err := h.store.Wake(ctx, cur); err == nil && ok {
-		if err := h.producer.Dispatch(ctx, out); err != nil {
-			h.log.WarnContext(ctx, "nexjob: sending a signalled job failed; its wait's end wakes it", "job_id", id, "err", err)
-		}
+	if cur.State != ledger.Scheduled || cur.Steps[ledger.SignalStep(name)] == "" {
+		return true // no signal yet: it wakes the job when it comes
 	}
+	return h.wakeSignalled(ctx, cur)
+}
+
+// wakeSignalled wakes cur, asleep in a wait whose signal is recorded: the
+// record made due now and its message sent. false when either failed:
+// the caller keeps the message it holds, which comes back and, finding
+// the job still asleep with its signal (notClaimable), tries again; the
+// job is never left to sleep to its wait's end (helper-8's attack: one
+// throttled read lost the wake for 48 hours).
+func (h *Handler) wakeSignalled(ctx context.Context, cur ledger.Record) bool {
+	out, ok, err := h.store.Wake(ctx, cur)
+	if err != nil {
+		h.log.WarnContext(ctx, "nexjob: waking a signalled job failed; it is tried again", "job_id", cur.ID, "err", err)
+		return false
+	}
+	if !ok {
+		return true // it moved on: whatever moved it runs it
+	}
+	if err := h.producer.Dispatch(ctx, out); err != nil {
+		h.log.WarnContext(ctx, "nexjob: sending a signalled job failed; it is tried again", "job_id", cur.ID, "err", err)
+		return false
+	}
+	return true
 }
 
 // CallbackToken is an opaque token for the job's signal name, for another

@@ -114,6 +114,18 @@ func (s *Store) Waiting(rec Record, name string) bool {
 	return err == nil && rec.State == Scheduled && end > now && (rec.RunAt == end || rec.RunAt <= now)
 }
 
+// Signalled reports whether rec sleeps in a wait (Waiting) whose signal
+// is recorded: a job to wake now (its signal came while the run that
+// began the wait was ending, and that run could not wake it).
+func (s *Store) Signalled(rec Record) bool {
+	for k := range rec.Steps {
+		if name, ok := strings.CutPrefix(k, waitStep); ok && rec.Steps[SignalStep(name)] != "" && s.Waiting(rec, name) {
+			return true
+		}
+	}
+	return false
+}
+
 // Wake makes rec, Scheduled for rec.RunAt, due now: one UpdateItem
 // conditional on the record being still Scheduled for that time (a job
 // that moved on is left alone: ok false). The caller sends its message.
