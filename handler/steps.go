@@ -58,6 +58,25 @@ func (s *steps) record(ctx context.Context, name, result string) error {
 	return nil
 }
 
+// timeout records the wait for signal name timed out (RecordTimeout)
+// and returns the signal's payload if one landed first ("" if not).
+func (s *steps) timeout(ctx context.Context, name string) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	payload, err := s.store.RecordTimeout(ctx, s.rec, name)
+	if err != nil {
+		return "", err
+	}
+	if payload == "" {
+		payload = ledger.TimedOut
+	}
+	s.rec.Steps[ledger.SignalStep(name)] = payload
+	if payload == ledger.TimedOut {
+		return "", nil
+	}
+	return payload, nil
+}
+
 // Step runs fn once per job: the first time a step of this name completes
 // in a job, its result is recorded in the job's record (as JSON), and
 // every later run of the job (a retry, an orphan's take-over, a cut-off's
@@ -246,6 +265,9 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 	s.mu.Lock()
 	payload, sent := s.rec.Steps[ledger.SignalStep(name)]
 	s.mu.Unlock()
+	if payload == ledger.TimedOut {
+		return zero, &SignalTimeoutError{Name: name} // a run before this one timed out
+	}
 	if sent {
 		var v T
 		if err := json.Unmarshal([]byte(payload), &v); err != nil {
@@ -260,7 +282,22 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 		return zero, err
 	}
 	if s.store.Now().UnixMilli() >= at {
-		return zero, &SignalTimeoutError{Name: name}
+		// Decided on the record, not by this clock alone: a signal in
+		// flight at the wait's end either landed first (its payload is
+		// the wait's) or is refused as too late; never accepted while the
+		// run fails on the timeout.
+		payload, err := s.timeout(ctx, name)
+		if err != nil {
+			return zero, err
+		}
+		if payload == "" {
+			return zero, &SignalTimeoutError{Name: name}
+		}
+		var v T
+		if err := json.Unmarshal([]byte(payload), &v); err != nil {
+			return zero, Permanent(fmt.Errorf("nexjob: signal %q does not decode: %w", name, err))
+		}
+		return v, nil
 	}
 	return zero, &sleepError{name: name, until: ledger.Millis(at), signal: true}
 }

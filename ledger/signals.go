@@ -85,6 +85,8 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 		refused := &SignalRefusedError{JobID: id, Name: name, State: cur.State, Err: ErrJobEnded}
 		switch {
 		case cur.State.Terminal():
+		case cur.Steps[sig] == TimedOut:
+			refused.Err = ErrSignalTooLate // the wait's run recorded its timeout first
 		case cur.Steps[sig] == payload:
 			// The same signal again: a caller's retry after an error (its
 			// wake or send failed past the SDK's retries, or its reply
@@ -101,6 +103,37 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 		return Record{}, refused
 	}
 	return rec, err
+}
+
+// TimedOut is the value a wait's timeout records in its signal's slot
+// (SignalStep): not JSON, so no payload is ever it. A signal that comes
+// after it is refused (ErrSignalTooLate).
+const TimedOut = "\x00timed out"
+
+// RecordTimeout decides a wait's timeout for the run that claimed rec, in
+// one conditional UpdateItem: it records TimedOut as signal name's slot
+// unless a signal is there (a signal in flight at the wait's end that
+// landed first). payload is that signal's ("" when the timeout won). The
+// slot decides for both sides: a signal landing after it is refused as
+// too late, and never accepted while the run fails on the timeout. A
+// run that lost its claim gets ErrFenced; a resend of an applied write
+// (its reply lost) reads as the timeout it recorded.
+func (s *Store) RecordTimeout(ctx context.Context, rec Record, name string) (payload string, err error) {
+	sig := expression.Name(AttrSteps).AppendName(expression.Name(SignalStep(name)))
+	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
+		And(expression.Name(AttrState).Equal(expression.Value(string(Processing)))).
+		And(expression.Name(AttrSteps).AttributeExists()).And(sig.AttributeNotExists())
+	_, err = s.updateByID(ctx, rec.ID, cond, expression.Set(sig, expression.Value(TimedOut)))
+	var nc *NotClaimableError
+	switch {
+	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.Steps[SignalStep(name)] == TimedOut:
+		return "", nil // this very write, applied before
+	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.Steps[SignalStep(name)] != "":
+		return nc.Current.Steps[SignalStep(name)], nil // the signal landed first
+	case errors.As(err, &nc):
+		return "", fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
+	}
+	return "", err
 }
 
 // Waiting reports whether rec sleeps in a wait for signal name: Scheduled
