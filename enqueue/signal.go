@@ -20,7 +20,7 @@ import (
 // *ledger.StepError. An unknown job is ledger.ErrNotFound.
 //
 // The payload is the caller's data: it is never logged. Cost: one
-// UpdateItem (two for a job with no steps yet), and one more and a send
+// strongly consistent read and one UpdateItem, and one more and a send
 // when it wakes the job.
 func (c *Client) Signal(ctx context.Context, jobID, name string, payload any) error {
 	b, err := json.Marshal(payload)

@@ -131,8 +131,8 @@ func TestSignalWakesAWaitingJob(t *testing.T) {
 	if got := strings.Join(waiting, " "); got != wantWait {
 		t.Errorf("the run that begins to wait: %s, want %s (claim, the step, the wait's end, the run's end, its send, the read for a signal meanwhile)", got, wantWait)
 	}
-	if got, want := strings.Join(signal, " "), "DynamoDB.UpdateItem DynamoDB.UpdateItem SQS.SendMessage"; got != want {
-		t.Errorf("a signal that wakes the job: %s, want %s (the signal, the wake, the send)", got, want)
+	if got, want := strings.Join(signal, " "), "DynamoDB.GetItem DynamoDB.UpdateItem DynamoDB.UpdateItem SQS.SendMessage"; got != want {
+		t.Errorf("a signal that wakes the job: %s, want %s (the read for the steps' limits, the signal, the wake, the send)", got, want)
 	}
 }
 

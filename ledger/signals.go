@@ -50,18 +50,23 @@ func (e *SignalRefusedError) Error() string {
 
 func (e *SignalRefusedError) Unwrap() error { return e.Err }
 
-// Signal records payload (JSON) as signal name of job id: one conditional
-// UpdateItem (two when the job has no steps yet), and the job's record as
-// it now is. The first signal of a name wins: a second with another
-// payload is refused (ErrSignalSent; the same payload, a caller's retry,
-// reads as the success it was, nothing written), as is one to a job that
-// ended (ErrJobEnded) or whose
-// wait for the name timed out (ErrSignalTooLate). A signal sent before
-// the job waits is kept for the wait. A resend of an applied write (its
-// reply lost) reads as the success it was. Name and payload are held to
-// the steps' limits (*StepError).
+// Signal records payload (JSON) as signal name of job id: one strongly
+// consistent read, and one conditional UpdateItem on the record as read
+// (the same number of steps, so a step or a signal written meanwhile
+// makes it read again), and the job's record as it now is. The signal is
+// held to the steps' limits with the job's steps and args, as a step is
+// (MaxSteps, MaxStepsBytes, the item's room; a *StepError, nothing
+// written): signals are kept in the steps, and before, 24 signals of 16
+// KB took a record past DynamoDB's item limit. The first signal of a
+// name wins: a second with another payload is refused (ErrSignalSent; the
+// same payload, a caller's retry, reads as the success it was, nothing
+// written), as is one to a job that ended (ErrJobEnded) or whose wait for
+// the name timed out (ErrSignalTooLate). A signal sent before the job
+// waits is kept for the wait. A resend of an applied write (its reply
+// lost) reads as the success it was. Name and payload are held to the
+// steps' limits (*StepError), the wait's own name (WaitStep) included.
 func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, error) {
-	if err := CheckStep(Record{}, name, payload); err != nil {
+	if err := CheckStep(Record{}, WaitStep(name), payload); err != nil {
 		return Record{}, err
 	}
 	sig, wait := SignalStep(name), WaitStep(name)
@@ -69,40 +74,70 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 	st := expression.Name(AttrState)
 	active := st.Equal(expression.Value(Enqueued)).Or(st.Equal(expression.Value(Scheduled))).
 		Or(st.Equal(expression.Value(Processing))).Or(st.Equal(expression.Value(AwaitingContinuation)))
-	// A wait's end is 13 digits of Unix ms until 2286: as strings they
-	// compare as numbers.
-	inTime := steps.AppendName(expression.Name(wait)).AttributeNotExists().
-		Or(steps.AppendName(expression.Name(wait)).GreaterThan(expression.Value(strconv.FormatInt(s.now().UnixMilli(), 10))))
-	cond := isJob(id).And(active).And(inTime).And(steps.AppendName(expression.Name(sig)).AttributeNotExists())
-	rec, err := s.updateByID(ctx, id, cond.And(steps.AttributeExists()), expression.Set(steps.AppendName(expression.Name(sig)), expression.Value(payload)))
-	var nc *NotClaimableError
-	if errors.As(err, &nc) && nc.Current.Steps == nil && !nc.Current.State.Terminal() {
-		rec, err = s.updateByID(ctx, id, isJob(id).And(active).And(steps.AttributeNotExists()),
-			expression.Set(steps, expression.Value(map[string]string{sig: payload})))
-	}
-	if errors.As(err, &nc) {
-		cur := nc.Current
-		refused := &SignalRefusedError{JobID: id, Name: name, State: cur.State, Err: ErrJobEnded}
-		switch {
-		case cur.State.Terminal():
-		case cur.Steps[sig] == TimedOut:
-			refused.Err = ErrSignalTooLate // the wait's run recorded its timeout first
-		case cur.Steps[sig] == payload:
-			// The same signal again: a caller's retry after an error (its
-			// wake or send failed past the SDK's retries, or its reply
-			// was lost past them). It reads as the success it was, and
-			// the caller wakes the job if it still sleeps in the wait.
-			return cur, nil
-		case cur.Steps[sig] != "":
-			refused.Err = ErrSignalSent
-		case cur.Steps[wait] != "" && cur.Steps[wait] <= strconv.FormatInt(s.now().UnixMilli(), 10):
-			refused.Err = ErrSignalTooLate
-		default:
-			return Record{}, err // raced with a write of the steps: the caller may try again
+	const tries = 8
+	for range tries {
+		cur, err := s.Get(ctx, id)
+		if err != nil {
+			return Record{}, err
 		}
-		return Record{}, refused
+		if done, err := s.signalRefused(cur, id, name, payload); done || err != nil {
+			return cur, err
+		}
+		if err := CheckStep(cur, sig, payload); err != nil {
+			return Record{}, err
+		}
+		// A wait's end is 13 digits of Unix ms until 2286: as strings they
+		// compare as numbers.
+		inTime := steps.AppendName(expression.Name(wait)).AttributeNotExists().
+			Or(steps.AppendName(expression.Name(wait)).GreaterThan(expression.Value(strconv.FormatInt(s.now().UnixMilli(), 10))))
+		cond := isJob(id).And(active).And(inTime)
+		var upd expression.UpdateBuilder
+		if cur.Steps == nil {
+			cond = cond.And(steps.AttributeNotExists())
+			upd = expression.Set(steps, expression.Value(map[string]string{sig: payload}))
+		} else {
+			cond = cond.And(steps.AppendName(expression.Name(sig)).AttributeNotExists()).
+				And(expression.Size(steps).Equal(expression.Value(len(cur.Steps))))
+			upd = expression.Set(steps.AppendName(expression.Name(sig)), expression.Value(payload))
+		}
+		rec, err := s.updateByID(ctx, id, cond, upd)
+		var nc *NotClaimableError
+		if errors.As(err, &nc) {
+			if done, err := s.signalRefused(nc.Current, id, name, payload); done || err != nil {
+				return nc.Current, err
+			}
+			continue // a step or a signal written meanwhile: read again
+		}
+		return rec, err
 	}
-	return rec, err
+	return Record{}, ErrContention
+}
+
+// signalRefused decides a signal of name with payload to cur before any
+// write: done with the record as it is (the same signal sent again), a
+// *SignalRefusedError, or neither (go on).
+func (s *Store) signalRefused(cur Record, id, name, payload string) (done bool, err error) {
+	sig, wait := SignalStep(name), WaitStep(name)
+	refused := &SignalRefusedError{JobID: id, Name: name, State: cur.State}
+	switch {
+	case cur.State.Terminal():
+		refused.Err = ErrJobEnded
+	case cur.Steps[sig] == TimedOut:
+		refused.Err = ErrSignalTooLate // the wait's run recorded its timeout first
+	case cur.Steps[sig] == payload:
+		// The same signal again: a caller's retry after an error (its
+		// wake or send failed past the SDK's retries, or its reply was
+		// lost past them). It reads as the success it was, and the caller
+		// wakes the job if it still sleeps in the wait.
+		return true, nil
+	case cur.Steps[sig] != "":
+		refused.Err = ErrSignalSent
+	case cur.Steps[wait] != "" && cur.Steps[wait] <= strconv.FormatInt(s.now().UnixMilli(), 10):
+		refused.Err = ErrSignalTooLate
+	default:
+		return false, nil
+	}
+	return false, refused
 }
 
 // TimedOut is the value a wait's timeout records in its signal's slot
