@@ -403,3 +403,41 @@ func TestAddWorkerRefusesABadKind(t *testing.T) {
 	}()
 	handler.AddWorker(handler.NewRegistry(), handler.WorkFunc[badKind](func(context.Context, *handler.Job[badKind]) error { return nil }), nil)
 }
+
+// TestDeadLetterStaleCopyIsDropped: copies of a job's message sent before
+// its last return (a duplicate delivery, a guard's check) that reach the
+// DLQ after it are dropped, not counted: the return sent the job afresh.
+// Before, each copy counted a return, and a job whose copies spent their
+// receives in one bad stretch failed as never started (10k soak, seed
+// 1796526818492146927: three returns in 35 s, then Failed).
+func TestDeadLetterStaleCopyIsDropped(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	ctx := context.Background()
+	id := r.enqueue(t, email{To: "copies@example.com"}, nil)
+	first := r.receive(t, 1)[0]
+	if _, err := r.e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: first.Body}); err != nil {
+		t.Fatal(err) // a copy, sent now
+	}
+	copyMsg := r.receive(t, 1)[0]
+	r.clock.Advance(2 * time.Minute) // the copies spent their receives; the first reaches the DLQ later
+	if resp, err := r.h.HandleDeadLetters(ctx, events.SQSEvent{Records: []events.SQSMessage{r.moveToDLQ(t, first)}}); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("dead letter: %+v %v", resp, err)
+	}
+	if rec := r.get(t, id); rec.Returns != 1 {
+		t.Fatalf("after the first dead letter: returns %d, want 1", rec.Returns)
+	}
+	stale := r.moveToDLQ(t, copyMsg)
+	depth := r.e.QueueDepth(t, r.e.QueueURL)
+	if resp, err := r.h.HandleDeadLetters(ctx, events.SQSEvent{Records: []events.SQSMessage{stale}}); err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("the stale copy: %+v %v", resp, err)
+	}
+	if rec := r.get(t, id); rec.Returns != 1 || rec.State != ledger.Enqueued {
+		t.Fatalf("after the stale copy: %s, returns %d; want Enqueued, still 1 return", rec.State, rec.Returns)
+	}
+	if got := r.e.QueueDepth(t, r.e.QueueURL); got != depth {
+		t.Fatalf("the stale copy sent the job again: %d messages, want %d", got, depth)
+	}
+	r.drain(t)
+	r.ranAs(t, id, ledger.Succeeded, 1, "", 1)
+}

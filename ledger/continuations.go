@@ -188,7 +188,7 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	upd := expression.Set(st, expression.Value(Enqueued)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
-	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrReturnOf, AttrUndispatched, AttrCancelled, AttrResult, AttrCancelReq} {
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrReturnOf, AttrReturnAt, AttrUndispatched, AttrCancelled, AttrResult, AttrCancelReq} {
 		upd = upd.Remove(expression.Name(a))
 	}
 	upd = s.withIndex(upd, Enqueued, id, nowMs)
@@ -268,7 +268,8 @@ func (s *Store) DeadLetter(ctx context.Context, seen Record, reason string, expi
 // the next claim takes it over). One update, conditional on the job still
 // being as seen, that counts the return in Record.Returns, keeps the
 // reason, and names the dead letter counted (msgID, its SQS message id)
-// in Record.ReturnOf. The caller then dispatches it.
+// in Record.ReturnOf, and the time in Record.ReturnAt. The caller then
+// dispatches it.
 //
 // A dead letter is counted once: seen.ReturnOf == msgID (a redelivery of
 // the dead letter, whose handling failed after its count was written: the
@@ -288,6 +289,7 @@ func (s *Store) Return(ctx context.Context, seen Record, msgID, reason string) (
 	// the count: a resend of an applied Return then fails it and finds its
 	// own nonce, instead of counting twice.
 	upd := expression.Set(expression.Name(AttrReturns), expression.Value(seen.Returns+1))
+	upd = upd.Set(expression.Name(AttrReturnAt), expression.Value(s.now().UnixMilli()))
 	if msgID != "" {
 		upd = upd.Set(expression.Name(AttrReturnOf), expression.Value(msgID))
 	}

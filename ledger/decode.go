@@ -95,6 +95,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Returns, err = integer(av)
 		case AttrReturnOf:
 			r.ReturnOf, err = str(av)
+		case AttrReturnAt:
+			r.ReturnAt, err = num(av)
 		case AttrArgsHash:
 			r.ArgsHash, err = str(av)
 		case AttrCancelled:

@@ -49,6 +49,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.n(AttrCutOffs, int64(r.CutOffs), true)
 	e.n(AttrReturns, int64(r.Returns), true)
 	e.s(AttrReturnOf, r.ReturnOf, true)
+	e.n(AttrReturnAt, r.ReturnAt, true)
 	e.s(AttrArgsHash, r.ArgsHash, true)
 	e.b(AttrCancelled, r.Cancelled)
 	e.b(AttrHookPending, r.HookPending)

@@ -208,7 +208,7 @@ func (s *Store) WaitAgain(ctx context.Context, cur Record, from []State, unrun b
 	upd := expression.Set(st, expression.Value(AwaitingContinuation)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
-	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrReturnOf, AttrUndispatched, AttrCancelled, AttrLeaseUntil} {
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrReturnOf, AttrReturnAt, AttrUndispatched, AttrCancelled, AttrLeaseUntil} {
 		upd = upd.Remove(expression.Name(a))
 	}
 	if len(released) > 0 {

@@ -77,6 +77,8 @@ type Record struct {
 	// Returns: a redelivery of that dead letter (its handling failed
 	// after the count was written) is not counted again.
 	ReturnOf string `dynamodbav:"dlqMsg,omitempty"`
+	// ReturnAt (unix ms) is when the DLQ consumer last sent the job back.
+	ReturnAt int64 `dynamodbav:"dlqAt,omitempty"`
 	// ArgsHash fingerprints Kind and Args (see ArgsHash), so a key re-used
 	// with other args can be told from a true retry. Empty on records
 	// written before it existed.

@@ -42,6 +42,7 @@ const (
 	AttrCutOffs      = "cutOffs"     // runs of the current attempt cut off by the invocation deadline
 	AttrReturns      = "dlqReturns"  // times the DLQ consumer sent back a job that never started
 	AttrReturnOf     = "dlqMsg"      // the dead letter last counted in dlqReturns
+	AttrReturnAt     = "dlqAt"       // when the job was last sent back from the DLQ, unix ms
 	AttrArgsHash     = "argsHash"    // fingerprint of kind and args (ArgsHash)
 	AttrCancelled    = "cancelled"   // true on a Failed job an operator withdrew before it started
 	AttrRequest      = "request"     // hash of the enqueue request that made the job (Record.Request)
