@@ -37,6 +37,15 @@ const (
 	envRate  = "NEXJOB_SOAK_RATE"
 )
 
+// functionTimeout is every soak worker's invocation deadline (the
+// pollers' FunctionTimeout), and runLeaseBound the latest a run's lease
+// can end after its start: the handler's lease ends 5 s (its leaseSlack)
+// past the invocation's deadline.
+const (
+	functionTimeout = 10 * time.Second
+	runLeaseBound   = functionTimeout + 5*time.Second
+)
+
 // IsChild reports whether this process is a soak worker process; its
 // TestMain then calls ChildMain instead of running tests.
 func IsChild() bool { return os.Getenv(envChild) != "" }
@@ -87,7 +96,7 @@ func ChildMain() {
 	d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(seed, 7))}
 	var wg sync.WaitGroup
 	for _, url := range env.jobQueues() {
-		p := poller.New(d, url, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: log})
+		p := poller.New(d, url, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: functionTimeout, Logger: log})
 		wg.Go(func() { _ = p.Run(context.Background()) })
 	}
 	wg.Wait()

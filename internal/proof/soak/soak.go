@@ -206,7 +206,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		d := &duplicating{Client: sqs.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 7)), down: down}
 		dups = append(dups, d)
 		for _, url := range env.jobQueues() {
-			p := poller.New(d, url, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: 10 * time.Second, Logger: wlog})
+			p := poller.New(d, url, h.Handle, &poller.Options{WaitTime: time.Second, FunctionTimeout: functionTimeout, Logger: wlog})
 			wg.Go(func() { _ = p.Run(ctx) })
 		}
 		for _, url := range []string{env.DLQURL, env.BulkDLQURL} {
