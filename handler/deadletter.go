@@ -99,6 +99,7 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 		// job afresh, so this one is dropped, not counted. Counting them
 		// failed a job as never started after one bad stretch (10k soak,
 		// seed 1796526818492146927: three copies returned in 35 s).
+		h.log.InfoContext(ctx, "nexjob: stale copy of a job's message dropped from the DLQ", "job_id", rec.ID, "message_id", m.MessageId, "returns", rec.Returns)
 		return nil
 	case rec.State == ledger.Processing || rec.State == ledger.Enqueued || rec.State == ledger.Scheduled:
 		// Not poison, by the ledger: attempts are left (a Processing job's
@@ -122,8 +123,13 @@ func (h *Handler) deadLetterOne(ctx context.Context, m events.SQSMessage) error 
 				receives, rec.Attempt, rec.MaxAttempts, rec.Returns+1, h.o.MaxReturns)
 		}
 		back, ok, err := h.store.Return(ctx, rec, m.MessageId, reason)
-		if err != nil || !ok {
-			return err // !ok: it moved on; whatever moved it dispatches it
+		if err != nil {
+			return err
+		}
+		if !ok {
+			// It moved on meanwhile: whatever moved it dispatches it.
+			h.log.InfoContext(ctx, "nexjob: dead letter of a job that moved on dropped", "job_id", rec.ID, "message_id", m.MessageId, "state", back.State)
+			return nil
 		}
 		h.log.WarnContext(ctx, "nexjob: job sent back from the DLQ", "job_id", rec.ID, "kind", rec.Kind, "state", rec.State, "returns", back.Returns)
 		return h.producer.Dispatch(ctx, back)
