@@ -14,8 +14,9 @@ import (
 )
 
 // Attacks on the durable jobs' promises (README: Results, Steps, Sleep,
-// Signals, Callback tokens, Cancel of a running job). Each test is one
-// promise that does not hold.
+// Signals, Callback tokens, Cancel of a running job), kept as regression
+// tests: each is one promise a helper's attack broke (issue 29), held
+// since its fix; its doc says how it broke.
 
 type atkWait struct {
 	N int `json:"n"`

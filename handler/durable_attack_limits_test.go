@@ -15,10 +15,6 @@ import (
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
 
-// Attacks on the durable jobs' promises (README: Results, Steps, Sleep,
-// Signals, Callback tokens, Cancel of a running job). Each test is one
-// promise that does not hold.
-
 type atkResult struct {
 	N int `json:"n"`
 }
