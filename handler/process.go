@@ -74,8 +74,11 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	if byCheck {
 		claim = h.store.ClaimByCheck
 	}
-	rec, err := claim(ctx, msg.ID, lease)
+	claimCtx, cancelClaim := claimContext(ctx)
+	rec, err := claim(claimCtx, msg.ID, lease)
+	cancelClaim()
 	if err != nil {
+		h.giveBack(ctx, msg.ID, err)
 		return h.unclaimed(ctx, m, msg, now, err)
 	}
 	if rec.HookPending {
@@ -147,6 +150,40 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 	}
 	defer adm.release() // after the run's end is recorded, whatever it was
 	return h.run(ctx, e, rec, deadline, cause)
+}
+
+// claimContext is ctx for a claim: it ends finishMargin before ctx's
+// deadline when that leaves the claim as long again, so that a claim
+// still unanswered then (a backend slowed down under load: the 10k soak,
+// seed 1796529837542061033, saw batches of ten claims cut at once when
+// the invocation gave up) leaves time to give it back (giveBack).
+func claimContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok || time.Until(dl) < 2*finishMargin {
+		return ctx, func() {}
+	}
+	return context.WithDeadline(ctx, dl.Add(-finishMargin))
+}
+
+// giveBack undoes a claim whose outcome is unknown (see ledger.Unclaim):
+// a claim that landed with no run to follow it spent an attempt for
+// nothing, and a job whose claims kept landing after their invocations
+// gave up was failed as an orphan out of attempts without ever starting
+// (the 10k soak, seed 1796529837542061033: a recurring firing's job and a
+// requeued one). Best effort: a give-back that fails leaves the claim to
+// its lease, as before.
+func (h *Handler) giveBack(ctx context.Context, id string, err error) {
+	var uo *ledger.UnknownOutcomeError
+	if !errors.As(err, &uo) || uo.Nonce == "" || ctx.Err() != nil {
+		return
+	}
+	back, gerr := h.store.Unclaim(ctx, id, uo.Nonce)
+	switch {
+	case gerr != nil:
+		h.log.WarnContext(ctx, "nexjob: giving back a claim of unknown outcome failed; its lease decides", "job_id", id, "err", gerr)
+	case back:
+		h.log.InfoContext(ctx, "nexjob: claim of unknown outcome given back; no attempt spent", "job_id", id)
+	}
 }
 
 // unclaimed handles a message whose claim failed and reports whether it
@@ -235,6 +272,7 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		// The last attempt's worker died (a live lease returned above): an
 		// orphan out of attempts.
 		cause := fmt.Errorf("%w; no attempts are left", ErrOrphaned)
+		h.log.WarnContext(ctx, "nexjob: orphaned job out of attempts; failing it", "job_id", cur.ID, "kind", cur.Kind, "attempt", cur.Attempt)
 		return h.finish(ctx, cur, ledger.Finish{State: ledger.Failed, LastError: cause.Error()}, cause)
 	}
 	h.log.WarnContext(ctx, "nexjob: job not claimable", "job_id", cur.ID, "state", cur.State)

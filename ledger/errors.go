@@ -40,10 +40,13 @@ func (e *DuplicateJobError) Error() string {
 // whether DynamoDB applied it (a timeout, a cancelled context, server
 // errors or throttles through the SDK's retries, which may follow an
 // attempt that was applied). ID is the job the write would have created:
-// Get it to know. Err is the write's error.
+// Get it to know. Err is the write's error. Nonce, for an update of a job
+// (a claim), is the nonce that write stamps: Unclaim undoes a claim of
+// unknown outcome by it.
 type UnknownOutcomeError struct {
-	ID  string
-	Err error
+	ID    string
+	Err   error
+	Nonce string
 }
 
 func (e *UnknownOutcomeError) Error() string {

@@ -48,6 +48,37 @@ func (s *Store) ClaimByCheck(ctx context.Context, id string, lease time.Duration
 	return s.claim(ctx, id, lease, true)
 }
 
+// Unclaim gives back a claim whose outcome the claimer could not learn
+// (a *UnknownOutcomeError with the claim's nonce: its reply and the read
+// back both failed, or its context ended), so that a claim applied for a
+// run that never started spends no attempt: one update, conditional on
+// that claim being the record's last write, back to Enqueued with its
+// attempt returned and its lease cleared (its token stays taken). ok
+// false: the claim was not applied, or something wrote the job since (a
+// newer claim, a run's end): nothing is written. A claim still in flight
+// that lands after Unclaim spends its attempt, as a killed worker's does.
+func (s *Store) Unclaim(ctx context.Context, id, nonce string) (bool, error) {
+	if nonce == "" {
+		return false, nil
+	}
+	cond := isJob(id).And(expression.Name(AttrNonce).Equal(expression.Value(nonce))).
+		And(expression.Name(AttrState).Equal(expression.Value(Processing)))
+	nowMs := s.now().UnixMilli()
+	upd := expression.Set(expression.Name(AttrState), expression.Value(Enqueued)).
+		Set(expression.Name(AttrAttempt), expression.Name(AttrAttempt).Minus(expression.Value(1))).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
+		Remove(expression.Name(AttrLeaseUntil))
+	_, err := s.updateByID(ctx, id, cond, s.withIndex(upd, Enqueued, id, nowMs))
+	var nc *NotClaimableError
+	switch {
+	case errors.As(err, &nc) || errors.Is(err, ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return true, nil
+}
+
 func (s *Store) claim(ctx context.Context, id string, lease time.Duration, byCheck bool) (Record, error) {
 	nonce := NewNonce()
 	x := s.claimExprs(id, lease, byCheck, s.now(), nonce)
@@ -339,7 +370,7 @@ func (s *Store) update(ctx context.Context, pk, id string, in exprs, nonce strin
 		cur, found, rerr := s.getPK(ctx, pk, true)
 		switch {
 		case rerr != nil:
-			return Record{}, &UnknownOutcomeError{ID: id, Err: errors.Join(err, rerr)}
+			return Record{}, &UnknownOutcomeError{ID: id, Err: errors.Join(err, rerr), Nonce: nonce}
 		case found && cur.Wrote(nonce):
 			return cur, nil
 		}

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
@@ -306,7 +307,7 @@ func checkEnds(_ context.Context, f *facts) []string {
 				}
 			}
 			if len(calls) < want || len(calls) > want+extra+killedHooks+uncleared[rec.ID] {
-				bad = append(bad, f.fail(rec.ID, "Failed %d times (requeued %d, %d requeues unknown) with its dead-letter hook run %d times (%d in killed processes)", want, want-1, extra, len(calls), killedHooks))
+				bad = append(bad, f.fail(rec.ID, "Failed %d times (requeued %d, %d requeues unknown) with its dead-letter hook run %d times (%d in killed processes); its record: %s", want, want-1, extra, len(calls), killedHooks, describe(rec)))
 			}
 		case rec.Kind == (Keyed{}).Kind() && keyPanics(rec):
 			// Its key function panics: the run fails as a worker's panic
@@ -503,6 +504,16 @@ func logLines(dir, id string) string {
 func clearFailures(dir string) map[string]int {
 	return loggedCount(dir, "clearing the dead-letter hook's mark failed")
 }
+
+// describe is what a violation quotes of a record.
+func describe(rec ledger.Record) string {
+	return fmt.Sprintf("%s attempt %d of %d, token %d, returns %d, hook pending %t, updated %s, last error %q",
+		rec.State, rec.Attempt, rec.MaxAttempts, rec.Token, rec.Returns, rec.HookPending, ledger.Millis(rec.UpdatedAt).UTC().Format(time.RFC3339Nano), rec.LastError)
+}
+
+// orphanFailed is the worker's log line that fails an orphan out of
+// attempts.
+const orphanFailed = "orphaned job out of attempts; failing it"
 
 // loggedCount counts, by job id, the log lines that say msg.
 func loggedCount(dir, msg string) map[string]int {

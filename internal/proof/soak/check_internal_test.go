@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -115,6 +117,19 @@ func TestFiringsCheck(t *testing.T) {
 	bad = checkFirings(context.Background(), f)
 	if len(bad) != 1 || !strings.Contains(bad[0], "j5") || !strings.Contains(bad[0], "never started") {
 		t.Fatalf("an orphan out of attempts, and a job failed unrun: got %v", bad)
+	}
+	// Records gone (the next firing replaced them): one a worker logged
+	// failing as an orphan out of attempts ended so; one with no such
+	// line did not end as far as anyone knows.
+	f.rs.dir = t.TempDir()
+	line := "time=2026-12-06T04:15:29.024Z level=WARN msg=\"nexjob: " + orphanFailed + "\" job_id=j6 kind=soak.fired attempt=3\n"
+	if err := os.WriteFile(filepath.Join(f.rs.dir, "worker-0.runs.log"), []byte(line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f.led.all = append(f.led.all[:3], &result{call: "firing", firing: "T6", id: "j6", created: true}, &result{call: "firing", firing: "T7", id: "j7", created: true})
+	bad = checkFirings(context.Background(), f)
+	if len(bad) != 1 || !strings.Contains(bad[0], "j7") || !strings.Contains(bad[0], "its record gone") {
+		t.Fatalf("gone, one logged failing as an orphan: got %v", bad)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -376,8 +377,9 @@ func record(r *result, res enqueue.Result, err error) *result {
 // operate cancels jobs, requeues Failed doomed ones and deletes parents
 // of continuations now and then, as an operator would. A requeue whose
 // outcome is left open counts in requeueUnknown; a Delete tried marks the
-// job deleted whatever its outcome (its record may be gone).
-func operate(ctx context.Context, c *enqueue.Client, led *ledgerOf, rng *rand.Rand) {
+// job deleted whatever its outcome (its record may be gone). Each requeue
+// and its outcome is logged (operator.log), for a violation's history.
+func operate(ctx context.Context, c *enqueue.Client, log *slog.Logger, led *ledgerOf, rng *rand.Rand) {
 	for ctx.Err() == nil {
 		select {
 		case <-ctx.Done():
@@ -414,6 +416,7 @@ func operate(ctx context.Context, c *enqueue.Client, led *ledgerOf, rng *rand.Ra
 			continue
 		}
 		_, err := c.RequeueFrom(ctx, r.id, ledger.Failed)
+		log.InfoContext(ctx, "soak: requeue", "job_id", r.id, "err", err)
 		led.mu.Lock()
 		var sc *enqueue.StateChangedError
 		var nf = errors.Is(err, ledger.ErrNotFound)

@@ -259,7 +259,8 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		pr := &producer{c: cl, db: dynamodb.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 3)), led: led, keys: max(8, c.Jobs/5), id: i, bulk: env.BulkURL != ""}
 		prod.Go(func() { pr.run(ctx, n) })
 	}
-	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), Queues: env.queues()})
+	opLog := logTo(filepath.Join(c.Dir, "operator.log"))
+	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: opLog, Queues: env.queues()})
 	if err != nil {
 		return rep, err
 	}
@@ -269,7 +270,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	}
 	opDone := make(chan struct{})
 	opCtx, opStop := context.WithCancel(ctx)
-	go func() { defer close(opDone); operate(opCtx, op, led, rand.New(rand.NewPCG(root.Uint64(), 5))) }()
+	go func() { defer close(opDone); operate(opCtx, op, opLog, led, rand.New(rand.NewPCG(root.Uint64(), 5))) }()
 	fireDone := make(chan struct{})
 	go func() { defer close(fireDone); fire(opCtx, fireClient, led, rand.New(rand.NewPCG(root.Uint64(), 11))) }()
 	outageDone := make(chan struct{})
