@@ -161,6 +161,9 @@ func staleCopy(m events.SQSMessage, rec ledger.Record) bool {
 // failDeadLetter ends the job as Failed with cause, if it is still as
 // read, and does what follows (hook, continuations).
 func (h *Handler) failDeadLetter(ctx context.Context, rec ledger.Record, cause error) error {
+	if !h.earlierHookRan(ctx, rec) {
+		return errHookGoingOn
+	}
 	var hookLease time.Duration
 	if h.hookOf(rec.Kind) != nil {
 		hookLease, _, _ = h.lease(ctx, h.store.Now(), 0) // held until this invocation ends

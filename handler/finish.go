@@ -15,6 +15,9 @@ import (
 // hook of a Failed job with its cause, end the children of a Failed or
 // Expired one as it ended. It reports whether the message may be deleted.
 func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish, cause error) bool {
+	if f.State == ledger.Failed && !h.earlierHookRan(ctx, rec) {
+		return false // the message comes back; the earlier hook first
+	}
 	// One nonce for this logical write and its retries in record: this
 	// writer's own, so another worker's finish of the same record (two
 	// messages of an orphan) never reads as ours.
@@ -70,6 +73,25 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		return h.endChildren(ctx, out)
 	}
 	return true
+}
+
+// earlierHookRan runs the dead-letter hook still due on rec from an
+// earlier failure (its worker died before the hook, and an operator
+// requeued the job) before a new failure's Failed write takes the mark
+// over: one hook per failure. The claim does it before a run; this is
+// for failures with no run between (an orphan out of attempts, a dead
+// letter): the 10k soak, seed 1796535410351433258, failed a requeued job
+// whose claims never ran as an orphan, and one hook ran for the two
+// failures. It reports false when that hook is held elsewhere or could
+// not be taken over: fail the job later.
+func (h *Handler) earlierHookRan(ctx context.Context, rec ledger.Record) bool {
+	if !rec.HookPending || rec.State == ledger.Failed {
+		return true
+	}
+	failed := rec
+	failed.State = ledger.Failed // shown as it failed, as the claim does
+	_, ok := h.takeOverHook(ctx, failed)
+	return ok
 }
 
 // settleFenced follows a refused result: the job was ended by someone

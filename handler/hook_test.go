@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -348,5 +349,58 @@ func TestHookAtARunsEndGetsTheJobLogger(t *testing.T) {
 	}
 	if line.Msg == "" || line.JobID != res.ID || line.Kind != "email" || line.Attempt != 1 {
 		t.Fatalf("the hook's line: %+v, want job %s, kind email, attempt 1\n%s", line, res.ID, logs.String())
+	}
+}
+
+// The 10k soak, seed 1796535410351433258: a worker died between a job's
+// Failed write and its hook; an operator requeued the job; its next
+// claims landed after their invocations gave up (no run), and the
+// delivery that found it out of attempts failed it as an orphan with its
+// own hook's mark, on top of the one still due: one hook ran for two
+// failures. The earlier failure's hook now runs first, then the orphan's.
+// Before: "2 failures, 1 hook run".
+func TestOrphanAfterARequeueRunsBothHooks(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var seen []string
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(context.Context, *handler.Job[email]) error {
+		t.Error("the orphan ran")
+		return nil
+	}), &handler.KindOptions{OnDeadLetter: func(_ context.Context, rec ledger.Record, cause error) error {
+		mu.Lock()
+		seen = append(seen, cause.Error())
+		mu.Unlock()
+		return nil
+	}})
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	res, err := e.Client.Enqueue(ctx, email{To: "orphan@example.com"}, &enqueue.Opts{MaxAttempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := h.Producer().Store()
+	failThenCrash(t, st, res.ID)
+	if _, err := e.SQS.PurgeQueue(ctx, &sqs.PurgeQueueInput{QueueUrl: aws.String(e.QueueURL)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Client.Requeue(ctx, res.ID); err != nil {
+		t.Fatal(err)
+	}
+	// Its one attempt spent by a claim that never ran, and its lease out.
+	if _, err := st.Claim(ctx, res.ID, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	e.Advance(t, time.Minute)
+	e.Drain(t, h)
+	got := e.Get(t, res.ID)
+	mu.Lock()
+	defer mu.Unlock()
+	if got.State != ledger.Failed || got.HookPending || len(seen) != 2 {
+		t.Fatalf("%d failures (%s, mark %v), %d hook runs %q; want 2 failures, 2 hook runs", 2, got.State, got.HookPending, len(seen), seen)
+	}
+	if seen[0] != "smtp down" || !strings.Contains(seen[1], "orphaned") {
+		t.Fatalf("the hooks saw %q; want the first failure's, then the orphan's", seen)
 	}
 }

@@ -100,6 +100,7 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 			}
 			return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: at, Deferred: true}, nil)
 		}
+		rec.HookPending = false // it ran: this run's failure, if any, has its own
 	}
 	// Every claimed job gets its consumer span, with a worker or not.
 	if h.o.TracerProvider != nil {
