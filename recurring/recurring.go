@@ -97,6 +97,9 @@ type Opts struct {
 	// JobDefaults, read here: the target has only the JSON), else
 	// enqueue's.
 	MaxAttempts int
+	// Queue is the named queue each run goes to. Defaults to the kind's
+	// (JobDefaults, read here as MaxAttempts is), else the job queue.
+	Queue string
 	// Disabled creates the schedule paused. Defaults to false.
 	Disabled bool
 }
@@ -125,6 +128,7 @@ type Firing struct {
 	Args          json.RawMessage `json:"args"`
 	Concurrency   Concurrency     `json:"concurrency"`
 	MaxAttempts   int             `json:"maxAttempts,omitempty"`
+	Queue         string          `json:"queue,omitempty"`
 	ScheduledTime string          `json:"scheduledTime"`
 }
 
@@ -180,12 +184,17 @@ func NewFiring(id string, args enqueue.JobArgs, opts *Opts) (Firing, error) {
 	if err != nil {
 		return Firing{}, &enqueue.InputError{Field: "args", Reason: "cannot be encoded as JSON: " + redact.JSON(err), Err: err}
 	}
-	if d, ok := args.(enqueue.KindDefaults); ok && o.MaxAttempts == 0 {
+	if d, ok := args.(enqueue.KindDefaults); ok {
 		// The target enqueues raw JSON, with no type to ask: the kind's
-		// attempt budget goes into the firing here.
-		o.MaxAttempts = d.JobDefaults().MaxAttempts
+		// attempt budget and queue go into the firing here.
+		if o.MaxAttempts == 0 {
+			o.MaxAttempts = d.JobDefaults().MaxAttempts
+		}
+		if o.Queue == "" {
+			o.Queue = d.JobDefaults().Queue
+		}
 	}
-	return Firing{V: 1, ID: id, Kind: args.Kind(), Args: raw, Concurrency: o.Concurrency, MaxAttempts: o.MaxAttempts}, nil
+	return Firing{V: 1, ID: id, Kind: args.Kind(), Args: raw, Concurrency: o.Concurrency, MaxAttempts: o.MaxAttempts, Queue: o.Queue}, nil
 }
 
 // Recurring creates or updates the schedule id, firing at expr, that
@@ -365,5 +374,5 @@ func Fire(ctx context.Context, c *enqueue.Client, f Firing) (enqueue.Result, err
 		request = "nexjob-recurring-firing:" + f.ID + "@" + f.ScheduledTime
 		at, _ = time.Parse(time.RFC3339, f.ScheduledTime) // zero if not: ordered by the request alone
 	}
-	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, RequestID: request, RequestTime: at, MaxAttempts: f.MaxAttempts, DuplicatePolicy: enqueue.AllowAfterFailed, ReplaceEnded: true})
+	return c.Enqueue(ctx, rawArgs{kind: f.Kind, raw: f.Args}, &enqueue.Opts{IdempotencyKey: key, RequestID: request, RequestTime: at, MaxAttempts: f.MaxAttempts, Queue: f.Queue, DuplicatePolicy: enqueue.AllowAfterFailed, ReplaceEnded: true})
 }
