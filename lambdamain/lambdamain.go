@@ -25,6 +25,7 @@ package lambdamain
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -57,7 +58,8 @@ type Options struct {
 	// (concurrency, hooks, backoff for unknown kinds, …); the settings
 	// fill in the DLQ URL, the retention and the ledger's options.
 	Handler *handler.Options
-	// Logger defaults to JSON on stdout.
+	// Logger defaults to JSON on stdout, durations written as text
+	// ("10s"); Local's to text lines.
 	Logger *slog.Logger
 	// Start replaces lambda.Start (tests call the handler instead).
 	Start func(handler any)
@@ -177,18 +179,25 @@ func NewHandler(ctx context.Context, reg *handler.Registry, role settings.Role, 
 }
 
 func handlerOf(s settings.Settings, reg *handler.Registry, role settings.Role, opts *Options) (*handler.Handler, error) {
+	return handler.New(s.AWS, s.Table, s.QueueURL, reg, handlerOptions(s, role, opts, logger(opts, role), true))
+}
+
+// handlerOptions are the handler's options from the settings and opts,
+// logging to log unless opts name a logger. emf: metrics default to EMF
+// lines on stdout (CloudWatch metrics, no API call); else to none.
+func handlerOptions(s settings.Settings, role settings.Role, opts *Options, log *slog.Logger, emf bool) *handler.Options {
 	var base *handler.Options
 	if opts != nil {
 		base = opts.Handler
 	}
 	o := s.HandlerOptions(base)
 	if o.Logger == nil {
-		o.Logger = logger(opts, role)
+		o.Logger = log
 	}
-	if o.Metrics == nil {
-		o.Metrics = metrics.New(nil) // EMF on stdout: CloudWatch metrics, no API call
+	if o.Metrics == nil && emf {
+		o.Metrics = metrics.New(nil)
 	}
-	return handler.New(s.AWS, s.Table, s.QueueURL, reg, o)
+	return o
 }
 
 func build(reg *handler.Registry, role settings.Role, opts *Options) (*handler.Handler, *slog.Logger) {
@@ -204,7 +213,27 @@ func logger(opts *Options, role settings.Role) *slog.Logger {
 	if opts != nil && opts.Logger != nil {
 		return opts.Logger
 	}
-	return slog.New(slog.NewJSONHandler(os.Stdout, nil)).With("function", string(role))
+	return slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{ReplaceAttr: durationText})).With("function", string(role))
+}
+
+// localLogger is Local's default: text lines for people, on stdout.
+func localLogger(opts *Options) *slog.Logger {
+	if opts != nil && opts.Logger != nil {
+		return opts.Logger
+	}
+	return slog.New(slog.NewTextHandler(stdout, &slog.HandlerOptions{ReplaceAttr: durationText}))
+}
+
+// stdout is where the default loggers write (a test's buffer in tests).
+var stdout io.Writer = os.Stdout
+
+// durationText writes a duration as one ("10s", "1.5ms"): slog's JSON
+// handler writes integer nanoseconds ("retry_in":10000000000).
+func durationText(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
 }
 
 func start(opts *Options, log *slog.Logger, h any) {
@@ -247,16 +276,21 @@ func fail(log *slog.Logger, err error) {
 // when a caller retries its key. Never point Local at queues a deployed
 // function consumes. It returns a bad configuration's error at once, and
 // nil when ctx ends (after the batches in hand are handled).
+//
+// It logs for people: text lines on stdout (Options.Logger to change it),
+// durations as durations ("retry_in=10s"), and no EMF metric lines
+// (Options.Handler.Metrics to have them), where a Lambda function writes
+// JSON and EMF on one stream for CloudWatch.
 func Local(ctx context.Context, reg *handler.Registry, opts *Options) error {
 	s, err := settings.Load(ctx, settings.Worker)
 	if err != nil {
 		return err
 	}
-	h, err := handlerOf(s, reg, settings.Worker, opts)
+	log := localLogger(opts)
+	h, err := handler.New(s.AWS, s.Table, s.QueueURL, reg, handlerOptions(s, settings.Worker, opts, log, false))
 	if err != nil {
 		return err
 	}
-	log := logger(opts, "local")
 	q := sqs.NewFromConfig(s.AWS)
 	var wg sync.WaitGroup
 	run := func(url string, fn poller.HandlerFunc) {
