@@ -177,6 +177,8 @@ type Stats struct {
 	Queued, InFlight, DLQ int
 	// Queues are the named queues' counts (NEXJOB_QUEUES), by name.
 	Queues []QueueStats
+	// EndedLastHour are the jobs that ended in the last hour, by state.
+	EndedLastHour map[ledger.State]int
 }
 
 // QueueStats are one named queue's approximate counts, as Stats's own.
@@ -196,15 +198,16 @@ func (s Stats) Total(st ledger.State) int {
 
 // Stats counts jobs (one Scan) and reads the queues' depths.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
-	jobs, err := a.store.Counts(ctx)
+	counts, err := a.store.CountJobs(ctx, a.store.Now().Add(-time.Hour))
 	if err != nil {
 		return Stats{}, err
 	}
+	jobs := counts.ByState
 	main, err := a.queueStats(ctx, "", a.queueURL, a.dlqURL)
 	if err != nil {
 		return Stats{}, err
 	}
-	st := Stats{Jobs: jobs, Queued: main.Queued, InFlight: main.InFlight, DLQ: main.DLQ}
+	st := Stats{Jobs: jobs, Queued: main.Queued, InFlight: main.InFlight, DLQ: main.DLQ, EndedLastHour: counts.EndedSince}
 	for _, name := range slices.Sorted(maps.Keys(a.named)) {
 		q := a.named[name]
 		qs, err := a.queueStats(ctx, name, q.URL, q.DLQURL)

@@ -330,8 +330,32 @@ func TestSecurityHeaders(t *testing.T) {
 func TestJobPageShowsRuns(t *testing.T) {
 	r := newRig(t, false)
 	_, page := get(t, client(t), r.srv.URL+"/jobs/"+r.failed)
-	if !strings.Contains(page, "run 1 ended Failed: permanent: ledger service unreachable") {
+	if !strings.Contains(page, "run 1 failed: permanent: ledger service unreachable") {
 		t.Fatalf("the job page lacks the run's end:\n%s", page)
+	}
+}
+
+// TestOverviewRefreshesAndCountsEnds (issue 30, item 11): the overview
+// reloads itself, says how many jobs ended in the last hour by state, and
+// has no row for items that are not jobs (a blank kind of zeros headed
+// it: flow control's items counted as jobs).
+func TestOverviewRefreshesAndCountsEnds(t *testing.T) {
+	r := newRig(t, false)
+	ctx := context.Background()
+	if _, err := r.e.Client.Enqueue(ctx, invoice{Customer: "bob@example.com"}, &enqueue.Opts{
+		RateLimit: &enqueue.RateLimit{Key: "invoices", Limit: 5, Period: time.Minute}}); err != nil {
+		t.Fatal(err) // a rate log item beside the jobs
+	}
+	r.e.Drain(t, r.h)
+	_, page := get(t, client(t), r.srv.URL+"/")
+	if !strings.Contains(page, `<meta http-equiv="refresh" content="10">`) {
+		t.Fatalf("the overview does not reload itself:\n%s", page)
+	}
+	if !strings.Contains(page, "Ended in the last hour: 1 Succeeded, 1 Failed, 0 Expired.") {
+		t.Fatalf("the overview's last hour:\n%s", page)
+	}
+	if strings.Contains(page, "<tr><td></td>") {
+		t.Fatalf("a row with no kind heads the overview:\n%s", page)
 	}
 }
 

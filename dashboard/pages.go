@@ -13,6 +13,9 @@ import (
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
+// overviewRefresh is how often the overview reloads itself, in seconds.
+const overviewRefresh = 10
+
 func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 	st, err := s.a.Stats(r.Context())
 	if err != nil {
@@ -20,7 +23,7 @@ func (s *server) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := s.view(r, "jobs")
-	v.Stats = st
+	v.Stats, v.Refresh = st, overviewRefresh
 	kinds := map[string]bool{}
 	for _, byKind := range st.Jobs {
 		for k := range byKind {
@@ -92,11 +95,7 @@ func history(r ledger.Record) []event {
 		ev = append(ev, event{r.LeaseUntil, "lease of the current run ends"})
 	}
 	for _, a := range r.Attempts() { // the last runs' ends, kept by the record
-		what := fmt.Sprintf("run %d ended %s", a.N, a.State)
-		if a.Error != "" {
-			what += ": " + a.Error
-		}
-		ev = append(ev, event{a.At, what})
+		ev = append(ev, event{a.At, fmt.Sprintf("run %d %s", a.N, RunEnd(r, a))})
 	}
 	what := "now " + string(r.State)
 	if r.Cancelled {

@@ -15,6 +15,7 @@ import (
 type view struct {
 	Title, Base, Table, Flash, Error, CSRF string
 	Write                                  bool
+	Refresh                                int // seconds: the page reloads itself (the overview); 0 never
 	now                                    time.Time
 
 	Stats  admin.Stats
@@ -39,6 +40,11 @@ type view struct {
 	Explain      string
 	Signal       string // the signal a job waits for, on its signal page
 	PostTo, Back string
+}
+
+// Ended are the end states, in the order the overview shows them.
+func (v view) Ended() []ledger.State {
+	return []ledger.State{ledger.Succeeded, ledger.Failed, ledger.Expired}
 }
 
 type event struct {
@@ -79,6 +85,34 @@ func (v view) Short(s string) string {
 }
 
 // Ago is t relative to now for people: "3m ago", "in 2h", "just now".
+// RunEnd says how run a of job r ended, for people: what Finish made
+// the job, in words ("failed; retry at …" where the record says
+// Scheduled after a failure), with its error.
+func RunEnd(r ledger.Record, a ledger.Attempt) string {
+	var what string
+	switch {
+	case a.State == ledger.Scheduled && a.Error != "":
+		what = "failed; retried"
+		if r.State == ledger.Scheduled && r.Attempt == a.N && r.RunAt > 0 {
+			what = "failed; retry at " + ledger.Millis(r.RunAt).UTC().Format(time.RFC3339)
+		}
+	case a.State == ledger.Scheduled:
+		what = "deferred"
+	case a.State == ledger.Enqueued:
+		what = "cut off by the invocation's deadline; run again"
+	case a.State == ledger.Succeeded:
+		what = "succeeded"
+	case a.State == ledger.Failed:
+		what = "failed"
+	default:
+		what = "ended " + string(a.State)
+	}
+	if a.Error != "" {
+		what += ": " + a.Error
+	}
+	return what
+}
+
 func Ago(t, now time.Time) string {
 	d := now.Sub(t)
 	suffix := " ago"

@@ -310,17 +310,33 @@ func (s *Store) scanPage(ctx context.Context, f Filter, start map[string]types.A
 	return out.Items, out.LastEvaluatedKey, nil
 }
 
-// Counts returns how many live jobs there are per state and kind, with
-// one Scan of the table that reads only those attributes (billed for every
-// record's full size all the same). For an operator's overview.
+// Counts counts the jobs by state and kind (one Scan; see CountJobs).
 func (s *Store) Counts(ctx context.Context) (map[State]map[string]int, error) {
+	c, err := s.CountJobs(ctx, time.Time{})
+	return c.ByState, err
+}
+
+// JobCounts are CountJobs's counts.
+type JobCounts struct {
+	ByState map[State]map[string]int // jobs by state and kind
+	// EndedSince are the jobs by end state (Succeeded, Failed, Expired)
+	// whose record last changed at or after the time asked (an end, or an
+	// operator's cancel).
+	EndedSince map[State]int
+}
+
+// CountJobs counts the jobs by state and kind, and those that ended since
+// since, in one Scan projecting five attributes. Items that are not jobs
+// (flow control's, the index's) and records past their retention are
+// not counted.
+func (s *Store) CountJobs(ctx context.Context, since time.Time) (JobCounts, error) {
 	now := s.now().Unix()
-	proj := expression.NamesList(expression.Name(AttrPK), expression.Name(AttrState), expression.Name(AttrKind), expression.Name(AttrExpiresAt))
+	proj := expression.NamesList(expression.Name(AttrPK), expression.Name(AttrState), expression.Name(AttrKind), expression.Name(AttrExpiresAt), expression.Name(AttrUpdatedAt))
 	expr, err := expression.NewBuilder().WithProjection(proj).Build()
 	if err != nil {
-		return nil, fmt.Errorf("nexjob: build scan: %w", err)
+		return JobCounts{}, fmt.Errorf("nexjob: build scan: %w", err)
 	}
-	counts := map[State]map[string]int{}
+	c := JobCounts{ByState: map[State]map[string]int{}, EndedSince: map[State]int{}}
 	p := dynamodb.NewScanPaginator(s.db, &dynamodb.ScanInput{
 		TableName:                aws.String(s.table),
 		ProjectionExpression:     expr.Projection(),
@@ -329,21 +345,24 @@ func (s *Store) Counts(ctx context.Context) (map[State]map[string]int, error) {
 	for p.HasMorePages() {
 		out, err := p.NextPage(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("nexjob: scan %s: %w", s.table, err)
+			return JobCounts{}, fmt.Errorf("nexjob: scan %s: %w", s.table, err)
 		}
 		page, err := decodeRecords(out.Items)
 		if err != nil {
-			return nil, fmt.Errorf("nexjob: decode job records: %w", err)
+			return JobCounts{}, fmt.Errorf("nexjob: decode job records: %w", err)
 		}
 		for _, r := range page {
-			if r.ExpiredAt(time.Unix(now, 0)) || !isJobPK(r.PK) {
+			if r.ExpiredAt(time.Unix(now, 0)) || !isJobPK(r.PK) || r.Kind == "" {
 				continue // flow control's items, the index item: not jobs
 			}
-			if counts[r.State] == nil {
-				counts[r.State] = map[string]int{}
+			if c.ByState[r.State] == nil {
+				c.ByState[r.State] = map[string]int{}
 			}
-			counts[r.State][r.Kind]++
+			c.ByState[r.State][r.Kind]++
+			if r.State.Terminal() && !since.IsZero() && r.UpdatedAt >= since.UnixMilli() {
+				c.EndedSince[r.State]++
+			}
 		}
 	}
-	return counts, nil
+	return c, nil
 }

@@ -91,7 +91,12 @@ func (o *ops) list(ctx context.Context, f *flags) error {
 		fmt.Fprintf(o.stderr, "(%s jobs are not indexed: scanning the table)\n", flt.State)
 	}
 	tw := tabwriter.NewWriter(o.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tKIND\tSTATE\tATTEMPT\tCHANGED\tLAST ERROR")
+	scheduled := flt.State == ledger.Scheduled // their next run is what an operator asks of them
+	if scheduled {
+		fmt.Fprintln(tw, "JOB\tKIND\tSTATE\tATTEMPT\tRUNS AT\tCHANGED\tLAST ERROR")
+	} else {
+		fmt.Fprintln(tw, "JOB\tKIND\tSTATE\tATTEMPT\tCHANGED\tLAST ERROR")
+	}
 	n := 0
 	for n < max {
 		flt.Limit = max - n
@@ -103,6 +108,12 @@ func (o *ops) list(ctx context.Context, f *flags) error {
 			st := string(r.State)
 			if r.Cancelled {
 				st += " (cancelled)"
+			}
+			if scheduled {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\n", clean(r.ID), clean(r.Kind), clean(st), r.Attempt, r.MaxAttempts,
+					ledger.Millis(r.RunAt).UTC().Format(time.RFC3339)+" ("+dashboard.Ago(ledger.Millis(r.RunAt), o.now())+")",
+					dashboard.Ago(ledger.Millis(r.UpdatedAt), o.now()), oneLine(r.LastError, 70))
+				continue
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\n", clean(r.ID), clean(r.Kind), clean(st), r.Attempt, r.MaxAttempts,
 				dashboard.Ago(ledger.Millis(r.UpdatedAt), o.now()), oneLine(r.LastError, 70))
@@ -169,14 +180,13 @@ func (o *ops) get(ctx context.Context, id string, showArgs, showResult bool) err
 		row("retention ends", at(rec.ExpiresAt*1000))
 	}
 	row("parent", rec.ParentID)
+	if len(rec.Parents) > 0 {
+		row("parents", fmt.Sprintf("%s (%d of %d succeeded)", strings.Join(rec.Parents, " "), len(rec.Released), len(rec.Parents)))
+	}
 	row("continuations", strings.Join(rec.Children, " "))
 	row("last error", oneLine(rec.LastError, 400))
 	for _, a := range rec.Attempts() {
-		line := fmt.Sprintf("ended %s %s", a.State, dashboard.Ago(ledger.Millis(a.At), o.now()))
-		if a.Error != "" {
-			line += ": " + a.Error
-		}
-		row(fmt.Sprintf("run %d", a.N), oneLine(line, 300))
+		row(fmt.Sprintf("run %d", a.N), oneLine(dashboard.RunEnd(rec, a)+" ("+dashboard.Ago(ledger.Millis(a.At), o.now())+")", 300))
 	}
 	if showArgs {
 		row("args", rec.Args)
@@ -191,6 +201,20 @@ func (o *ops) get(ctx context.Context, id string, showArgs, showResult bool) err
 		row("result", fmt.Sprintf("%d bytes (--show-result prints it)", len(rec.Result)))
 	}
 	return tw.Flush()
+}
+
+// holder prints the job holding key (get), or says that none does. The
+// key itself is never printed: its hash is, as on the job's page.
+func (o *ops) holder(ctx context.Context, key string, showArgs, showResult bool) error {
+	rec, err := o.a.Holder(ctx, key)
+	if errors.Is(err, ledger.ErrNotFound) {
+		_, err = fmt.Fprintf(o.stdout, "no job holds the key (hash %s): an enqueue with it makes a new job\n", o.a.HashKey(key))
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	return o.get(ctx, rec.ID, showArgs, showResult)
 }
 
 func (o *ops) stats(ctx context.Context) error {
