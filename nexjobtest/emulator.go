@@ -1,6 +1,7 @@
 package nexjobtest
 
 import (
+	"bytes"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -30,8 +32,12 @@ var requirements []byte
 // here when no backend is configured, and returns the exit code:
 //
 //	func TestMain(m *testing.M) { os.Exit(nexjobtest.Main(m)) }
+//
+// With NEXJOB_NO_EMULATOR=1 (make check, the fast loop) it starts none,
+// and every test that needs AWS skips (Config); under CI=true such a test
+// fails instead, so a CI run never passes by skipping.
 func Main(m *testing.M) int {
-	if os.Getenv("AWS_ENDPOINT_URL") != "" || os.Getenv("NEXJOB_REAL_AWS") == "1" {
+	if os.Getenv("AWS_ENDPOINT_URL") != "" || os.Getenv("NEXJOB_REAL_AWS") == "1" || os.Getenv(EnvNoEmulator) == "1" {
 		return m.Run()
 	}
 	em, err := StartEmulator()
@@ -45,6 +51,9 @@ func Main(m *testing.M) int {
 	}
 	return m.Run()
 }
+
+// EnvNoEmulator set to 1 keeps Main from starting the emulator.
+const EnvNoEmulator = "NEXJOB_NO_EMULATOR"
 
 // Emulator is a running default emulator.
 type Emulator struct {
@@ -142,7 +151,8 @@ func motoPython() (string, error) {
 	if hasMoto(py) {
 		return py, nil
 	}
-	notice(fmt.Sprintf("nexjobtest: installing the default emulator, moto[server]==%s and its pinned, hashed dependencies, into %s (once, from PyPI)", MotoVersion, venv))
+	start := time.Now()
+	notice(fmt.Sprintf("nexjobtest: installing the default emulator, moto[server]==%s and its pinned, hashed dependencies, into %s (once, from PyPI; about a minute)", MotoVersion, venv))
 	if out, err := exec.Command("python3", "-m", "venv", venv).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("python3 -m venv %s: %w\n%s", venv, err, out)
 	}
@@ -150,17 +160,53 @@ func motoPython() (string, error) {
 	if err := os.WriteFile(req, requirements, 0o600); err != nil {
 		return "", err
 	}
-	pip := exec.Command(filepath.Join(venv, "bin", "pip"), "install", "-q", "--disable-pip-version-check", "--require-hashes", "-r", req)
-	if out, err := pip.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("pip install --require-hashes -r %s: %w\n%s", req, err, out)
+	// Wheels only (no package is built from source) and no byte-compiling
+	// at install: Python compiles what moto imports when it first starts.
+	pip := exec.Command(filepath.Join(venv, "bin", "pip"), "install", "--progress-bar", "off", "--disable-pip-version-check",
+		"--only-binary", ":all:", "--no-compile", "--require-hashes", "-r", req)
+	var out bytes.Buffer
+	pip.Stdout, pip.Stderr = &progress{out: &out}, &out
+	if err := pip.Run(); err != nil {
+		return "", fmt.Errorf("pip install --require-hashes -r %s: %w\n%s", req, err, out.String())
 	}
+	notice(fmt.Sprintf("nexjobtest: the default emulator is installed (%s)", time.Since(start).Round(time.Second)))
 	return py, nil
+}
+
+// InstallEmulator installs the default emulator where the kit looks for
+// it (see Main), if it is not there yet, and returns its Python: the
+// warm-up a new app's README runs before its first go test
+// (nexjob emulator --install), so that test prints its results, not an
+// install.
+func InstallEmulator() (string, error) { return motoPython() }
+
+// progress passes pip's lines to notice as they come ("Collecting moto",
+// …), so a first go test shows an install going on, not a hang, and
+// keeps them for an error.
+type progress struct {
+	out  *bytes.Buffer
+	line []byte
+}
+
+func (p *progress) Write(b []byte) (int, error) {
+	p.out.Write(b)
+	for _, c := range b {
+		if c != '\n' {
+			p.line = append(p.line, c)
+			continue
+		}
+		if l := strings.TrimSpace(string(p.line)); strings.HasPrefix(l, "Collecting ") || strings.HasPrefix(l, "Installing ") || strings.HasPrefix(l, "Successfully ") {
+			notice("nexjobtest: pip: " + l)
+		}
+		p.line = p.line[:0]
+	}
+	return len(b), nil
 }
 
 // notice says what the kit is doing while it does it: on stderr, and on
 // the terminal when there is one, because go test holds a package's
 // output back until it ends when it tests several packages.
-func notice(msg string) {
+var notice = func(msg string) {
 	fmt.Fprintln(os.Stderr, msg)
 	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
 		_, _ = fmt.Fprintln(tty, msg)

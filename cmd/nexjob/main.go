@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/config"
@@ -40,11 +41,14 @@ usage: nexjob COMMAND [flags] [args]
   schema                              print the table definition for the AWS CLI (LocalStack's hook)
   emulator                            start the default emulator (moto, installed once) on 127.0.0.1 and
                                       print its export lines, until Ctrl-C: no Docker, no repository
+  emulator --install                  install it and exit (where tests look for it): before a first go test
 
   list [STATE | --state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
                                       jobs in a state (default Failed), newest first
   get ID [--show-args] [--show-result]
                                       one job's record (args, result only when asked)
+  holder KEY [--show-args]            the job that holds an idempotency key (as get prints it), or
+                                      that none does: who blocks my enqueue?
   stats                               jobs per state and kind, queue and DLQ depth (scans the table)
   schedules                           recurring jobs: expression, concurrency, next firing
   cancel ID... [--reason R]           withdraw Enqueued or Scheduled jobs: each becomes Failed, marked
@@ -183,6 +187,12 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		_, err := fmt.Fprint(c.stdout, usageText)
 		return err
 	case "emulator":
+		if len(args) > 1 && (args[1] == "--install" || args[1] == "-install") {
+			return c.installEmulator()
+		}
+		if len(args) > 1 {
+			return usageError("emulator takes no argument but --install")
+		}
 		return c.emulator(ctx)
 	}
 	f, rest, err := c.parse(cmd, args[1:])
@@ -218,7 +228,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return c.provision(ctx, cfg, rest[0], f.queues, f.recurring)
-	case "list", "get", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules", "signal":
+	case "list", "get", "holder", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules", "signal":
 	default:
 		return usageError(fmt.Sprintf("unknown command %q", cmd))
 	}
@@ -241,6 +251,11 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return op.get(ctx, rest[0], f.showArgs, f.showResult)
+	case "holder":
+		if err := want(1); err != nil {
+			return err
+		}
+		return op.holder(ctx, rest[0], f.showArgs, f.showResult)
 	case "stats":
 		return op.stats(ctx)
 	case "schedules":
@@ -325,6 +340,18 @@ func (c *cli) exports(vars map[string]string) {
 // emulator starts the default emulator for a new app's shell: it prints
 // the export lines that point the SDK (and so provision, the app's local
 // worker and its producer) at it, and stops it at Ctrl-C.
+// installEmulator installs the default emulator where a team's tests
+// (nexjobtest.Main) look for it, and says where and how long it took.
+func (c *cli) installEmulator() error {
+	start := time.Now()
+	py, err := nexjobtest.InstallEmulator()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "nexjob: the default emulator (moto %s) is ready: %s (%s)\n", nexjobtest.MotoVersion, py, time.Since(start).Round(100*time.Millisecond))
+	return nil
+}
+
 func (c *cli) emulator(ctx context.Context) error {
 	fmt.Fprintln(c.stderr, "nexjob: starting the default emulator (moto "+nexjobtest.MotoVersion+"; the first run installs it)")
 	em, err := nexjobtest.StartEmulator()
