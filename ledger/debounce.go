@@ -22,7 +22,8 @@ const (
 
 const debouncePrefix = "d#"
 
-// NewJobID returns a fresh id for an unkeyed job (InsertOptions.ID).
+// NewJobID returns a fresh id for an unkeyed job (InsertOptions.ID,
+// PrepareAs: a flow's records name each other before they are built).
 func NewJobID() string { return newID("") }
 
 // Debounced reads a debounce key's pointer: the job enqueues fold into

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -182,6 +183,36 @@ func (s *Store) Prepare(ctx context.Context, rec Record, key string, policy Dupl
 	}
 	items, err := s.archiveItems(old, &rec)
 	return Prepared{Record: rec, Items: items}, err
+}
+
+// PrepareAs is Prepare of a job without a key under id (from NewJobID):
+// its Put, conditional on no record of that id. Bad input as Insert.
+func (s *Store) PrepareAs(rec Record, id string, policy DuplicatePolicy) (Prepared, error) {
+	if !policy.Valid() {
+		return Prepared{}, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
+	}
+	if len(rec.Args) > MaxArgsBytes {
+		return Prepared{}, fmt.Errorf("%w: args are %d bytes, the limit is %d", ErrItemTooLarge, len(rec.Args), MaxArgsBytes)
+	}
+	if !validID(id) || strings.Contains(id, idSep) {
+		return Prepared{}, fmt.Errorf("%w: %q is not an id of NewJobID", ErrBadID, truncate(id, 80))
+	}
+	rec = s.stamp(rec, "", policy, s.now())
+	rec.ID, rec.PK = id, jobPrefix+id
+	if s.Indexed(rec.State) {
+		rec.ListState = s.listKey(rec.State, rec.ID)
+	}
+	return Prepared{Record: rec, Items: []types.TransactWriteItem{s.putItem(rec, absent())}}, nil
+}
+
+// Commit writes prepared items (Prepare, PrepareAs) in one
+// TransactWriteItems, as they are: for a caller that has no DynamoDB
+// client of its own (a flow). Its error is the transaction's, wrapped.
+func (s *Store) Commit(ctx context.Context, items []types.TransactWriteItem) error {
+	if _, err := s.db.TransactWriteItems(ctx, &dynamodb.TransactWriteItemsInput{TransactItems: items}); err != nil {
+		return fmt.Errorf("nexjob: transaction in %s: %w", s.table, err)
+	}
+	return nil
 }
 
 // sameRequest: the key's holder was created by the request rec retries

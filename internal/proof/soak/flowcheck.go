@@ -168,3 +168,30 @@ func checkListing(ctx context.Context, f *facts) []string {
 }
 
 func head(ids []string) []string { return ids[:min(len(ids), 5)] }
+
+// checkFlows: a flow (EnqueueFlow) is written whole or not at all, and
+// its continuations run only after their parents Succeeded: with its
+// first job Failed (a doomed one), every continuation ends Failed
+// without a run.
+func checkFlows(_ context.Context, f *facts) []string {
+	var bad []string
+	for _, r := range f.led.all {
+		if r.flowOf == nil || !r.created || f.deleted(r.flowOf.id) || f.deleted(r.id) || f.parentDeleted(r) {
+			continue
+		}
+		rec, ok := f.byID[r.id]
+		if !ok {
+			bad = append(bad, f.fail(r.flowOf.id, "its flow was written, but not its continuation %s", r.id))
+			continue
+		}
+		root, ok := f.byID[r.flowOf.id]
+		if !ok {
+			bad = append(bad, f.fail(r.id, "a continuation of flow %s, whose first job is not in the ledger", r.flowOf.id))
+			continue
+		}
+		if root.State == ledger.Failed && (rec.State != ledger.Failed || len(f.rs.byJob[r.id]) > 0) {
+			bad = append(bad, f.fail(r.id, "a continuation of the Failed flow %s ended %s after %d runs; want Failed, never run", root.ID, rec.State, len(f.rs.byJob[r.id])))
+		}
+	}
+	return bad
+}

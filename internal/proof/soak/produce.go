@@ -45,6 +45,7 @@ type result struct {
 	firing         string // a recurring firing's scheduled time
 	deleted        bool   // the operator deleted it (or may have: its Delete's outcome was left open)
 	parents        []string
+	flowOf         *result // a flow's continuation: the flow's first job
 }
 
 // ledgerOf is what the producers were told.
@@ -222,8 +223,10 @@ func (p *producer) run(ctx context.Context, n int) {
 			for range 3 {
 				p.one(ctx, "soak.ok", o)
 			}
-		case x < 0.95:
+		case x < 0.935:
 			p.tx(ctx)
+		case x < 0.95:
+			p.flow(ctx)
 		default:
 			p.many(ctx)
 		}
@@ -304,6 +307,40 @@ func (p *producer) tx(ctx context.Context) {
 	}
 	p.led.add(record(r, res, err))
 }
+
+// flow enqueues a flow (EnqueueFlow): a keyed first job, ok or doomed,
+// then two ok jobs and a fan-in over them. Each job is a result of its
+// own (call "flow"), its parents named; flowOf links them for checkFlows.
+func (p *producer) flow(ctx context.Context) {
+	p.seq++
+	kind := []string{"soak.ok", "soak.ok", "soak.doomed"}[p.rng.IntN(3)]
+	a, _ := p.args(kind)
+	key := fmt.Sprintf("flow-%d-%d", p.id, p.seq)
+	mk := func() enqueue.Flow { b, _ := p.args("soak.ok"); return enqueue.Flow{Args: b} }
+	f := enqueue.Flow{Args: a, Opts: &enqueue.Opts{IdempotencyKey: key, MaxAttempts: 2}, Then: []enqueue.Flow{mk(), mk()}, Join: ptr(mk())}
+	at := time.Now()
+	res, err := p.c.EnqueueFlow(ctx, f)
+	root := record(&result{call: "flow", kind: kind, key: key, at: at, done: time.Now()}, res.Result, err)
+	p.led.add(root)
+	made := root.created && len(res.Then) == 2 && res.Join != nil
+	members := []struct {
+		id      string
+		parents []string
+	}{{"", []string{root.id}}, {"", []string{root.id}}, {"", nil}}
+	if made {
+		members[0].id, members[1].id, members[2].id = res.Then[0].ID, res.Then[1].ID, res.Join.ID
+		members[2].parents = []string{res.Then[0].ID, res.Then[1].ID}
+	}
+	for _, m := range members {
+		r := &result{call: "flow", kind: "soak.ok", id: m.id, created: made, parents: m.parents, flowOf: root, err: err}
+		if !made && !root.duplicate && (err == nil || errors.Is(err, enqueue.ErrTxNotCommitted)) {
+			r.err = nil // known: nothing of it was written
+		}
+		p.led.add(r)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 func (p *producer) child(ctx context.Context) {
 	parent := p.led.pick(p.rng, "soak.ok")

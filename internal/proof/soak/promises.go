@@ -19,4 +19,5 @@ var Checkers = map[string]checker{
 	"firings":     checkFirings,
 	"listing":     checkListing,
 	"durable":     checkDurable,
+	"flows":       checkFlows,
 }
