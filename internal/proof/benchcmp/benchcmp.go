@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"runtime"
 	"slices"
@@ -39,6 +40,7 @@ type Canned struct {
 	Update func(body []byte) []byte
 	mu     sync.Mutex
 	sizes  map[string]int
+	bodies map[string][]byte
 }
 
 // Size is the body size of the last request of the operation (the
@@ -48,6 +50,28 @@ func (c *Canned) Size(op string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.sizes[op]
+}
+
+// Body is the body of the last request of the operation.
+func (c *Canned) Body(op string) []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bodies[op]
+}
+
+// SameItem fails b unless the last request of op (the bare side's) puts
+// an item of the same attributes as ours (a request body of op): the
+// bare side writes our item, not one padded to its size.
+func (c *Canned) SameItem(b *testing.B, op string, ours []byte) {
+	b.Helper()
+	names := func(body []byte) []string {
+		var req struct{ Item map[string]json.RawMessage }
+		_ = json.Unmarshal(body, &req)
+		return slices.Sorted(maps.Keys(req.Item))
+	}
+	if o, bare := names(ours), names(c.Body(op)); !slices.Equal(o, bare) {
+		b.Fatalf("%s: the bare item's attributes %v, ours %v: the comparison is not like for like", op, bare, o)
+	}
 }
 
 // SameSize fails b unless the last request of op (the bare side's) is
@@ -96,6 +120,10 @@ func (c *Canned) RoundTrip(r *http.Request) (*http.Response, error) {
 	op := r.Header.Get("X-Amz-Target")
 	c.mu.Lock()
 	c.sizes[op] = len(body)
+	if c.bodies == nil {
+		c.bodies = map[string][]byte{}
+	}
+	c.bodies[op] = body
 	c.mu.Unlock()
 	status, reply := http.StatusOK, c.reply(op, body)
 	if reply == nil {
