@@ -44,10 +44,23 @@ type signalEnv struct {
 
 func newSignals(t *testing.T) *signalEnv {
 	t.Helper()
+	s, _ := newSignalsFaulty(t, false)
+	return s
+}
+
+// newSignalsFaulty is newSignals whose handler's requests go through a
+// fault transport when faulty (returned; nil otherwise).
+func newSignalsFaulty(t *testing.T, faulty bool) (*signalEnv, *faults.Transport) {
+	t.Helper()
 	e := nexjobtest.New(t, nil)
 	s := &signalEnv{e: e, prepared: map[string]int{}, approver: map[string]string{}}
 	cfg := e.Cfg
 	s.counter = awstest.Count(&cfg)
+	var ft *faults.Transport
+	if faulty {
+		ft = faults.New(nil)
+		cfg = faults.Config(cfg, ft)
+	}
 	e.Cfg = cfg
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[reconcile](func(ctx context.Context, j *handler.Job[reconcile]) error {
@@ -77,7 +90,7 @@ func newSignals(t *testing.T) *signalEnv {
 		return nil
 	}), nil)
 	s.h = e.Handler(t, reg, &handler.Options{Logger: quiet})
-	return s
+	return s, ft
 }
 
 func (s *signalEnv) enqueue(t *testing.T, key string) string {
@@ -366,6 +379,46 @@ func TestSignalUnderFaults(t *testing.T) {
 			var refused *ledger.SignalRefusedError
 			if err := cl.Signal(ctx, id, "approval", approval{By: "bo"}); !errors.As(err, &refused) {
 				t.Fatalf("another signal after the end: %v, want refused", err)
+			}
+		})
+	}
+}
+
+// TestWaitTimeoutUnderFaults: the write that records a wait's timeout on
+// the record (ledger.RecordTimeout, conditional on the run's token and on
+// no signal recorded) applied with its reply lost reads as done, and
+// throttled past the SDK's retries fails the run, whose retry records it
+// then: either way the job ends with the timeout, its first step run
+// once.
+func TestWaitTimeoutUnderFaults(t *testing.T) {
+	t.Parallel()
+	isTimeout := func(body []byte) bool {
+		return strings.Contains(string(body), "nexjob:signal:approval") && strings.Contains(string(body), "timed out")
+	}
+	for _, c := range []struct {
+		name string
+		rule faults.Rule
+	}{
+		{"reply lost", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isTimeout, Fault: faults.LostReply}},
+		{"throttled past the retries", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isTimeout, Fault: faults.Throttle, Times: faults.Attempts}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			s, ft := newSignalsFaulty(t, true)
+			id := s.enqueue(t, "")
+			s.e.Drain(t, s.h)
+			s.e.Advance(t, 48*time.Hour+time.Minute)
+			h := ft.Add(c.rule)
+			s.e.Drain(t, s.h)
+			if h.Fired() == 0 {
+				t.Fatal("the fault never fired")
+			}
+			rec := s.e.Get(t, id)
+			if rec.State != ledger.Failed || !strings.Contains(rec.LastError, `no signal "approval"`) {
+				t.Fatalf("after the timeout: %s (%q), want Failed with the timeout", rec.State, rec.LastError)
+			}
+			if prepared, by := s.seen(id); prepared != 1 || by != "" {
+				t.Fatalf("prepared %d times, approved by %q", prepared, by)
 			}
 		})
 	}
