@@ -342,6 +342,7 @@ func TestSignalUnderFaults(t *testing.T) {
 		{"wake throttled past the retries", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isWake, Fault: faults.Throttle, Times: faults.Attempts}, true},
 		{"wake's reply lost past the retries (read back: its own)", faults.Rule{Op: "DynamoDB.UpdateItem", Match: isWake, Fault: faults.LostReply, Times: faults.Attempts}, false},
 		{"send throttled past the retries", faults.Rule{Op: "SQS.SendMessage", Fault: faults.Throttle, Times: faults.Attempts}, true},
+		{"read throttled past the retries", faults.Rule{Op: "DynamoDB.GetItem", Fault: faults.Throttle, Times: faults.Attempts}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
