@@ -107,18 +107,37 @@ func (e *NotCancellableError) Error() string {
 // active job one update more; per waiting continuation one update (and a
 // send for one released, or with continuations of its own).
 func (c *Client) Delete(ctx context.Context, jobID string) error {
-	rec, err := c.store.Get(ctx, jobID)
-	switch {
-	case err == nil:
-		if err := c.settleChildren(ctx, rec); err != nil {
-			return err
+	var rec, old ledger.Record
+	for try := 0; ; try++ {
+		cur, err := c.store.Get(ctx, jobID)
+		switch {
+		case err == nil:
+			rec = cur
+			if err := c.settleChildren(ctx, rec); err != nil {
+				return err
+			}
+		case errors.Is(err, ledger.ErrNotFound) && try == 0:
+			return nil
+		case errors.Is(err, ledger.ErrNotFound):
+			// Our delete applied, its reply lost: rec is the job as read.
+		default:
+			return c.missing(err)
 		}
-	case !errors.Is(err, ledger.ErrNotFound):
-		return c.missing(err)
-	}
-	old, err := c.store.Delete(ctx, jobID)
-	if err != nil {
-		return c.missing(err)
+		if err != nil {
+			break
+		}
+		if old, err = c.store.Delete(ctx, jobID); err != nil {
+			return c.missing(err)
+		}
+		if old.ID != "" || try == maxLinkTries {
+			break
+		}
+		// Nothing removed although the job was there: it is active again
+		// (a requeue between its end and the delete, which removes only
+		// an ended job) or gone meanwhile: read it again (10k-style race
+		// found by an attack on completion events: a Delete that read a
+		// Failed job removed it after a requeue made it Enqueued, and the
+		// job never ran nor ended).
 	}
 	if rec.ID != "" {
 		old = rec // as read before settling ended it: a far run waits in its schedule

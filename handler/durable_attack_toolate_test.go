@@ -82,10 +82,19 @@ func TestAttackSignalAcceptedAfterTheWaitTimedOut(t *testing.T) {
 	}
 	e.Drain(t, h) // waits, until now + 1 h
 	e.RequireState(t, res.ID, ledger.Scheduled)
-	e.Advance(t, time.Hour-time.Second) // a second before the wait's end
+	// A minute before the wait's end: the kit's clock runs on in real
+	// time, and a loaded machine took over a second between this Advance
+	// and the signal's read, which then refused the signal as too late
+	// and never sent it (a fresh-clone make test hung here for 18 min on
+	// the receive below, 2026-12-06).
+	e.Advance(t, time.Hour-time.Minute)
 	go func() { signalled <- cl.Signal(ctx, res.ID, "approval", approval{By: "ada"}) }()
-	<-held                      // the signal's request is built (its now taken) and in flight
-	e.Advance(t, 2*time.Second) // the wait's end passes
+	select {
+	case <-held: // the signal's request is built (its now taken) and in flight
+	case err := <-signalled:
+		t.Fatalf("the signal returned before its write was sent: %v", err)
+	}
+	e.Advance(t, 2*time.Minute) // the wait's end passes
 	e.Drain(t, h)
 	var sigErr error
 	select {

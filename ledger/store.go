@@ -206,6 +206,9 @@ func (s *Store) getPK(ctx context.Context, pk string, consistent bool) (Record, 
 // record it removed (DeleteItem's ALL_OLD, free), or a zero Record when
 // there was none (a resend of a delete whose reply was lost finds none):
 // the caller removes what the record pointed at (a far run's schedule).
+// Only an ended job is removed (Succeeded, Failed or Expired): one that
+// is active (a requeue made it so after the caller ended it) is left,
+// and the zero Record returned; the caller reads it and ends it again.
 func (s *Store) Delete(ctx context.Context, id string) (Record, error) {
 	pks, err := locate(id)
 	if err != nil {
@@ -213,8 +216,10 @@ func (s *Store) Delete(ctx context.Context, id string) (Record, error) {
 	}
 	var old Record
 	for _, pk := range pks {
+		st := expression.Name(AttrState)
 		cond, err := expression.NewBuilder().
-			WithCondition(expression.Name(AttrID).Equal(expression.Value(id))).Build()
+			WithCondition(expression.Name(AttrID).Equal(expression.Value(id)).
+				And(st.In(expression.Value(Succeeded), expression.Value(Failed), expression.Value(Expired)))).Build()
 		if err != nil {
 			return Record{}, fmt.Errorf("nexjob: build condition: %w", err)
 		}

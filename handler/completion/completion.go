@@ -14,6 +14,10 @@
 // ledger.MaxListError characters, as the listings show it. Never its
 // args, its result or its idempotency key: those are the caller's data,
 // and a consumer that needs them reads the job (enqueue.Client.Result).
+// A keyed job's id carries its key's hash (as every log line's job_id
+// does): with the ledger's key secret set (ledger.Options.KeySecret, the
+// construct's KeySecretParameter) a guessable key cannot be found from it;
+// without one it can, by hashing guesses.
 //
 // # How it fails
 //
@@ -23,8 +27,10 @@
 // error and Lambda retries the stream batch (the construct's mapping
 // bisects it and keeps a failed batch's position in a queue of its own):
 // events already published are published again. Each event's EventID
-// (the job's id and the end's time) is the same on every publication,
-// for a consumer to drop repeats. A change it cannot read (an
+// (the job's id, the end's time and its write's nonce) is the same on
+// every publication of one end and differs between two ends of a job
+// (a requeued job's next end, even in the same millisecond), for a
+// consumer to drop repeats. A change it cannot read (an
 // unexpected attribute type: the stream is input) is skipped, never a
 // panic.
 //
@@ -38,12 +44,14 @@
 package completion
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -64,7 +72,8 @@ const (
 // Event is an event's detail.
 type Event struct {
 	// EventID is the same on every publication of one end (at least
-	// once): the job's id and the end's time.
+	// once), and another for each end: the job's id, the end's time and
+	// its write's nonce.
 	EventID     string       `json:"eventId"`
 	ID          string       `json:"id"`
 	Kind        string       `json:"kind"`
@@ -137,7 +146,7 @@ func (p *Publisher) Publish(ctx context.Context, changes []guard.Change) error {
 			continue
 		}
 		e := EventOf(c)
-		detail, err := json.Marshal(e)
+		detail, err := eventDetail(e)
 		if err != nil {
 			return err
 		}
@@ -158,11 +167,38 @@ func (p *Publisher) Publish(ctx context.Context, changes []guard.Change) error {
 	return p.put(ctx, batch)
 }
 
+// maxDetail bounds an event's detail: one EventBridge event of under
+// 1 KB (the package's cost promise).
+const maxDetail = 1000
+
+// eventDetail is e's JSON, not escaping HTML, with its error cut further
+// when its escapes (a quoted HTML page, control characters) would take
+// the detail past maxDetail.
+func eventDetail(e Event) ([]byte, error) {
+	for {
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(e); err != nil {
+			return nil, err
+		}
+		detail := bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+		if len(detail) <= maxDetail || e.Error == "" {
+			return detail, nil
+		}
+		cut := max(0, len(e.Error)-(len(detail)-maxDetail)-1)
+		for cut > 0 && !utf8.RuneStart(e.Error[cut]) {
+			cut--
+		}
+		e.Error = e.Error[:cut]
+	}
+}
+
 // EventOf is the event of the end c.
 func EventOf(c guard.Change) Event {
 	at := ledger.Millis(c.UpdatedAt)
 	return Event{
-		EventID: c.ID + "@" + strconv.FormatInt(c.UpdatedAt, 10), ID: c.ID, Kind: c.Kind, State: c.State,
+		EventID: c.ID + "@" + strconv.FormatInt(c.UpdatedAt, 10) + "." + c.Nonce, ID: c.ID, Kind: c.Kind, State: c.State,
 		Attempt: c.Attempt, MaxAttempts: c.MaxAttempts, Queue: c.Queue, Error: c.ListErr, EndedAt: at.UTC(),
 	}
 }

@@ -22,7 +22,8 @@ func TestChangeEnded(t *testing.T) {
 		{"a requeue", guard.Change{ID: "a", OldID: "a", Kind: "k", OldState: ledger.Failed, State: ledger.Enqueued}, false},
 		{"a replaced holder's archive", guard.Change{ID: "a", Kind: "k", State: ledger.Succeeded}, false},
 		{"a new job over an ended one", guard.Change{ID: "b", OldID: "a", Kind: "k", OldState: ledger.Processing, State: ledger.Succeeded}, false},
-		{"a kept dead letter", guard.Change{ID: "a", OldID: "a", Kind: ledger.DeadLetterKind, OldState: ledger.Processing, State: ledger.Failed}, false},
+		{"a kept dead letter (inserted Failed)", guard.Change{ID: "a", Kind: ledger.DeadLetterKind, State: ledger.Failed}, false},
+		{"a team's job of the DLQ records' kind", guard.Change{ID: "a", OldID: "a", Kind: ledger.DeadLetterKind, OldState: ledger.Processing, State: ledger.Succeeded}, true},
 		{"not a job", guard.Change{OldState: ledger.Processing, State: ledger.Failed}, false},
 	} {
 		if got := c.c.Ended(); got != c.want {

@@ -153,15 +153,20 @@ type Change struct {
 	UpdatedAt int64
 	// MaxAttempts is the job's attempt budget.
 	MaxAttempts int
+	// Nonce is the change's write's own nonce (every write of a job
+	// stamps a fresh one).
+	Nonce string
 }
 
 // Ended reports whether the change is a job's end: the same job, from an
-// active state to a terminal one. Not a record inserted terminal (a
+// active state to a terminal one, whatever its kind (a team's kind named
+// like the DLQ consumer's records ended unpublished: those records are
+// inserted Failed and never change state). Not a record inserted terminal (a
 // replaced key holder's archive, a kept dead letter), nor a change
 // between terminal states (a hook's mark cleared), nor a new job put over
 // an ended one.
 func (c Change) Ended() bool {
-	return c.ID != "" && c.Kind != ledger.DeadLetterKind && c.OldID == c.ID && c.State.Terminal() &&
+	return c.ID != "" && c.OldID == c.ID && c.State.Terminal() &&
 		c.OldState != "" && !c.OldState.Terminal()
 }
 
@@ -314,5 +319,6 @@ func changeFrom(newImg, oldImg attrs) Change {
 		Attempt: int(num(ledger.AttrAttempt)), RunAt: max(num(ledger.AttrRunAt), 0),
 		Queue: str(newImg, ledger.AttrQueue), OldID: str(oldImg, ledger.AttrID), ListErr: str(newImg, ledger.AttrListErr),
 		UpdatedAt: max(num(ledger.AttrUpdatedAt), 0), MaxAttempts: int(max(num(ledger.AttrMaxAttempts), 0)),
+		Nonce: str(newImg, ledger.AttrNonce),
 	}
 }
