@@ -110,7 +110,7 @@ func (c *Client) enqueueFlow(ctx context.Context, f Flow) (FlowResult, error) {
 		}
 	}
 	for range maxLinkTries {
-		tx, err := c.prepareRoot(ctx, root)
+		tx, err := c.prepareTx(ctx, root.rec, root.opts)
 		if err != nil {
 			return FlowResult{}, err
 		}
@@ -164,26 +164,6 @@ func keyMoved(tce *types.TransactionCanceledException, n int) bool {
 		}
 	}
 	return moved
-}
-
-// prepareRoot prepares the flow's first job as EnqueueTx does.
-func (c *Client) prepareRoot(ctx context.Context, root *flowNode) (*TxJob, error) {
-	p, err := c.store.Prepare(ctx, root.rec, root.opts.IdempotencyKey, root.opts.DuplicatePolicy)
-	var dup *ledger.DuplicateJobError
-	switch {
-	case errors.As(err, &dup):
-		return nil, duplicateFrom(dup)
-	case err != nil:
-		return nil, c.flowInputError(err)
-	}
-	tx := &TxJob{Items: p.Items, rec: p.Record, opts: root.opts,
-		Result: Result{ID: p.Record.ID, Kind: p.Record.Kind, State: p.Record.State, Duplicate: p.Duplicate}}
-	if p.Duplicate {
-		if err := checkHolder(root.rec, p.Record, &root.opts); err != nil {
-			return nil, err
-		}
-	}
-	return tx, nil
 }
 
 func (c *Client) flowInputError(err error) error {

@@ -77,6 +77,12 @@ func (c *Client) EnqueueTx(ctx context.Context, args JobArgs, opts *Opts) (*TxJo
 	if err := c.admit(ctx, rec, &o); err != nil {
 		return nil, err
 	}
+	return c.prepareTx(ctx, rec, o)
+}
+
+// prepareTx prepares rec, admitted, for a transaction (EnqueueTx, a flow's
+// first job): the key's holder read once and the policy matrix applied.
+func (c *Client) prepareTx(ctx context.Context, rec ledger.Record, o Opts) (*TxJob, error) {
 	p, err := c.store.Prepare(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy)
 	var dup *ledger.DuplicateJobError
 	switch {
