@@ -22,17 +22,19 @@ import (
 // write.
 type failSends struct {
 	enqueue.SQS
-	n atomic.Int32
+	n    atomic.Int32
+	sent atomic.Int32 // SendMessage calls passed on (the SDK may resend one)
 }
 
 func (f *failSends) SendMessage(ctx context.Context, in *sqs.SendMessageInput, o ...func(*sqs.Options)) (*sqs.SendMessageOutput, error) {
 	if f.n.Add(-1) >= 0 {
 		return nil, errors.New("injected: connection reset")
 	}
+	f.sent.Add(1)
 	return f.SQS.SendMessage(ctx, in, o...)
 }
 
-func unsentJobs(t *testing.T, r *rig, n int, prefix string) (*enqueue.Client, []string) {
+func unsentJobs(t *testing.T, r *rig, n int, prefix string) (*enqueue.Client, *failSends, []string) {
 	t.Helper()
 	fs := &failSends{SQS: r.e.SQS}
 	fs.n.Store(int32(n))
@@ -52,7 +54,7 @@ func unsentJobs(t *testing.T, r *rig, n int, prefix string) (*enqueue.Client, []
 	if d := r.e.QueueDepth(t, r.e.QueueURL); d != 0 {
 		t.Fatalf("%d messages after failed sends", d)
 	}
-	return prod, ids
+	return prod, fs, ids
 }
 
 func waitSucceeded(t *testing.T, r *rig, ids []string, limit time.Duration) {
@@ -82,7 +84,7 @@ func waitSucceeded(t *testing.T, r *rig, ids []string, limit time.Duration) {
 func TestSendFailsNoCallerAction(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, ok, nil)
-	_, ids := unsentJobs(t, r, 20, "gap")
+	_, _, ids := unsentJobs(t, r, 20, "gap")
 	for i := range 5 { // the producer died after the write: no mark, no error seen
 		rec, _, err := r.prod.Store().Insert(context.Background(), ledger.Record{Kind: "email", Args: `{"To":"died@example.com"}`, State: ledger.Enqueued, MaxAttempts: 3}, fmt.Sprintf("died-%d", i), ledger.AllowAfterFailed, nil)
 		if err != nil {
@@ -109,7 +111,7 @@ func TestSendFailsNoCallerAction(t *testing.T) {
 func TestSendFailsCallerRetry(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, ok, nil)
-	prod, ids := unsentJobs(t, r, 20, "retry")
+	prod, fs, ids := unsentJobs(t, r, 20, "retry")
 	for i, id := range ids {
 		res, err := prod.Enqueue(context.Background(), email{To: fmt.Sprintf("retry%d@example.com", i)}, &enqueue.Opts{IdempotencyKey: fmt.Sprintf("retry-%d", i)})
 		if err != nil || !res.Duplicate || !res.Redispatched || res.ID != id {
@@ -119,13 +121,27 @@ func TestSendFailsCallerRetry(t *testing.T) {
 			t.Fatalf("job %s still marked unsent after its re-send", id)
 		}
 	}
-	if d := r.e.QueueDepth(t, r.e.QueueURL); d != 20 {
-		t.Fatalf("%d messages after the retries, want 20 (no guard runs here)", d)
+	// One send per retry, counted as our calls: the SDK's own resend of
+	// a send that reached SQS (a loaded emulator's 5xx) may add a copy,
+	// which the claim makes harmless; it is not ours to pin.
+	if n := fs.sent.Load(); n != 20 {
+		t.Fatalf("%d sends after the retries, want 20 (no guard runs here)", n)
+	}
+	if d := r.e.QueueDepth(t, r.e.QueueURL); d < 20 {
+		t.Fatalf("%d messages after the retries, want 20", d)
 	}
 	// A second retry of a sent job does not send again.
 	if res, err := prod.Enqueue(context.Background(), email{To: "retry0@example.com"}, &enqueue.Opts{IdempotencyKey: "retry-0"}); err != nil || res.Redispatched {
 		t.Fatalf("retry of a sent job: %+v %v", res, err)
 	}
+	if n := fs.sent.Load(); n != 20 {
+		t.Fatalf("the retry of a sent job sent again: %d sends", n)
+	}
 	r.drain(t)
 	waitSucceeded(t, r, ids, 10*time.Second)
+	for _, id := range ids {
+		if n := r.runs(id); n != 1 {
+			t.Errorf("job %s ran %d times", id, n)
+		}
+	}
 }

@@ -52,7 +52,13 @@ func newSignals(t *testing.T) *signalEnv {
 // fault transport when faulty (returned; nil otherwise).
 func newSignalsFaulty(t *testing.T, faulty bool) (*signalEnv, *faults.Transport) {
 	t.Helper()
-	e := nexjobtest.New(t, nil)
+	return newSignalsWith(t, faulty, &nexjobtest.Options{})
+}
+
+// newSignalsWith is newSignalsFaulty on a kit env made with o.
+func newSignalsWith(t *testing.T, faulty bool, o *nexjobtest.Options) (*signalEnv, *faults.Transport) {
+	t.Helper()
+	e := nexjobtest.New(t, o)
 	s := &signalEnv{e: e, prepared: map[string]int{}, approver: map[string]string{}}
 	cfg := e.Cfg
 	s.counter = awstest.Count(&cfg)
@@ -115,10 +121,12 @@ func (s *signalEnv) seen(id string) (prepared int, by string) {
 // The job waits, Scheduled with no attempt spent; the signal wakes it with
 // no clock moved, and the run replays its step and reads the payload. A
 // second signal to the ended job is refused. Requests pinned: the waiting
-// run, and the signal that wakes it.
+// run, and the signal that wakes it. The waiting job's message is delayed
+// SQS's longest (the kit's one-second hops would add a re-send to the
+// count whenever the loaded machine let one come due before the count).
 func TestSignalWakesAWaitingJob(t *testing.T) {
 	t.Parallel()
-	s := newSignals(t)
+	s, _ := newSignalsWith(t, false, &nexjobtest.Options{MaxDelay: 15 * time.Minute})
 	id := s.enqueue(t, "")
 	s.counter.Reset()
 	s.e.Drain(t, s.h)
