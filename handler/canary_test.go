@@ -1,13 +1,11 @@
 package handler_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -51,22 +49,7 @@ type cardErr struct{ Ref string }
 func (cardErr) Kind() string { return "card-err" }
 
 // syncBuf is a buffer the handler's goroutines write to.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuf = awstest.Buffer
 
 // TestNoArgsInAnyOutput: args that do not decode (json's errors quote the
 // value: a time that does not parse, a number into a string) and a worker

@@ -1,18 +1,17 @@
 package handler_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
 	"go.opentelemetry.io/contrib/propagators/aws/xray"
@@ -22,23 +21,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// syncBuffer is a bytes.Buffer safe for the handler's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a buffer the handler's goroutines write to.
+type syncBuffer = awstest.Buffer
 
 // emf decodes EMF lines, checking each is what CloudWatch accepts: the
 // directive names the namespace, the Kind dimension and the all-kinds set, and every metric

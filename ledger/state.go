@@ -76,6 +76,16 @@ func (p DuplicatePolicy) String() string {
 	return fmt.Sprintf("DuplicatePolicy(%d)", int(p))
 }
 
+// ParsePolicy is String's inverse.
+func ParsePolicy(name string) (DuplicatePolicy, error) {
+	for p := AllowAfterFailed; p <= RejectAlways; p++ {
+		if p.String() == name {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("nexjob: unknown DuplicatePolicy %q", name)
+}
+
 // ReusableStates lists the terminal states whose key p lets a new job take.
 func (p DuplicatePolicy) ReusableStates() []State {
 	switch p {

@@ -121,6 +121,35 @@ func TestEMFLines(t *testing.T) {
 	}
 }
 
+// An idempotent call's line: the Function dimension (and none), the
+// key's hash as a property, valid EMF.
+func TestCallLines(t *testing.T) {
+	var out bytes.Buffer
+	r := metrics.New(&metrics.Options{Out: &out})
+	for _, m := range []string{metrics.CallRun, metrics.CallReplayed, metrics.CallInProgress, metrics.CallMismatch} {
+		r.Call(m, "charge-api", "3vq0n5yqzv6bq6x3")
+	}
+	r.Call(metrics.CallRun, "bad function\n", "h")
+	lines := bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n"))
+	if len(lines) != 5 {
+		t.Fatalf("%d lines, want 5", len(lines))
+	}
+	for i, line := range lines {
+		if err := checkEMF(line); err != nil {
+			t.Errorf("line %d: %v\n%s", i, err, line)
+		}
+		if !bytes.Contains(line, []byte(`"Dimensions":[["Function"],[]]`)) || bytes.Contains(line, []byte(`"Kind"`)) {
+			t.Errorf("line %d is not by Function: %s", i, line)
+		}
+	}
+	if !bytes.Contains(lines[0], []byte(`"Function":"charge-api","KeyHash":"3vq0n5yqzv6bq6x3","CallRun":1`)) {
+		t.Errorf("line 0: %s", lines[0])
+	}
+	if !bytes.Contains(lines[4], []byte(`"Function":"invalid-kind"`)) {
+		t.Errorf("a bad function name was written as it was: %s", lines[4])
+	}
+}
+
 // FuzzJobIDQuoted: a line carries the job id exactly as encoding/json
 // quotes it, whatever its bytes (the recorder writes a plain one as it
 // is, without encoding/json).

@@ -64,6 +64,14 @@ const (
 	CutOff       = "CutOff"
 	Deferred     = "Deferred"
 	RunDuration  = "RunDuration"
+
+	// Idempotent calls (package idempotency), by Function: a first call
+	// run, a repeat answered with its recorded outcome, a repeat refused
+	// while the first runs, a key re-used with a different payload.
+	CallRun        = "CallRun"
+	CallReplayed   = "CallReplayed"
+	CallInProgress = "CallInProgress"
+	CallMismatch   = "CallMismatch"
 )
 
 // DefaultNamespace is the CloudWatch namespace.
@@ -96,7 +104,7 @@ type Recorder struct {
 }
 
 // names lists the metrics in the order an EMF line declares them.
-var names = []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, Deferred, RunDuration}
+var names = []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, Deferred, CallRun, CallReplayed, CallInProgress, CallMismatch, RunDuration}
 
 // New returns a Recorder.
 func New(opts *Options) *Recorder {
@@ -130,13 +138,29 @@ func New(opts *Options) *Recorder {
 
 // Count records one event of the metric for the kind.
 func (r *Recorder) Count(metric, kind, jobID string) {
-	r.write(kind, jobID, []point{{metric, 1, "Count"}})
+	r.write(byKind, kind, jobID, []point{{metric, 1, "Count"}})
 }
 
 // Run records a run's outcome (a metric name) and its duration.
 func (r *Recorder) Run(outcome, kind, jobID string, took time.Duration) {
-	r.write(kind, jobID, []point{{outcome, 1, "Count"}, {RunDuration, float64(took.Microseconds()) / 1000, "Milliseconds"}})
+	r.write(byKind, kind, jobID, []point{{outcome, 1, "Count"}, {RunDuration, float64(took.Microseconds()) / 1000, "Milliseconds"}})
 }
+
+// Call records one event of an idempotent call's metric (CallRun …) for
+// the function, under the dimension Function (and none), with the key's
+// hash as a property (never the key).
+func (r *Recorder) Call(metric, function, keyHash string) {
+	r.write(byFunction, function, keyHash, []point{{metric, 1, "Count"}})
+}
+
+// A line's dimension and the property beside it, as EMF names them and
+// as slog and OpenTelemetry attributes.
+type dimension struct{ name, property, attr, propAttr string }
+
+var (
+	byKind     = dimension{"Kind", "JobId", "kind", "job"}
+	byFunction = dimension{"Function", "KeyHash", "function", "key_hash"}
+)
 
 // point is one metric's value in a line, in the order names lists.
 type point struct {
@@ -147,7 +171,7 @@ type point struct {
 
 var lines = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 
-func (r *Recorder) write(kind, jobID string, points []point) {
+func (r *Recorder) write(dim dimension, kind, jobID string, points []point) {
 	if r == nil {
 		return
 	}
@@ -155,7 +179,7 @@ func (r *Recorder) write(kind, jobID string, points []point) {
 		kind = kinds.Invalid // never a dimension CloudWatch refuses, nor a new one per forged kind
 	}
 	if r.counters != nil {
-		attrs := metric.WithAttributes(attribute.String("kind", kind))
+		attrs := metric.WithAttributes(attribute.String(dim.attr, kind))
 		for _, p := range points {
 			if p.name == RunDuration {
 				r.duration.Record(context.Background(), p.value, attrs)
@@ -166,7 +190,7 @@ func (r *Recorder) write(kind, jobID string, points []point) {
 	}
 	if r.log != nil {
 		for _, p := range points {
-			r.log.Info("nexjob metric", "metric", p.name, "kind", kind, "job", jobID, "value", p.value, "unit", p.unit)
+			r.log.Info("nexjob metric", "metric", p.name, dim.attr, kind, dim.propAttr, jobID, "value", p.value, "unit", p.unit)
 		}
 	}
 	if r.out == nil {
@@ -177,11 +201,15 @@ func (r *Recorder) write(kind, jobID string, points []point) {
 	// units are ours, so only the job id and the namespace are quoted.
 	bp := lines.Get().(*[]byte)
 	b := (*bp)[:0]
-	b = append(b, `{"Kind":"`...)
+	b = append(b, `{"`...)
+	b = append(b, dim.name...)
+	b = append(b, `":"`...)
 	b = append(b, kind...)
 	b = append(b, '"')
 	if jobID != "" {
-		b = append(b, `,"JobId":`...)
+		b = append(b, `,"`...)
+		b = append(b, dim.property...)
+		b = append(b, `":`...)
 		b = jsonq.Append(b, jobID)
 	}
 	for _, p := range points {
@@ -194,7 +222,9 @@ func (r *Recorder) write(kind, jobID string, points []point) {
 	b = strconv.AppendInt(b, r.now().UnixMilli(), 10)
 	b = append(b, `,"CloudWatchMetrics":[{"Namespace":`...)
 	b = append(b, r.nsJSON...)
-	b = append(b, `,"Dimensions":[["Kind"],[]],"Metrics":[`...)
+	b = append(b, `,"Dimensions":[["`...)
+	b = append(b, dim.name...)
+	b = append(b, `"],[]],"Metrics":[`...)
 	for i, p := range points {
 		if i > 0 {
 			b = append(b, ',')

@@ -10,6 +10,7 @@
 package awstest
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"testing"
@@ -147,4 +148,23 @@ func valueSize(v types.AttributeValue) int {
 		return n
 	}
 	return 0
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writers: a log or metrics
+// sink that a test reads while handlers write.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

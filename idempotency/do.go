@@ -1,0 +1,191 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
+)
+
+// Result is a call's outcome.
+type Result[T any] struct {
+	// Value is the function's result: this call's, or the first call's
+	// recorded one when Replayed.
+	Value T
+	// Replayed: the key's first call recorded this result; the function
+	// did not run now.
+	Replayed bool
+	// KeyHash is the key as stored and logged (never the key itself).
+	KeyHash string
+}
+
+// CallOptions tune one call. nil takes every default.
+type CallOptions struct {
+	// Payload is what a repeat must match: its JSON's hash is recorded
+	// with the first call, and a repeat of the key with a different one
+	// gets a *PayloadMismatchError. Defaults to none (not validated).
+	Payload any
+}
+
+// Do runs fn once per key: the first call runs it and records its result;
+// a repeat returns the recorded result (Replayed) without running it. See
+// the package doc for in-progress repeats, errors, policies and failures.
+// opts may be nil.
+func Do[T any](ctx context.Context, s *Store, key string, fn func(context.Context) (T, error), opts *CallOptions) (Result[T], error) {
+	if s.disabled {
+		v, err := fn(ctx)
+		return Result[T]{Value: v}, err
+	}
+	if key == "" {
+		return Result[T]{}, ErrNoKey
+	}
+	kh := s.KeyHash(key)
+	res := Result[T]{KeyHash: kh}
+	var ph string
+	if opts != nil && opts.Payload != nil {
+		b, err := json.Marshal(opts.Payload)
+		if err != nil {
+			return res, fmt.Errorf("nexjob: idempotency payload of key %s: %w", kh, err)
+		}
+		ph = s.payloadHash(b)
+	}
+	if c, ok := s.cached(kh); ok {
+		return replay(s, res, c, ph)
+	}
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
+		c, began, err := s.ledger.BeginCall(ctx, kh, ph, s.policy, s.until(ctx), s.retention)
+		if err != nil {
+			return res, fmt.Errorf("nexjob: idempotency key %s: %w", kh, err)
+		}
+		if began {
+			return run(ctx, s, res, c, fn)
+		}
+		if c.State != ledger.Processing {
+			return replay(s, res, c, ph)
+		}
+		if mismatched(c, ph) {
+			return res, mismatch(s, kh)
+		}
+		// In progress: refuse, or wait for its outcome or its hold's end.
+		if !s.wait {
+			s.count(metrics.CallInProgress, kh)
+			s.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: idempotent call in progress", slog.String("function", s.function), slog.String("key_hash", kh))
+			return res, &InProgressError{KeyHash: kh, Until: c.Until}
+		}
+		for c.Held(s.now()) {
+			select {
+			case <-ctx.Done():
+				s.count(metrics.CallInProgress, kh)
+				return res, errors.Join(&InProgressError{KeyHash: kh, Until: c.Until}, ctx.Err())
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, time.Second)
+			cur, ok, err := s.ledger.GetCall(ctx, kh)
+			if err != nil {
+				return res, fmt.Errorf("nexjob: idempotency key %s: %w", kh, err)
+			}
+			if !ok {
+				break // released: take it
+			}
+			c = cur
+		}
+		if c.State != ledger.Processing {
+			return replay(s, res, c, ph)
+		}
+	}
+}
+
+// mismatched reports whether a repeat's payload differs from the first
+// call's (either one validated: both must be, and equal).
+func mismatched(c ledger.Call, ph string) bool { return c.PayloadHash != ph }
+
+func mismatch(s *Store, kh string) error {
+	s.count(metrics.CallMismatch, kh)
+	s.log.LogAttrs(context.Background(), slog.LevelWarn, "nexjob: idempotency key re-used with a different payload", slog.String("function", s.function), slog.String("key_hash", kh))
+	return &PayloadMismatchError{KeyHash: kh}
+}
+
+// replay answers a repeat from the first call's recorded outcome.
+func replay[T any](s *Store, res Result[T], c ledger.Call, ph string) (Result[T], error) {
+	if mismatched(c, ph) {
+		return res, mismatch(s, res.KeyHash)
+	}
+	s.count(metrics.CallReplayed, res.KeyHash)
+	s.log.LogAttrs(context.Background(), slog.LevelInfo, "nexjob: idempotent call replayed", slog.String("function", s.function), slog.String("key_hash", res.KeyHash), slog.String("state", string(c.State)))
+	res.Replayed = true
+	switch {
+	case c.State == ledger.Failed:
+		return res, &DuplicateError{KeyHash: res.KeyHash, State: c.State, Policy: s.policy, Message: c.Error}
+	case c.Error == tooLargeMark:
+		return res, &ResultTooLargeError{KeyHash: res.KeyHash, Limit: s.maxResult, Replayed: true}
+	}
+	if len(c.Result) > 0 {
+		if err := json.Unmarshal(c.Result, &res.Value); err != nil {
+			return Result[T]{KeyHash: res.KeyHash}, fmt.Errorf("nexjob: idempotency key %s: decode the recorded result as %T: %w", res.KeyHash, res.Value, err)
+		}
+	}
+	s.keep(c)
+	return res, nil
+}
+
+// run runs the first call of a key the caller now holds, and records or
+// releases the key after it.
+func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, fn func(context.Context) (T, error)) (out Result[T], err error) {
+	s.count(metrics.CallRun, res.KeyHash)
+	panicked := true
+	defer func() {
+		if panicked { // fn panicked: free the key, and panic on
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+			defer cancel()
+			_ = s.ledger.ReleaseCall(rctx, held)
+		}
+	}()
+	v, ferr := fn(ctx)
+	panicked = false
+	res.Value = v
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	expires := s.now().Add(s.retention)
+	if ferr != nil {
+		if !s.recordErr {
+			if rerr := s.ledger.ReleaseCall(rctx, held); rerr != nil {
+				return res, errors.Join(ferr, fmt.Errorf("nexjob: idempotency key %s stays held until %s: %w", res.KeyHash, held.Until.UTC().Format(time.RFC3339), rerr))
+			}
+			return res, ferr
+		}
+		msg := ferr.Error()
+		if len(msg) > s.maxResult {
+			msg = msg[:s.maxResult]
+		}
+		if _, rerr := s.ledger.RecordCall(rctx, held, ledger.Failed, nil, msg, expires); rerr != nil {
+			return res, errors.Join(ferr, &NotRecordedError{KeyHash: res.KeyHash, Err: rerr})
+		}
+		return res, ferr
+	}
+	b, merr := json.Marshal(v)
+	if merr != nil {
+		_ = s.ledger.ReleaseCall(rctx, held)
+		return res, fmt.Errorf("nexjob: idempotency key %s: encode the result %T: %w", res.KeyHash, v, merr)
+	}
+	var tooLarge error
+	mark := ""
+	if len(b) > s.maxResult {
+		tooLarge = &ResultTooLargeError{KeyHash: res.KeyHash, Bytes: len(b), Limit: s.maxResult}
+		b, mark = nil, tooLargeMark
+	}
+	c, rerr := s.ledger.RecordCall(rctx, held, ledger.Succeeded, b, mark, expires)
+	if rerr != nil {
+		s.log.LogAttrs(ctx, slog.LevelError, "nexjob: idempotent call's result not recorded", slog.String("function", s.function), slog.String("key_hash", res.KeyHash), slog.String("error", rerr.Error()))
+		return res, errors.Join(tooLarge, &NotRecordedError{KeyHash: res.KeyHash, Err: rerr})
+	}
+	if tooLarge != nil {
+		return res, tooLarge
+	}
+	s.keep(c)
+	return res, nil
+}

@@ -1,0 +1,81 @@
+// Package idempotency makes any Go function or Lambda handler idempotent
+// by a key: the first call with a key runs and records its result; a
+// repeat returns the recorded result without running (Result.Replayed),
+// for as long as the record is kept (Options.Retention, a TTL: 7 days by
+// default, not an hour). It is the Powertools for AWS Lambda idempotency
+// utility's behaviour, for Go, on the nexjob table and under the same
+// DuplicatePolicy as an enqueue.
+//
+//	store, err := idempotency.New(cfg, table, nil)
+//	res, err := idempotency.Do(ctx, store, r.Header.Get("Idempotency-Key"), func(ctx context.Context) (Receipt, error) {
+//		return charge(ctx, card, amount)
+//	}, &idempotency.CallOptions{Payload: req})
+//
+// Handler wraps a whole Lambda handler (the key and the validated payload
+// taken from the event by functions or JMESPath expressions), and SQSBatch
+// runs each record of an SQS batch idempotently and reports the failed
+// ones as BatchItemFailures.
+//
+// # What a repeat gets
+//
+// While the first call runs, it holds the key until its context's
+// deadline (under Lambda: the invocation's end; otherwise Options.Hold
+// from its start): a repeat then gets an *InProgressError, or, with
+// Options.Wait, waits for the first call's outcome. A call that timed out
+// is retried at once after its deadline: the hold has ended and the next
+// call takes the key. After the first call:
+//
+//	the first call                AllowAfterFailed  RejectIfFailed        RejectAlways (the default)
+//	returned a result (recorded)  runs again        runs again            replayed: Result.Replayed
+//	returned an error             runs again        runs again            runs again
+//	returned an error, recorded   runs again        *DuplicateError       *DuplicateError
+//	(Options.RecordErrors)
+//
+// An error releases the key (the record is deleted: a retry runs again)
+// unless Options.RecordErrors records it as Failed; then the policy
+// decides, exactly as it decides an enqueue's re-use of a Failed job's
+// key. A Succeeded record is kept for a repeat only under RejectAlways:
+// the other two policies let a new call take the key once the first
+// succeeded, as they let a new job take a Succeeded job's key. A repeat
+// whose payload (CallOptions.Payload) differs from the first call's gets
+// a *PayloadMismatchError, whatever the record's state.
+//
+// # Keys and what is stored
+//
+// A key is stored hashed (the ledger's key hash: HMAC-SHA-256 with the
+// deployment's key secret, or SHA-256), scoped to Options.Function: two
+// functions using one key hold two records. The payload is stored as its
+// hash. The result is stored as its JSON, at most Options.MaxResultBytes
+// (default DefaultMaxResultBytes); a larger one is returned to the first
+// caller with a *ResultTooLargeError, the key recorded as used without a
+// result, and a repeat gets the same error (the call is not run again).
+// Logs, spans and metrics carry the key's hash, never the key, the
+// payload or the result.
+//
+// # Costs
+//
+// A first call: PutItem (the hold, 1 write unit) and UpdateItem (its
+// result: 1 write unit per started KB of the record). A repeat: one
+// PutItem whose condition fails and returns the record (1 write unit;
+// DynamoDB bills a failed condition as a write), or nothing at all when
+// the result is in this process's cache (Options.CacheSize). An error
+// released: PutItem and DeleteItem. TestCallCosts pins them.
+//
+// # How it fails
+//
+// Every write is conditional on the caller's own token, so a write whose
+// reply was lost and that the SDK resent reads as the success it was: a
+// first call whose hold was applied runs once, a result recorded is not
+// recorded twice, a release is done. A hold that DynamoDB refused or
+// throttled past the SDK's retries returns the error and the function has
+// not run. A result that cannot be recorded (throttled past the retries,
+// or the hold taken over after it ran out) is returned with a
+// *NotRecordedError: the function ran; its key stays held until the hold
+// ends, and a repeat after that runs it again. A release that fails is
+// joined to the function's error; the key is then free when the hold
+// ends. A function that panics releases the key and panics on.
+//
+// Turn the utility off (every call runs its function, nothing is read or
+// written) with Options.Disabled or NEXJOB_IDEMPOTENCY_DISABLED=true: for
+// unit tests of the function itself.
+package idempotency

@@ -1,0 +1,111 @@
+package idempotency
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// ErrNoKey: a call with an empty key (or an event its key expression finds
+// nothing in). Nothing ran.
+var ErrNoKey = errors.New("nexjob: idempotency key is empty")
+
+// Sentinels the typed errors match with errors.Is.
+var (
+	ErrInProgress      = errors.New("nexjob: an earlier call with this key is in progress")
+	ErrPayloadMismatch = errors.New("nexjob: the key was used with a different payload")
+	ErrDuplicate       = errors.New("nexjob: the key's recorded outcome is protected by its policy")
+	ErrResultTooLarge  = errors.New("nexjob: the call's result is too large to record")
+	ErrNotRecorded     = errors.New("nexjob: the call ran but its outcome was not recorded")
+)
+
+// InProgressError: a repeat met the first call still holding the key.
+// Nothing ran; retry after Until (a call's hold ends by then).
+type InProgressError struct {
+	KeyHash string
+	Until   time.Time
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("nexjob: a call with key %s is in progress until %s", e.KeyHash, e.Until.UTC().Format(time.RFC3339Nano))
+}
+
+// Is matches ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// PayloadMismatchError: the key was used before with a different payload
+// (CallOptions.Payload, HandlerOptions' payload expression). Nothing ran.
+type PayloadMismatchError struct {
+	KeyHash string
+}
+
+func (e *PayloadMismatchError) Error() string {
+	return fmt.Sprintf("nexjob: key %s was used with a different payload", e.KeyHash)
+}
+
+// Is matches ErrPayloadMismatch.
+func (e *PayloadMismatchError) Is(target error) bool { return target == ErrPayloadMismatch }
+
+// DuplicateError: the key's first call failed with its error recorded
+// (Options.RecordErrors), and the policy protects that outcome (as at
+// enqueue: RejectIfFailed, RejectAlways). Nothing ran; Message is the
+// recorded error's text.
+type DuplicateError struct {
+	KeyHash string
+	State   ledger.State
+	Policy  ledger.DuplicatePolicy
+	Message string
+}
+
+func (e *DuplicateError) Error() string {
+	return fmt.Sprintf("nexjob: key %s already %s (policy %s): %s", e.KeyHash, e.State, e.Policy, e.Message)
+}
+
+// Is matches ErrDuplicate.
+func (e *DuplicateError) Is(target error) bool { return target == ErrDuplicate }
+
+// ResultTooLargeError: the first call's result was over MaxResultBytes.
+// The first caller gets its result with this error; the key is recorded
+// as used without a result, and a repeat gets this error (Replayed) and
+// does not run the function.
+type ResultTooLargeError struct {
+	KeyHash  string
+	Bytes    int // 0 on a repeat: the size was not kept
+	Limit    int
+	Replayed bool
+}
+
+func (e *ResultTooLargeError) Error() string {
+	if e.Replayed {
+		return fmt.Sprintf("nexjob: key %s's first call had a result over %d bytes, not recorded", e.KeyHash, e.Limit)
+	}
+	return fmt.Sprintf("nexjob: key %s's result is %d bytes, over the %d recorded", e.KeyHash, e.Bytes, e.Limit)
+}
+
+// Is matches ErrResultTooLarge.
+func (e *ResultTooLargeError) Is(target error) bool { return target == ErrResultTooLarge }
+
+// NotRecordedError: the function ran (its value is returned beside this
+// error) but its outcome could not be written: Err says why
+// (ledger.ErrCallTakenOver when its hold had run out and another call
+// took the key). The key stays held until the hold ends; a repeat after
+// that runs the function again.
+type NotRecordedError struct {
+	KeyHash string
+	Err     error
+}
+
+func (e *NotRecordedError) Error() string {
+	return fmt.Sprintf("nexjob: key %s: the call ran but its outcome was not recorded: %v", e.KeyHash, e.Err)
+}
+
+func (e *NotRecordedError) Unwrap() error { return e.Err }
+
+// Is matches ErrNotRecorded.
+func (e *NotRecordedError) Is(target error) bool { return target == ErrNotRecorded }
+
+// tooLargeMark is the error text a Succeeded record without its result
+// carries.
+const tooLargeMark = "nexjob: result over MaxResultBytes, not recorded"

@@ -1,0 +1,162 @@
+package idempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	jmespath "github.com/jmespath-community/go-jmespath"
+)
+
+// HandlerOptions say where a handler's event keeps its key and the fields
+// a repeat must match. Give the key by a function or an expression.
+type HandlerOptions[E, R any] struct {
+	// Key returns the event's idempotency key ("" for none).
+	Key func(E) (string, error)
+	// KeyPath is a JMESPath expression over the event as JSON (its json
+	// field names, as in Powertools): `headers."idempotency-key"`,
+	// `powertools_json(body).order_id`, `messageId`. A string result is
+	// the key; any other is its JSON. Used when Key is nil.
+	KeyPath string
+	// Payload returns the fields a repeat must match (CallOptions.Payload).
+	Payload func(E) any
+	// PayloadPath is a JMESPath expression for them, used when Payload is
+	// nil: `body`, `[amount, currency]`. Defaults to none (not validated).
+	PayloadPath string
+	// RunWithoutKey runs an event with no key without idempotency.
+	// Defaults to false: such an event gets ErrNoKey, and nothing runs.
+	RunWithoutKey bool
+	// Replayed marks a replayed response (a header an API client can
+	// read, such as Idempotent-Replayed: true). Defaults to none.
+	Replayed func(R) R
+}
+
+// extractor finds an event's key and payload.
+type extractor[E, R any] struct {
+	o       HandlerOptions[E, R]
+	key     jmespath.JMESPath
+	payload jmespath.JMESPath
+}
+
+// powertoolsJSON is Powertools' powertools_json(): a JSON string parsed,
+// so that an expression can reach into an API Gateway or SQS body.
+var powertoolsJSON = jmespath.FunctionEntry{
+	Name:      "powertools_json",
+	Arguments: []jmespath.ArgSpec{{Types: []jmespath.JpType{jmespath.JpString}}},
+	Handler: func(args []any) (any, error) {
+		var v any
+		if err := json.Unmarshal([]byte(args[0].(string)), &v); err != nil {
+			return nil, errors.New("powertools_json: the string is not JSON")
+		}
+		return v, nil
+	},
+}
+
+func newExtractor[E, R any](o *HandlerOptions[E, R]) (*extractor[E, R], error) {
+	if o == nil || o.Key == nil && o.KeyPath == "" {
+		return nil, errors.New("nexjob: an idempotent handler needs HandlerOptions.Key or KeyPath")
+	}
+	x := &extractor[E, R]{o: *o}
+	var err error
+	if o.Key == nil {
+		if x.key, err = jmespath.Compile(o.KeyPath, powertoolsJSON); err != nil {
+			return nil, fmt.Errorf("nexjob: idempotency KeyPath: %w", err)
+		}
+	}
+	if o.Payload == nil && o.PayloadPath != "" {
+		if x.payload, err = jmespath.Compile(o.PayloadPath, powertoolsJSON); err != nil {
+			return nil, fmt.Errorf("nexjob: idempotency PayloadPath: %w", err)
+		}
+	}
+	return x, nil
+}
+
+// find returns the event's key and its payload to validate (nil: none).
+// An error here names no part of the event.
+func (x *extractor[E, R]) find(ev E) (string, any, error) {
+	var doc any
+	if x.key != nil || x.payload != nil {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return "", nil, fmt.Errorf("nexjob: idempotency: encode the event %T: %w", ev, err)
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			return "", nil, fmt.Errorf("nexjob: idempotency: decode the event %T: %w", ev, err)
+		}
+	}
+	var key string
+	if x.o.Key != nil {
+		k, err := x.o.Key(ev)
+		if err != nil {
+			return "", nil, err
+		}
+		key = k
+	} else {
+		v, err := x.key.Search(doc)
+		if err != nil {
+			return "", nil, errors.New("nexjob: idempotency KeyPath failed on the event")
+		}
+		if key, err = asKey(v); err != nil {
+			return "", nil, err
+		}
+	}
+	var payload any
+	switch {
+	case x.o.Payload != nil:
+		payload = x.o.Payload(ev)
+	case x.payload != nil:
+		v, err := x.payload.Search(doc)
+		if err != nil {
+			return "", nil, errors.New("nexjob: idempotency PayloadPath failed on the event")
+		}
+		payload = v
+	}
+	return key, payload, nil
+}
+
+// asKey makes an expression's result a key: a string as it is, nothing as
+// "", anything else its JSON.
+func asKey(v any) (string, error) {
+	switch v := v.(type) {
+	case nil:
+		return "", nil
+	case string:
+		return v, nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", fmt.Errorf("nexjob: idempotency key: %w", err)
+	}
+	return string(b), nil
+}
+
+// Handler wraps a Lambda handler (any event and response types
+// aws-lambda-go can decode and encode as JSON) so that each event runs it
+// once per key, as Do. A repeat returns the first response recorded
+// (passed through o.Replayed, if set); an event with no key gets ErrNoKey
+// unless o.RunWithoutKey. The error is for a bad option or expression.
+func Handler[E, R any](s *Store, h func(context.Context, E) (R, error), o *HandlerOptions[E, R]) (func(context.Context, E) (R, error), error) {
+	x, err := newExtractor(o)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, ev E) (R, error) {
+		var zero R
+		key, payload, err := x.find(ev)
+		if err != nil {
+			return zero, err
+		}
+		if key == "" {
+			if x.o.RunWithoutKey || s.disabled {
+				return h(ctx, ev)
+			}
+			return zero, ErrNoKey
+		}
+		res, err := Do(ctx, s, key, func(ctx context.Context) (R, error) { return h(ctx, ev) }, &CallOptions{Payload: payload})
+		if res.Replayed && err == nil && x.o.Replayed != nil {
+			return x.o.Replayed(res.Value), nil
+		}
+		return res.Value, err
+	}, nil
+}

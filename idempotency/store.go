@@ -1,0 +1,210 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/nexjob/nexjob-aws/internal/kinds"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/metrics"
+)
+
+// Options tune a Store. The zero value (or nil) takes every default.
+type Options struct {
+	// Function scopes the keys: one key used by two functions is two
+	// records. It is the metrics' Function dimension. Defaults to
+	// AWS_LAMBDA_FUNCTION_NAME, or "default" outside Lambda. Must be
+	// kinds' rule (letters, digits, . _ - : /).
+	Function string
+	// Policy decides what a repeat does once the first call's outcome is
+	// recorded (see the package doc). Defaults to RejectAlways: a recorded
+	// result is replayed for the record's retention.
+	Policy *ledger.DuplicatePolicy
+	// Retention keeps a recorded outcome (its TTL): repeats within it are
+	// answered from it. Defaults to DefaultRetention.
+	Retention time.Duration
+	// RecordErrors records a function's error as the key's outcome
+	// (Failed) instead of releasing the key. Defaults to false.
+	RecordErrors bool
+	// Hold is how long a first call holds its key when its context has
+	// no deadline (a Lambda invocation's context has one: the hold ends
+	// with it). Defaults to DefaultHold.
+	Hold time.Duration
+	// Wait makes a repeat that meets the first call in progress wait for
+	// its outcome (reading the record every 50 ms, backing off to 1 s; one
+	// read unit each), until its own context ends, instead of returning an
+	// *InProgressError at once. Defaults to false.
+	Wait bool
+	// MaxResultBytes bounds a recorded result's JSON. Defaults to
+	// DefaultMaxResultBytes; at most ledger.MaxCallResultBytes.
+	MaxResultBytes int
+	// CacheSize keeps up to this many recorded results in this process
+	// (an LRU): a repeat found there costs no request. Defaults to 0 (no
+	// cache). Another process's release or a record's removal by hand is
+	// not seen by a cache; its entries end with the record's retention.
+	CacheSize int
+	// Disabled turns the utility off: every call runs its function and
+	// nothing is read or written. NEXJOB_IDEMPOTENCY_DISABLED=true does
+	// the same. For unit tests of the function itself.
+	Disabled bool
+	// Ledger passes options to the ledger: the key secret (set it as the
+	// deployment's), a clock for tests.
+	Ledger ledger.Options
+	// DynamoDB is the client. Defaults to one from the config.
+	DynamoDB ledger.DynamoDB
+	// Logger receives one record per outcome (the key's hash, never the
+	// key). Defaults to slog.Default().
+	Logger *slog.Logger
+	// Metrics records CallRun, CallReplayed, CallInProgress and
+	// CallMismatch by Function. Defaults to none.
+	Metrics *metrics.Recorder
+}
+
+// Defaults.
+const (
+	DefaultRetention      = 7 * 24 * time.Hour
+	DefaultHold           = time.Minute
+	DefaultMaxResultBytes = 64 << 10
+	// EnvDisabled turns every Store off when "true".
+	EnvDisabled = "NEXJOB_IDEMPOTENCY_DISABLED"
+)
+
+// recordTimeout bounds the writes after the function ran (its result, a
+// release): they run on a context detached from the caller's, so a caller
+// whose deadline came as the function returned still gets them written.
+const recordTimeout = 5 * time.Second
+
+// Store keeps idempotent calls' records in the nexjob table. It is safe
+// for concurrent use.
+type Store struct {
+	ledger    *ledger.Store
+	function  string
+	policy    ledger.DuplicatePolicy
+	retention time.Duration
+	recordErr bool
+	hold      time.Duration
+	wait      bool
+	maxResult int
+	cache     *lru.Cache[string, ledger.Call]
+	disabled  bool
+	now       func() time.Time
+	log       *slog.Logger
+	metrics   *metrics.Recorder
+}
+
+// New returns a Store on the table (the deployment's nexjob table). opts
+// may be nil.
+func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Function == "" {
+		o.Function = os.Getenv("AWS_LAMBDA_FUNCTION_NAME")
+	}
+	if o.Function == "" {
+		o.Function = "default"
+	}
+	if !kinds.Valid(o.Function) {
+		return nil, fmt.Errorf("nexjob: idempotency function name %q: it must be %s", o.Function, kinds.Rule)
+	}
+	policy := ledger.RejectAlways
+	if o.Policy != nil {
+		if !o.Policy.Valid() {
+			return nil, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(*o.Policy))
+		}
+		policy = *o.Policy
+	}
+	if o.Retention < 0 || o.Hold < 0 || o.MaxResultBytes < 0 || o.CacheSize < 0 {
+		return nil, errors.New("nexjob: idempotency options must not be negative")
+	}
+	if o.Retention == 0 {
+		o.Retention = DefaultRetention
+	}
+	if o.Hold == 0 {
+		o.Hold = DefaultHold
+	}
+	if o.MaxResultBytes == 0 {
+		o.MaxResultBytes = DefaultMaxResultBytes
+	}
+	if o.MaxResultBytes > ledger.MaxCallResultBytes {
+		return nil, fmt.Errorf("nexjob: MaxResultBytes %d is over the item's room, %d", o.MaxResultBytes, ledger.MaxCallResultBytes)
+	}
+	if o.DynamoDB == nil {
+		o.DynamoDB = dynamodb.NewFromConfig(cfg)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	st, err := ledger.New(o.DynamoDB, table, &o.Ledger)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		ledger: st, function: o.Function, policy: policy, retention: o.Retention, recordErr: o.RecordErrors,
+		hold: o.Hold, wait: o.Wait, maxResult: o.MaxResultBytes, log: o.Logger, metrics: o.Metrics, now: time.Now,
+	}
+	if o.Ledger.Now != nil {
+		s.now = o.Ledger.Now
+	}
+	if d, _ := strconv.ParseBool(os.Getenv(EnvDisabled)); d || o.Disabled {
+		s.disabled = true
+	}
+	if o.CacheSize > 0 {
+		if s.cache, err = lru.New[string, ledger.Call](o.CacheSize); err != nil {
+			return nil, fmt.Errorf("nexjob: idempotency cache: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// KeyHash is what the Store writes and logs for key: the ledger's hash of
+// the key scoped to the Store's function.
+func (s *Store) KeyHash(key string) string { return s.ledger.HashKey(s.function + "\x00" + key) }
+
+// payloadHash fingerprints a payload's JSON under the same hash.
+func (s *Store) payloadHash(payload []byte) string {
+	return s.ledger.HashKey("payload\x00" + string(payload))
+}
+
+// until is the end of a hold taken now under ctx.
+func (s *Store) until(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	return s.now().Add(s.hold)
+}
+
+// cached returns a recorded result kept in this process.
+func (s *Store) cached(keyHash string) (ledger.Call, bool) {
+	if s.cache == nil {
+		return ledger.Call{}, false
+	}
+	c, ok := s.cache.Get(keyHash)
+	if !ok {
+		return ledger.Call{}, false
+	}
+	if !s.now().Before(c.ExpiresAt) {
+		s.cache.Remove(keyHash)
+		return ledger.Call{}, false
+	}
+	return c, true
+}
+
+// keep caches a recorded success that the policy replays.
+func (s *Store) keep(c ledger.Call) {
+	if s.cache != nil && c.State == ledger.Succeeded && !s.policy.Allows(ledger.Succeeded) {
+		s.cache.Add(c.KeyHash, c)
+	}
+}
+
+func (s *Store) count(metric, keyHash string) { s.metrics.Call(metric, s.function, keyHash) }

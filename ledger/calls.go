@@ -1,0 +1,284 @@
+// Idempotent calls: the records of package idempotency, on the same table
+// and under the same DuplicatePolicy as jobs.
+
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// A call's record (pk "i#<hash>") holds an idempotency key of a function
+// call (not a job): in progress while the first call runs, then its
+// recorded outcome. Its attributes are named apart from a job's (no
+// "state"), so no stream consumer of jobs (the dispatch guard, completion
+// events) and no listing ever sees one.
+const (
+	AttrCallState   = "cstate"   // Processing while held, then Succeeded or Failed
+	AttrCallUntil   = "cuntil"   // unix ms: the hold ends (the holder's deadline)
+	AttrCallPayload = "cpayload" // the first call's payload hash, "" when none
+	AttrCallResult  = "cresult"  // the recorded result (bytes)
+	AttrCallError   = "cerror"   // the recorded error's text
+	AttrCallPolicy  = "cpolicy"  // the DuplicatePolicy the record was made under
+)
+
+const callPrefix = "i#"
+
+// MaxCallResultBytes bounds a call's recorded result and error together,
+// leaving the rest of the 400 KB item for its fixed fields.
+const MaxCallResultBytes = 350_000
+
+// Call is an idempotent call's record.
+type Call struct {
+	KeyHash string
+	// State is Processing while the first call holds the key, then
+	// Succeeded or Failed once its outcome is recorded.
+	State State
+	// Until ends a Processing hold: past it, the next call takes the key.
+	Until time.Time
+	// PayloadHash fingerprints the first call's payload ("" when none).
+	PayloadHash string
+	Result      []byte
+	Error       string
+	Policy      DuplicatePolicy
+	// Token is the holder's: Record and Release are conditional on it.
+	Token     string
+	ExpiresAt time.Time
+}
+
+// Held reports whether c, read at now, still holds its key for its first
+// call (Processing with its hold not over).
+func (c Call) Held(now time.Time) bool {
+	return c.State == Processing && now.Before(c.Until)
+}
+
+// ErrCallTakenOver: Record of a call whose key is no longer its (its hold
+// ran out and another call took the key, or the record expired).
+var ErrCallTakenOver = errors.New("nexjob: the call's key was taken over after its hold ran out")
+
+// BeginCall takes an idempotency key for a call, in one conditional
+// PutItem: the key is free (no record, an expired one, a hold whose until
+// passed) or its recorded outcome is one the policy lets a new call
+// replace. The new record is Processing until until, under a fresh token.
+// began=false returns the record that holds the key instead (nothing was
+// written then): in progress, or an outcome the policy protects.
+//
+// A resend of our own put (its reply lost) fails its condition against
+// our record, and reads as the success it is (the token). A put whose
+// error leaves its outcome open is followed by one consistent read; when
+// that fails too, the error is an *UnknownOutcomeError and the key may be
+// held until until.
+func (s *Store) BeginCall(ctx context.Context, keyHash, payloadHash string, policy DuplicatePolicy, until time.Time, retention time.Duration) (Call, bool, error) {
+	if !policy.Valid() {
+		return Call{}, false, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
+	}
+	now := s.now()
+	c := Call{KeyHash: keyHash, State: Processing, Until: until, PayloadHash: payloadHash, Policy: policy, Token: NewNonce(), ExpiresAt: until.Add(retention)}
+	item := map[string]types.AttributeValue{
+		AttrPK:          &types.AttributeValueMemberS{Value: callPrefix + keyHash},
+		AttrCallState:   &types.AttributeValueMemberS{Value: string(Processing)},
+		AttrCallUntil:   millis(until),
+		AttrCallPolicy:  &types.AttributeValueMemberS{Value: policy.String()},
+		AttrNonce:       &types.AttributeValueMemberS{Value: c.Token},
+		AttrExpiresAt:   &types.AttributeValueMemberN{Value: strconv.FormatInt(c.ExpiresAt.Unix(), 10)},
+		AttrCallPayload: &types.AttributeValueMemberS{Value: payloadHash},
+	}
+	if payloadHash == "" {
+		delete(item, AttrCallPayload)
+	}
+	st := expression.Name(AttrCallState)
+	free := expression.AttributeNotExists(expression.Name(AttrPK)).
+		Or(expression.Name(AttrExpiresAt).LessThanEqual(expression.Value(now.Unix()))).
+		Or(st.Equal(expression.Value(string(Processing))).And(expression.Name(AttrCallUntil).LessThanEqual(expression.Value(now.UnixMilli()))))
+	for _, r := range policy.ReusableStates() {
+		free = free.Or(st.Equal(expression.Value(string(r))))
+	}
+	x, err := expression.NewBuilder().WithCondition(free).Build()
+	if err != nil {
+		return Call{}, false, fmt.Errorf("nexjob: build call condition: %w", err)
+	}
+	_, err = s.db.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:                           aws.String(s.table),
+		Item:                                item,
+		ConditionExpression:                 x.Condition(),
+		ExpressionAttributeNames:            x.Names(),
+		ExpressionAttributeValues:           x.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		return c, true, nil
+	case errors.As(err, &ccf):
+		old, derr := decodeCall(ccf.Item)
+		if derr != nil {
+			return Call{}, false, derr
+		}
+		if old.Token == c.Token {
+			return old, true, nil // our own put, applied, its reply lost
+		}
+		return old, false, nil
+	case !unknownOutcome(err):
+		return Call{}, false, fmt.Errorf("nexjob: begin call in %s: %w", s.table, err)
+	}
+	cur, ok, rerr := s.GetCall(ctx, keyHash)
+	if rerr == nil && ok && cur.Token == c.Token {
+		return cur, true, nil
+	}
+	if rerr == nil && ok && cur.Held(s.now()) {
+		return cur, false, nil // another call holds it: our put did not apply
+	}
+	return Call{}, false, &UnknownOutcomeError{ID: callPrefix + keyHash, Err: fmt.Errorf("nexjob: begin call in %s: %w", s.table, err), Nonce: c.Token}
+}
+
+// RecordCall writes a held call's outcome (Succeeded with its result, or
+// Failed with its error's text), conditional on the hold still being the
+// caller's (held.Token); the record then lives until expiresAt. A resend
+// of our own update (its reply lost) reads as done; a hold another call
+// took over gives ErrCallTakenOver, and nothing is written. One UpdateItem.
+func (s *Store) RecordCall(ctx context.Context, held Call, state State, result []byte, errText string, expiresAt time.Time) (Call, error) {
+	if state != Succeeded && state != Failed {
+		return Call{}, fmt.Errorf("nexjob: a call's outcome is Succeeded or Failed, not %s", state)
+	}
+	if n := len(result) + len(errText); n > MaxCallResultBytes {
+		return Call{}, fmt.Errorf("%w: a call's result and error are %d bytes, the limit is %d", ErrItemTooLarge, n, MaxCallResultBytes)
+	}
+	done := NewNonce()
+	upd := expression.Set(expression.Name(AttrCallState), expression.Value(string(state))).
+		Set(expression.Name(AttrNonce), expression.Value(done)).
+		Set(expression.Name(AttrExpiresAt), expression.Value(expiresAt.Unix())).
+		Remove(expression.Name(AttrCallUntil))
+	if len(result) > 0 {
+		upd = upd.Set(expression.Name(AttrCallResult), expression.Value(result))
+	}
+	if errText != "" {
+		upd = upd.Set(expression.Name(AttrCallError), expression.Value(errText))
+	}
+	cond := expression.Name(AttrNonce).Equal(expression.Value(held.Token))
+	x, err := expression.NewBuilder().WithCondition(cond).WithUpdate(upd).Build()
+	if err != nil {
+		return Call{}, fmt.Errorf("nexjob: build call record: %w", err)
+	}
+	out := held
+	out.State, out.Result, out.Error, out.Token, out.ExpiresAt, out.Until = state, result, errText, done, expiresAt, time.Time{}
+	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                           aws.String(s.table),
+		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: callPrefix + held.KeyHash}},
+		ConditionExpression:                 x.Condition(),
+		UpdateExpression:                    x.Update(),
+		ExpressionAttributeNames:            x.Names(),
+		ExpressionAttributeValues:           x.Values(),
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		return out, nil
+	case errors.As(err, &ccf):
+		if tok, _ := str(ccf.Item[AttrNonce]); tok == done {
+			return out, nil // our own update, applied, its reply lost
+		}
+		return Call{}, ErrCallTakenOver
+	case !unknownOutcome(err):
+		return Call{}, fmt.Errorf("nexjob: record call in %s: %w", s.table, err)
+	}
+	if cur, ok, rerr := s.GetCall(ctx, held.KeyHash); rerr == nil {
+		switch {
+		case ok && cur.Token == done:
+			return out, nil
+		case !ok || cur.Token != held.Token:
+			return Call{}, ErrCallTakenOver
+		}
+	}
+	return Call{}, &UnknownOutcomeError{ID: callPrefix + held.KeyHash, Err: fmt.Errorf("nexjob: record call in %s: %w", s.table, err), Nonce: done}
+}
+
+// ReleaseCall frees a held call's key (its first call failed and the
+// failure is not to be recorded): one DeleteItem conditional on the hold
+// being the caller's. A key no longer the caller's (released by our own
+// resend whose reply was lost, or taken over) is done too: nil.
+func (s *Store) ReleaseCall(ctx context.Context, held Call) error {
+	x, err := expression.NewBuilder().WithCondition(expression.Name(AttrNonce).Equal(expression.Value(held.Token))).Build()
+	if err != nil {
+		return fmt.Errorf("nexjob: build call release: %w", err)
+	}
+	_, err = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
+		TableName:                 aws.String(s.table),
+		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: callPrefix + held.KeyHash}},
+		ConditionExpression:       x.Condition(),
+		ExpressionAttributeNames:  x.Names(),
+		ExpressionAttributeValues: x.Values(),
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if err == nil || errors.As(err, &ccf) {
+		return nil
+	}
+	return fmt.Errorf("nexjob: release call in %s: %w", s.table, err)
+}
+
+// GetCall reads a call's record (one consistent read); ok=false when there
+// is none or it is past its retention.
+func (s *Store) GetCall(ctx context.Context, keyHash string) (Call, bool, error) {
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName:      aws.String(s.table),
+		Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: callPrefix + keyHash}},
+		ConsistentRead: aws.Bool(true),
+	})
+	if err != nil {
+		return Call{}, false, fmt.Errorf("nexjob: read call in %s: %w", s.table, err)
+	}
+	if len(out.Item) == 0 {
+		return Call{}, false, nil
+	}
+	c, err := decodeCall(out.Item)
+	if err != nil {
+		return Call{}, false, err
+	}
+	if !c.ExpiresAt.IsZero() && !s.now().Before(c.ExpiresAt) {
+		return Call{}, false, nil
+	}
+	return c, true, nil
+}
+
+func decodeCall(item map[string]types.AttributeValue) (Call, error) {
+	var c Call
+	pk, _ := str(item[AttrPK])
+	if len(pk) <= len(callPrefix) || pk[:len(callPrefix)] != callPrefix {
+		return Call{}, fmt.Errorf("nexjob: item %q is not a call's record", pk)
+	}
+	c.KeyHash = pk[len(callPrefix):]
+	st, _ := str(item[AttrCallState])
+	c.State = State(st)
+	if ms, err := num(item[AttrCallUntil]); err == nil {
+		c.Until = Millis(ms)
+	}
+	c.PayloadHash, _ = str(item[AttrCallPayload])
+	if b, ok := item[AttrCallResult].(*types.AttributeValueMemberB); ok {
+		c.Result = b.Value
+	}
+	c.Error, _ = str(item[AttrCallError])
+	c.Token, _ = str(item[AttrNonce])
+	if p, _ := str(item[AttrCallPolicy]); p != "" {
+		pol, err := ParsePolicy(p)
+		if err != nil {
+			return Call{}, err
+		}
+		c.Policy = pol
+	}
+	if sec, err := num(item[AttrExpiresAt]); err == nil {
+		c.ExpiresAt = time.Unix(sec, 0)
+	}
+	return c, nil
+}
+
+func millis(t time.Time) *types.AttributeValueMemberN {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(t.UnixMilli(), 10)}
+}
