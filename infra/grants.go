@@ -51,6 +51,22 @@ func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.grantFar(grantee) // a redriven far job is scheduled again; delete removes its schedule
 }
 
+// GrantIdempotency lets grantee use package idempotency on the table and
+// nothing else: GetItem, PutItem, UpdateItem and DeleteItem of call
+// records only (IAM's dynamodb:LeadingKeys limited to
+// ledger.CallKeyPrefix: the function can neither read nor write a job),
+// and the key secret, which hashes its keys. Give the function
+// q.Settings(settings.Idempotent). TestIdempotencyGrantsExactlyItsCalls
+// runs every path of the utility against this policy.
+func (q *JobQueue) GrantIdempotency(grantee awsiam.IGrantable) {
+	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:    jsii.Strings("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
+		Resources:  jsii.Strings(*q.Table.TableArn()),
+		Conditions: &map[string]any{"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": []string{ledger.CallKeyPrefix + "*"}}},
+	}))
+	q.grantKeySecret(grantee)
+}
+
 // OperatorDeniedAttributes are the record attributes GrantOperate's
 // UpdateItem may not name: what makes a record a runnable job.
 var OperatorDeniedAttributes = []string{ledger.AttrKind, ledger.AttrArgs}

@@ -99,6 +99,12 @@ func (q *JobQueue) Settings(role settings.Role) *map[string]*string {
 	switch role {
 	case settings.Producer:
 		delete(e, settings.EnvDLQURL)
+	case settings.Idempotent:
+		// The table and the key secret's parameter, nothing of the jobs.
+		e = map[string]*string{settings.EnvTable: q.env[settings.EnvTable], settings.EnvRole: jsii.String(string(role))}
+		if p := q.env[settings.EnvKeySecretParameter]; p != nil {
+			e[settings.EnvKeySecretParameter] = p
+		}
 	case settings.Events:
 		// Only the bus (and the team's own variables).
 		for _, v := range settings.Vars(settings.Worker) {

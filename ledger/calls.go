@@ -30,6 +30,11 @@ const (
 	AttrCallPolicy  = "cpolicy"  // the DuplicatePolicy the record was made under
 )
 
+// CallKeyPrefix begins every call record's partition key: a function
+// granted only items under it (IAM's dynamodb:LeadingKeys) can neither
+// read nor write a job.
+const CallKeyPrefix = callPrefix
+
 const callPrefix = "i#"
 
 // MaxCallResultBytes bounds a call's recorded result and error together,

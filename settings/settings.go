@@ -113,6 +113,7 @@ const (
 	Dashboard  Role = "dashboard"  // the dashboard as a Lambda function URL
 	Recurring  Role = "recurring"  // the EventBridge Scheduler target (recurring.Fire)
 	Events     Role = "events"     // the completion events' publisher (completion.HandleStream)
+	Idempotent Role = "idempotent" // a team's function using package idempotency
 )
 
 // Vars lists the variables a role reads, required ones first. The CDK
@@ -123,6 +124,8 @@ func Vars(r Role) []string {
 		return []string{EnvQueueURL, EnvGuardAfter, EnvQueues}
 	case Events:
 		return []string{EnvEventBus}
+	case Idempotent:
+		return []string{EnvTable}
 	case Worker:
 		// GuardAfter: a re-armed guard check is due as late as the guard's.
 		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues, EnvGuardAfter}
@@ -142,7 +145,7 @@ func NeedsKeySecret(r Role) bool { return r != Guard && r != Events }
 
 // required is how many of Vars(r) are required.
 func required(r Role) int {
-	if r == Guard || r == Events {
+	if r == Guard || r == Events || r == Idempotent {
 		return 1
 	}
 	return 2
@@ -260,9 +263,9 @@ func Load(ctx context.Context, role Role) (Settings, error) {
 // FromEnv is Load with the SDK configuration and the environment given.
 func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string) string) (Settings, error) {
 	switch role {
-	case Worker, DeadLetter, Guard, Producer, Operator, Dashboard, Recurring, Events:
+	case Worker, DeadLetter, Guard, Producer, Operator, Dashboard, Recurring, Events, Idempotent:
 	default:
-		return Settings{}, &InvalidError{Var: EnvRole, Reason: fmt.Sprintf("%q is not worker, deadletter or guard", string(role))}
+		return Settings{}, &InvalidError{Var: EnvRole, Reason: fmt.Sprintf("%q is not a role: worker, deadletter, guard, producer, operator, dashboard, recurring, events or idempotent", string(role))}
 	}
 	if cfg.Region == "" {
 		return Settings{}, ErrNoRegion
@@ -326,7 +329,7 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 			return Settings{}, &InvalidError{Var: EnvGuardAfter, Reason: "want a Go duration such as 2m"}
 		}
 	}
-	writes := role != Guard && role != Events && (role != Dashboard || s.DashboardWrite)
+	writes := role != Guard && role != Events && role != Idempotent && (role != Dashboard || s.DashboardWrite)
 	if s.IndexShards > ledger.DefaultIndexShards && writes {
 		// Recorded before any write with it, so that a later deployment
 		// with fewer shards still lists this one's entries (one
