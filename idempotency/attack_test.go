@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -352,5 +353,97 @@ func TestAttackCacheOutlivesTheRecord(t *testing.T) {
 	}
 	if res.Value == first.Value {
 		t.Fatalf("the cache answered %+v after the record's retention ended (the table now records %+v)", res.Value, second.Value)
+	}
+}
+
+// Held: eight concurrent calls of one key across two Stores (two
+// processes) run the function once; the others are in progress or
+// replayed, never a second run.
+func TestAttackHeldConcurrentAcrossStores(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	stores := []*idempotency.Store{r.s, r.store(t, nil)}
+	var runs atomic.Int32
+	gate := make(chan struct{})
+	errs := make(chan error, 8)
+	for i := range 8 {
+		go func() {
+			<-gate
+			_, err := idempotency.Do(context.Background(), stores[i%2], "order-h1", func(context.Context) (int, error) { runs.Add(1); return 1, nil }, nil)
+			errs <- err
+		}()
+	}
+	close(gate)
+	for range 8 {
+		if err := <-errs; err != nil && !errors.Is(err, idempotency.ErrInProgress) {
+			t.Errorf("a concurrent call: %v", err)
+		}
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("%d runs, want 1", runs.Load())
+	}
+}
+
+// Held: an SQS batch carrying one message twice runs it once and reports
+// no failure; a huge key and a replay into another type run nothing again.
+func TestAttackHeldBatchDuplicatesHugeKeyWrongType(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	var runs atomic.Int32
+	batch, err := idempotency.SQSBatch(r.s, func(context.Context, events.SQSMessage) error { runs.Add(1); return nil }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := events.SQSMessage{MessageId: "dup", Body: "x"}
+	resp, _ := batch(context.Background(), events.SQSEvent{Records: []events.SQSMessage{m, m}})
+	if len(resp.BatchItemFailures) != 0 || runs.Load() != 1 {
+		t.Fatalf("duplicates in a batch: %v, %d runs", resp.BatchItemFailures, runs.Load())
+	}
+	key := strings.Repeat("k", 1<<20)
+	var c charger
+	for range 2 {
+		if _, err := idempotency.Do(context.Background(), r.s, key, c.charge(1), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.runs.Load() != 1 {
+		t.Fatalf("a 1 MB key: %d runs", c.runs.Load())
+	}
+	_, err = idempotency.Do(context.Background(), r.s, key, func(context.Context) (int, error) { runs.Add(1); return 0, nil }, nil)
+	if err == nil || runs.Load() != 1 {
+		t.Fatalf("a replay into another type: %v, %d runs; want a decode error, no run", err, runs.Load())
+	}
+}
+
+// Held: a result write held in flight past the hold, while another call
+// takes the key and records, lands on nothing: the late first call gets
+// *NotRecordedError (taken over) and the table keeps the second result.
+func TestAttackHeldSlowRecordAfterTakeover(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	inFlight, letGo := make(chan struct{}), make(chan struct{})
+	r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Pass, Before: func(*http.Request, []byte) {
+		close(inFlight)
+		<-letGo
+	}})
+	var c charger
+	done := make(chan error, 1)
+	go func() {
+		_, err := idempotency.Do(context.Background(), r.s, "order-h3", c.charge(1), nil)
+		done <- err
+	}()
+	<-inFlight
+	r.e.Advance(t, idempotency.DefaultHold+time.Second)
+	second, err := idempotency.Do(context.Background(), r.store(t, nil), "order-h3", c.charge(2), nil)
+	if err != nil || second.Replayed {
+		t.Fatalf("the takeover: %+v %v", second, err)
+	}
+	close(letGo)
+	if err := <-done; !errors.Is(err, ledger.ErrCallTakenOver) {
+		t.Fatalf("the late first call: %v", err)
+	}
+	again, err := idempotency.Do(context.Background(), r.s, "order-h3", c.charge(3), nil)
+	if err != nil || !again.Replayed || again.Value != second.Value {
+		t.Fatalf("a repeat: %+v %v, want the second's result", again, err)
 	}
 }
