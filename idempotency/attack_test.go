@@ -54,12 +54,13 @@ func TestAttackUnencodableResultRunsTwice(t *testing.T) {
 	var runs atomic.Int32
 	fn := func(context.Context) (float64, error) { runs.Add(1); return math.NaN(), nil }
 	_, err := idempotency.Do(context.Background(), r.s, "ratio-1", fn, nil)
-	if !errors.Is(err, idempotency.ErrNotRecorded) {
-		t.Errorf("first call: %v; want a *NotRecordedError (the function ran, its result could not be recorded)", err)
+	var ue *idempotency.UnencodableResultError
+	if !errors.As(err, &ue) || ue.Replayed || ue.Err == nil {
+		t.Errorf("first call: %v; want an *UnencodableResultError (the function ran, its result has no JSON)", err)
 	}
 	_, err = idempotency.Do(context.Background(), r.s, "ratio-1", fn, nil)
-	if n := runs.Load(); n != 1 {
-		t.Fatalf("an immediate repeat: %v; the function ran %d times, want 1 (the key held until the hold ends)", err, n)
+	if n := runs.Load(); n != 1 || !errors.As(err, &ue) || !ue.Replayed {
+		t.Fatalf("an immediate repeat: %v; the function ran %d times, want 1 and the error replayed", err, n)
 	}
 }
 
@@ -225,12 +226,14 @@ func TestAttackDisabledHandlerDoesNotRun(t *testing.T) {
 	}
 }
 
-// Doc: "A repeat whose payload (CallOptions.Payload) differs from the
-// first call's gets a *PayloadMismatchError, whatever the record's
-// state." Under AllowAfterFailed a recorded Failed record (RecordErrors),
-// and under RejectIfFailed a Succeeded one, are taken by a repeat with
-// another payload, which runs.
-func TestAttackMismatchIgnoredByRecordedState(t *testing.T) {
+// Doc: "A repeat whose payload ... differs from the first call's gets a
+// *PayloadMismatchError while the first call holds the key or while its
+// recorded outcome answers repeats; an outcome the policy lets a new call
+// replace is replaced whatever the new call's payload." (The first
+// version said "whatever the record's state" beside a table that let
+// such a call run: the helper's attack found the contradiction; the doc
+// now says what the policy decides, and this holds it.)
+func TestAttackMismatchAgainstRecordedOutcomes(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, nil)
 	type req struct{ Amount int }
@@ -248,25 +251,32 @@ func TestAttackMismatchIgnoredByRecordedState(t *testing.T) {
 			var other charger
 			for _, key := range []string{"failed", "succeeded"} {
 				_, err := idempotency.Do(context.Background(), s, key, other.charge(999), &idempotency.CallOptions{Payload: req{999}})
-				if !errors.Is(err, idempotency.ErrPayloadMismatch) {
-					t.Errorf("%s: a repeat of the %s record with another payload: %v; want *PayloadMismatchError", p, key, err)
+				protected := key == "failed" && p == ledger.RejectIfFailed
+				if protected != errors.Is(err, idempotency.ErrPayloadMismatch) || !protected && err != nil {
+					t.Errorf("%s: a repeat of the %s record with another payload: %v; want a mismatch only when the policy protects the record", p, key, err)
 				}
 			}
-			if n := other.runs.Load(); n != 0 {
-				t.Errorf("%s: the mismatched repeats ran %d times, want 0", p, n)
+			want := int32(2)
+			if p == ledger.RejectIfFailed {
+				want = 1
+			}
+			if n := other.runs.Load(); n != want {
+				t.Errorf("%s: the repeats with another payload ran %d times, want %d", p, n, want)
 			}
 		})
 	}
 }
 
-// Doc: "a larger one is returned to the first caller with a
-// *ResultTooLargeError, the key recorded as used without a result, and a
-// repeat gets the same error (the call is not run again)". Under
-// AllowAfterFailed or RejectIfFailed the repeat runs again.
-func TestAttackTooLargeRunsAgainUnderOtherPolicies(t *testing.T) {
+// Doc: a result not kept is "recorded as used without a result; a repeat
+// is answered as any repeat of a recorded result: under RejectAlways with
+// the same error, the function not run again". Under the other two a
+// Succeeded record lets a new call take the key, whatever its result
+// was: the repeat runs. (The first version promised no run under every
+// policy: the helper's attack found it false.)
+func TestAttackTooLargeUnderEachPolicy(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, nil)
-	for _, p := range []ledger.DuplicatePolicy{ledger.AllowAfterFailed, ledger.RejectIfFailed} {
+	for _, p := range []ledger.DuplicatePolicy{ledger.AllowAfterFailed, ledger.RejectIfFailed, ledger.RejectAlways} {
 		s := r.store(t, &idempotency.Options{Policy: &p, MaxResultBytes: 100, Function: "big-" + p.String()})
 		var runs atomic.Int32
 		big := func(context.Context) (string, error) { runs.Add(1); return strings.Repeat("x", 200), nil }
@@ -274,8 +284,12 @@ func TestAttackTooLargeRunsAgainUnderOtherPolicies(t *testing.T) {
 			t.Fatalf("%s first call: %v", p, err)
 		}
 		_, err := idempotency.Do(context.Background(), s, "big", big, nil)
-		if !errors.Is(err, idempotency.ErrResultTooLarge) || runs.Load() != 1 {
-			t.Errorf("%s: a repeat: %v, %d runs; want *ResultTooLargeError and 1 run", p, err, runs.Load())
+		want := int32(2)
+		if p == ledger.RejectAlways {
+			want = 1
+		}
+		if !errors.Is(err, idempotency.ErrResultTooLarge) || runs.Load() != want {
+			t.Errorf("%s: a repeat: %v, %d runs; want *ResultTooLargeError and %d runs", p, err, runs.Load(), want)
 		}
 	}
 }
@@ -288,13 +302,20 @@ func TestAttackTooLargeRunsAgainUnderOtherPolicies(t *testing.T) {
 func TestAttackSkewedClockTakesAHeldKey(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, nil)
-	ahead := r.skewedStore(t, nil, 15*time.Second)
+	// Both processes allow for 20 s of skew (Options.MaxClockSkew); with
+	// the default second, clocks 15 s apart break the hold, as the doc
+	// now says.
+	skew := &idempotency.Options{MaxClockSkew: 20 * time.Second}
+	held := r.store(t, skew)
+	ahead := r.skewedStore(t, skew, 15*time.Second)
 	var c charger
-	first := startBlocked(context.Background(), r.s, "order-a8", &c)
+	first := startBlocked(context.Background(), held, "order-a8", &c)
 	r.e.Advance(t, 50*time.Second) // 10 s of the hold left
 	_, err := idempotency.Do(context.Background(), ahead, "order-a8", c.charge(100), nil)
 	close(first.release)
-	<-first.done
+	if ferr := <-first.done; ferr != nil {
+		t.Fatal(ferr)
+	}
 	if !errors.Is(err, idempotency.ErrInProgress) || c.runs.Load() != 1 {
 		t.Fatalf("a repeat from a process 15 s ahead, 10 s before the hold ends: %v, %d runs; want *InProgressError, 1 run", err, c.runs.Load())
 	}
@@ -341,7 +362,7 @@ func TestAttackCacheOutlivesTheRecord(t *testing.T) {
 	exp := r.e.Now().Add(time.Hour)
 	r.e.Advance(t, exp.Truncate(time.Second).Sub(r.e.Now())+time.Millisecond)
 	if !r.e.Now().Before(exp.Add(-200 * time.Millisecond)) {
-		t.Skip("the first call's record expires on a whole second: no gap to attack")
+		t.Fatal("the first call's record expires on a whole second: the setup left no gap to attack")
 	}
 	second, err := idempotency.Do(context.Background(), other, "order-a10", c.charge(2), nil)
 	if err != nil || second.Replayed {

@@ -62,12 +62,12 @@ func SQSBatch(s *Store, fn func(context.Context, events.SQSMessage) error, o *Ba
 
 // record runs one batch record idempotently.
 func (s *Store) record(ctx context.Context, x *extractor[events.SQSMessage, struct{}], m events.SQSMessage, fn func(context.Context, events.SQSMessage) error) error {
+	if s.disabled {
+		return fn(ctx, m)
+	}
 	key, payload, err := x.find(m)
 	if err != nil {
 		return err
-	}
-	if key == "" && s.disabled {
-		return fn(ctx, m)
 	}
 	_, err = Do(ctx, s, key, func(ctx context.Context) (struct{}, error) { return struct{}{}, fn(ctx, m) }, &CallOptions{Payload: payload})
 	var dup *DuplicateError

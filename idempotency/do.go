@@ -58,7 +58,7 @@ func Do[T any](ctx context.Context, s *Store, key string, fn func(context.Contex
 		return replay(s, res, c, ph)
 	}
 	for delay := 50 * time.Millisecond; ; delay = min(2*delay, time.Second) {
-		c, began, err := s.ledger.BeginCall(ctx, kh, ph, s.policy, s.until(ctx), s.retention)
+		c, began, err := s.ledger.BeginCall(ctx, kh, ph, s.policy, s.until(ctx), s.skew, s.retention)
 		if err != nil {
 			return res, fmt.Errorf("nexjob: idempotency key %s: %w", kh, err)
 		}
@@ -77,7 +77,7 @@ func Do[T any](ctx context.Context, s *Store, key string, fn func(context.Contex
 			s.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: idempotent call in progress", slog.String("function", s.function), slog.String("key_hash", kh))
 			return res, &InProgressError{KeyHash: kh, Until: c.Until}
 		}
-		for c.Held(s.now()) {
+		for c.Held(s.now().Add(-s.skew)) {
 			select {
 			case <-ctx.Done():
 				s.count(metrics.CallInProgress, kh)
@@ -94,9 +94,8 @@ func Do[T any](ctx context.Context, s *Store, key string, fn func(context.Contex
 			}
 			c = cur
 		}
-		if c.State != ledger.Processing {
-			return replay(s, res, c, ph)
-		}
+		// Its outcome is recorded, or its hold is over: decide again (the
+		// policy may let this call take the key).
 	}
 }
 
@@ -123,6 +122,8 @@ func replay[T any](s *Store, res Result[T], c ledger.Call, ph string) (Result[T]
 		return res, &DuplicateError{KeyHash: res.KeyHash, State: c.State, Policy: s.policy, Message: c.Error}
 	case c.Error == tooLargeMark:
 		return res, &ResultTooLargeError{KeyHash: res.KeyHash, Limit: s.maxResult, Replayed: true}
+	case c.Error == unencodableMark:
+		return res, &UnencodableResultError{KeyHash: res.KeyHash, Replayed: true}
 	}
 	if len(c.Result) > 0 {
 		if err := json.Unmarshal(c.Result, &res.Value); err != nil {
@@ -167,14 +168,16 @@ func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, 
 		}
 		return res, ferr
 	}
-	b, merr := json.Marshal(v)
-	if merr != nil {
-		_ = s.ledger.ReleaseCall(rctx, held)
-		return res, fmt.Errorf("nexjob: idempotency key %s: encode the result %T: %w", res.KeyHash, v, merr)
-	}
+	// A result that cannot be kept (not JSON, too large) is recorded as
+	// used without it: the function ran, and a repeat must not run it.
 	var tooLarge error
 	mark := ""
-	if len(b) > s.maxResult {
+	b, merr := json.Marshal(v)
+	switch {
+	case merr != nil:
+		tooLarge = &UnencodableResultError{KeyHash: res.KeyHash, Err: merr}
+		b, mark = nil, unencodableMark
+	case len(b) > s.maxResult:
 		tooLarge = &ResultTooLargeError{KeyHash: res.KeyHash, Bytes: len(b), Limit: s.maxResult}
 		b, mark = nil, tooLargeMark
 	}

@@ -22,8 +22,11 @@
 // deadline (under Lambda: the invocation's end; otherwise Options.Hold
 // from its start): a repeat then gets an *InProgressError, or, with
 // Options.Wait, waits for the first call's outcome. A call that timed out
-// is retried at once after its deadline: the hold has ended and the next
-// call takes the key. After the first call:
+// is retried right after its deadline: the hold has ended (allowing
+// Options.MaxClockSkew, a second by default, for the difference between
+// two processes' clocks; clocks further apart than that let a second call
+// run beside the first) and the next call takes the key. After the first
+// call:
 //
 //	the first call                AllowAfterFailed  RejectIfFailed        RejectAlways (the default)
 //	returned a result (recorded)  runs again        runs again            replayed: Result.Replayed
@@ -38,7 +41,9 @@
 // the other two policies let a new call take the key once the first
 // succeeded, as they let a new job take a Succeeded job's key. A repeat
 // whose payload (CallOptions.Payload) differs from the first call's gets
-// a *PayloadMismatchError, whatever the record's state.
+// a *PayloadMismatchError while the first call holds the key or while its
+// recorded outcome answers repeats; an outcome the policy lets a new call
+// replace is replaced whatever the new call's payload.
 //
 // # Keys and what is stored
 //
@@ -47,8 +52,10 @@
 // functions using one key hold two records. The payload is stored as its
 // hash. The result is stored as its JSON, at most Options.MaxResultBytes
 // (default DefaultMaxResultBytes); a larger one is returned to the first
-// caller with a *ResultTooLargeError, the key recorded as used without a
-// result, and a repeat gets the same error (the call is not run again).
+// caller with a *ResultTooLargeError (one with no JSON, such as a NaN,
+// with an *UnencodableResultError), the key recorded as used without a
+// result; a repeat is answered as any repeat of a recorded result: under
+// RejectAlways with the same error, the function not run again.
 // Logs, spans and metrics carry the key's hash, never the key, the
 // payload or the result.
 //
@@ -56,10 +63,13 @@
 //
 // A first call: PutItem (the hold, 1 write unit) and UpdateItem (its
 // result: 1 write unit per started KB of the record). A repeat: one
-// PutItem whose condition fails and returns the record (1 write unit;
-// DynamoDB bills a failed condition as a write), or nothing at all when
-// the result is in this process's cache (Options.CacheSize). An error
-// released: PutItem and DeleteItem. TestCallCosts pins them.
+// PutItem whose condition fails and returns the record (DynamoDB bills a
+// failed condition as a write of the item's size: 1 write unit for a
+// record under 1 KB), or nothing at all when the result is in this
+// process's cache (Options.CacheSize). An error released: PutItem and
+// DeleteItem. A new call taking a recorded outcome the policy lets go:
+// two PutItems (the second conditional on the outcome it replaces), then
+// UpdateItem. TestCallCosts pins the requests and units.
 //
 // # How it fails
 //

@@ -106,6 +106,28 @@ func (e *NotRecordedError) Unwrap() error { return e.Err }
 // Is matches ErrNotRecorded.
 func (e *NotRecordedError) Is(target error) bool { return target == ErrNotRecorded }
 
-// tooLargeMark is the error text a Succeeded record without its result
-// carries.
-const tooLargeMark = "nexjob: result over MaxResultBytes, not recorded"
+// UnencodableResultError: the first call's result has no JSON (a NaN, a
+// channel, a value whose MarshalJSON fails). The first caller gets its
+// result with this error (Err says why); the key is recorded as used
+// without a result, and a repeat gets this error (Replayed) and does not
+// run the function.
+type UnencodableResultError struct {
+	KeyHash  string
+	Err      error // nil on a repeat
+	Replayed bool
+}
+
+func (e *UnencodableResultError) Error() string {
+	if e.Replayed {
+		return fmt.Sprintf("nexjob: key %s's first call had a result with no JSON, not recorded", e.KeyHash)
+	}
+	return fmt.Sprintf("nexjob: key %s's result has no JSON, not recorded: %v", e.KeyHash, e.Err)
+}
+
+func (e *UnencodableResultError) Unwrap() error { return e.Err }
+
+// The error texts a Succeeded record without its result carries.
+const (
+	tooLargeMark    = "nexjob: result over MaxResultBytes, not recorded"
+	unencodableMark = "nexjob: result with no JSON, not recorded"
+)

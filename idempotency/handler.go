@@ -115,14 +115,28 @@ func (x *extractor[E, R]) find(ev E) (string, any, error) {
 	return key, payload, nil
 }
 
-// asKey makes an expression's result a key: a string as it is, nothing as
-// "", anything else its JSON.
+// asKey makes an expression's result a key: a string as it is; nothing
+// ("", null, an empty list or object, a list of nulls: what a
+// multi-select finds in an event without the fields) as no key; anything
+// else its JSON.
 func asKey(v any) (string, error) {
 	switch v := v.(type) {
 	case nil:
 		return "", nil
 	case string:
 		return v, nil
+	case map[string]any:
+		if len(v) == 0 {
+			return "", nil
+		}
+	case []any:
+		empty := true
+		for _, m := range v {
+			empty = empty && m == nil
+		}
+		if empty {
+			return "", nil
+		}
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -143,12 +157,15 @@ func Handler[E, R any](s *Store, h func(context.Context, E) (R, error), o *Handl
 	}
 	return func(ctx context.Context, ev E) (R, error) {
 		var zero R
+		if s.disabled {
+			return h(ctx, ev)
+		}
 		key, payload, err := x.find(ev)
 		if err != nil {
 			return zero, err
 		}
 		if key == "" {
-			if x.o.RunWithoutKey || s.disabled {
+			if x.o.RunWithoutKey {
 				return h(ctx, ev)
 			}
 			return zero, ErrNoKey

@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/nexjob/nexjob-aws/idempotency"
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
@@ -45,9 +47,10 @@ func (r *rig) store(t *testing.T, o *idempotency.Options) *idempotency.Store {
 		opts = *o
 	}
 	cfg := r.e.Cfg
-	counter := awstest.Count(&cfg)
 	if r.counter == nil {
-		r.counter = counter
+		r.counter = awstest.Count(&cfg)
+	} else {
+		r.counter.On(&cfg) // every Store of the rig counts in one list
 	}
 	cfg = faults.Config(cfg, r.ft)
 	opts.Ledger.Now = r.e.Now
@@ -132,4 +135,86 @@ func (r *rig) item(t *testing.T, keyHash string) map[string]types.AttributeValue
 		t.Fatal(err)
 	}
 	return out.Item
+}
+
+// units is the write units DynamoDB bills for an item of n bytes.
+func units(n int) int { return (n + 1023) / 1024 }
+
+// TestCallCosts pins each path's requests and the write units of its
+// items (awstest.ItemSize, DynamoDB's rule): a first call is the hold's
+// PutItem and the result's UpdateItem; a repeat one failed PutItem billed
+// at the record's size; a cached repeat nothing; an error released
+// PutItem, DeleteItem; a new call taking an outcome its policy lets go
+// two PutItems and the UpdateItem.
+func TestCallCosts(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		result      string
+		first, full int // the hold's units, the recorded item's
+	}{
+		{"small", "ok", 1, 1},
+		{"2.5 KB", strings.Repeat("r", 2500), 1, 3},
+	} {
+		hold := 0
+		key := "cost-" + tc.name
+		res := func(context.Context) (string, error) {
+			hold = awstest.ItemSize(r.item(t, r.s.KeyHash(key))) // the hold, as written
+			return tc.result, nil
+		}
+		r.counter.Reset()
+		first, err := idempotency.Do(ctx, r.s, key, res, &idempotency.CallOptions{Payload: "p"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ops(r.counter); got != "DynamoDB.PutItem DynamoDB.UpdateItem" {
+			t.Errorf("%s first call: %s", tc.name, got)
+		}
+		if u := units(hold); hold == 0 || u != tc.first {
+			t.Errorf("%s: the hold is %d bytes, %d units; want %d", tc.name, hold, u, tc.first)
+		}
+		full := awstest.ItemSize(r.item(t, first.KeyHash))
+		if u := units(full); u != tc.full {
+			t.Errorf("%s: the recorded call is %d bytes, %d units; want %d", tc.name, full, u, tc.full)
+		}
+		r.counter.Reset()
+		if again, err := idempotency.Do(ctx, r.s, "cost-"+tc.name, res, &idempotency.CallOptions{Payload: "p"}); err != nil || !again.Replayed {
+			t.Fatalf("%s repeat: %+v %v", tc.name, again, err)
+		}
+		if got := ops(r.counter); got != "DynamoDB.PutItem" {
+			t.Errorf("%s repeat: %s, want one PutItem (%d units: the record's size)", tc.name, got, tc.full)
+		}
+	}
+	cached := r.store(t, &idempotency.Options{CacheSize: 1})
+	if _, err := idempotency.Do(ctx, cached, "cost-cached", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.counter.Reset()
+	if res, err := idempotency.Do(ctx, cached, "cost-cached", func(context.Context) (int, error) { return 2, nil }, nil); err != nil || !res.Replayed || res.Value != 1 {
+		t.Fatalf("cached repeat: %+v %v", res, err)
+	}
+	if got := ops(r.counter); got != "" {
+		t.Errorf("a cached repeat: %s, want no request", got)
+	}
+	r.counter.Reset()
+	if _, err := idempotency.Do(ctx, r.s, "cost-error", func(context.Context) (int, error) { return 0, errors.New("no") }, nil); err == nil {
+		t.Fatal("want the error")
+	}
+	if got := ops(r.counter); got != "DynamoDB.PutItem DynamoDB.DeleteItem" {
+		t.Errorf("an error released: %s", got)
+	}
+	allow := ledger.AllowAfterFailed
+	reuse := r.store(t, &idempotency.Options{Policy: &allow, Function: "reuse"})
+	if _, err := idempotency.Do(ctx, reuse, "cost-reuse", func(context.Context) (int, error) { return 1, nil }, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.counter.Reset()
+	if res, err := idempotency.Do(ctx, reuse, "cost-reuse", func(context.Context) (int, error) { return 2, nil }, nil); err != nil || res.Replayed || res.Value != 2 {
+		t.Fatalf("a new call after a success under AllowAfterFailed: %+v %v", res, err)
+	}
+	if got := ops(r.counter); got != "DynamoDB.PutItem DynamoDB.PutItem DynamoDB.UpdateItem" {
+		t.Errorf("a new call replacing a recorded outcome: %s", got)
+	}
 }

@@ -39,6 +39,13 @@ type Options struct {
 	// no deadline (a Lambda invocation's context has one: the hold ends
 	// with it). Defaults to DefaultHold.
 	Hold time.Duration
+	// MaxClockSkew is how far apart the clocks of two processes using one
+	// key may be: a hold is taken over only this long after its deadline
+	// by the taker's clock, so a process whose clock is ahead by less
+	// never takes a key still held. Clocks further apart break the hold
+	// (both calls run). Lambda's clocks are NTP-synchronised to within
+	// milliseconds. Defaults to DefaultMaxClockSkew.
+	MaxClockSkew time.Duration
 	// Wait makes a repeat that meets the first call in progress wait for
 	// its outcome (reading the record every 50 ms, backing off to 1 s; one
 	// read unit each), until its own context ends, instead of returning an
@@ -73,6 +80,7 @@ type Options struct {
 const (
 	DefaultRetention      = 7 * 24 * time.Hour
 	DefaultHold           = time.Minute
+	DefaultMaxClockSkew   = time.Second
 	DefaultMaxResultBytes = 64 << 10
 	// EnvDisabled turns every Store off when "true".
 	EnvDisabled = "NEXJOB_IDEMPOTENCY_DISABLED"
@@ -92,6 +100,7 @@ type Store struct {
 	retention time.Duration
 	recordErr bool
 	hold      time.Duration
+	skew      time.Duration
 	wait      bool
 	maxResult int
 	cache     *lru.Cache[string, ledger.Call]
@@ -124,7 +133,7 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 		}
 		policy = *o.Policy
 	}
-	if o.Retention < 0 || o.Hold < 0 || o.MaxResultBytes < 0 || o.CacheSize < 0 {
+	if o.Retention < 0 || o.Hold < 0 || o.MaxResultBytes < 0 || o.CacheSize < 0 || o.MaxClockSkew < 0 {
 		return nil, errors.New("nexjob: idempotency options must not be negative")
 	}
 	if o.Retention == 0 {
@@ -132,6 +141,9 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 	}
 	if o.Hold == 0 {
 		o.Hold = DefaultHold
+	}
+	if o.MaxClockSkew == 0 {
+		o.MaxClockSkew = DefaultMaxClockSkew
 	}
 	if o.MaxResultBytes == 0 {
 		o.MaxResultBytes = DefaultMaxResultBytes
@@ -151,7 +163,7 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 	}
 	s := &Store{
 		ledger: st, function: o.Function, policy: policy, retention: o.Retention, recordErr: o.RecordErrors,
-		hold: o.Hold, wait: o.Wait, maxResult: o.MaxResultBytes, log: o.Logger, metrics: o.Metrics, now: time.Now,
+		hold: o.Hold, skew: o.MaxClockSkew, wait: o.Wait, maxResult: o.MaxResultBytes, log: o.Logger, metrics: o.Metrics, now: time.Now,
 	}
 	if o.Ledger.Now != nil {
 		s.now = o.Ledger.Now

@@ -28,6 +28,7 @@ const (
 	AttrCallResult  = "cresult"  // the recorded result (bytes)
 	AttrCallError   = "cerror"   // the recorded error's text
 	AttrCallPolicy  = "cpolicy"  // the DuplicatePolicy the record was made under
+	AttrCallPrev    = "cprev"    // the token of the recorded outcome this hold replaced
 )
 
 // CallKeyPrefix begins every call record's partition key: a function
@@ -55,12 +56,18 @@ type Call struct {
 	Error       string
 	Policy      DuplicatePolicy
 	// Token is the holder's: Record and Release are conditional on it.
-	Token     string
+	Token string
+	// Prev is the token of the recorded outcome this call's hold replaced
+	// (a policy let it take the key): that outcome's writer, its reply
+	// lost, knows its write applied by it.
+	Prev string
+	// ExpiresAt is whole seconds, as the TTL attribute keeps it.
 	ExpiresAt time.Time
 }
 
 // Held reports whether c, read at now, still holds its key for its first
-// call (Processing with its hold not over).
+// call (Processing with its hold not over). A caller allowing for clock
+// skew passes its clock less the skew.
 func (c Call) Held(now time.Time) bool {
 	return c.State == Processing && now.Before(c.Until)
 }
@@ -69,44 +76,72 @@ func (c Call) Held(now time.Time) bool {
 // ran out and another call took the key, or the record expired).
 var ErrCallTakenOver = errors.New("nexjob: the call's key was taken over after its hold ran out")
 
-// BeginCall takes an idempotency key for a call, in one conditional
-// PutItem: the key is free (no record, an expired one, a hold whose until
-// passed) or its recorded outcome is one the policy lets a new call
-// replace. The new record is Processing until until, under a fresh token.
-// began=false returns the record that holds the key instead (nothing was
-// written then): in progress, or an outcome the policy protects.
+// BeginCall takes an idempotency key for a call. The key is free when it
+// has no record, an expired one, or a hold whose until is more than skew
+// behind the caller's clock (its holder's deadline passed, allowing for
+// the two clocks' difference): one conditional PutItem then. A recorded
+// outcome the policy lets a new call replace (as at enqueue) is replaced
+// by a second PutItem conditional on that record's token, which keeps it
+// (Prev) so that its writer can still recognise its write: the re-use
+// path, 2 writes. The new record is Processing until until, under a fresh
+// token. began=false returns the record that holds the key instead
+// (nothing was written then): in progress, or an outcome the policy
+// protects.
 //
 // A resend of our own put (its reply lost) fails its condition against
 // our record, and reads as the success it is (the token). A put whose
 // error leaves its outcome open is followed by one consistent read; when
 // that fails too, the error is an *UnknownOutcomeError and the key may be
 // held until until.
-func (s *Store) BeginCall(ctx context.Context, keyHash, payloadHash string, policy DuplicatePolicy, until time.Time, retention time.Duration) (Call, bool, error) {
+func (s *Store) BeginCall(ctx context.Context, keyHash, payloadHash string, policy DuplicatePolicy, until time.Time, skew, retention time.Duration) (Call, bool, error) {
 	if !policy.Valid() {
 		return Call{}, false, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
 	}
+	c := Call{KeyHash: keyHash, State: Processing, Until: until, PayloadHash: payloadHash, Policy: policy, Token: NewNonce(), ExpiresAt: time.Unix(until.Add(retention).Unix(), 0)}
 	now := s.now()
-	c := Call{KeyHash: keyHash, State: Processing, Until: until, PayloadHash: payloadHash, Policy: policy, Token: NewNonce(), ExpiresAt: until.Add(retention)}
-	item := map[string]types.AttributeValue{
-		AttrPK:          &types.AttributeValueMemberS{Value: callPrefix + keyHash},
-		AttrCallState:   &types.AttributeValueMemberS{Value: string(Processing)},
-		AttrCallUntil:   millis(until),
-		AttrCallPolicy:  &types.AttributeValueMemberS{Value: policy.String()},
-		AttrNonce:       &types.AttributeValueMemberS{Value: c.Token},
-		AttrExpiresAt:   &types.AttributeValueMemberN{Value: strconv.FormatInt(c.ExpiresAt.Unix(), 10)},
-		AttrCallPayload: &types.AttributeValueMemberS{Value: payloadHash},
-	}
-	if payloadHash == "" {
-		delete(item, AttrCallPayload)
-	}
 	st := expression.Name(AttrCallState)
 	free := expression.AttributeNotExists(expression.Name(AttrPK)).
 		Or(expression.Name(AttrExpiresAt).LessThanEqual(expression.Value(now.Unix()))).
-		Or(st.Equal(expression.Value(string(Processing))).And(expression.Name(AttrCallUntil).LessThanEqual(expression.Value(now.UnixMilli()))))
-	for _, r := range policy.ReusableStates() {
-		free = free.Or(st.Equal(expression.Value(string(r))))
+		Or(st.Equal(expression.Value(string(Processing))).And(expression.Name(AttrCallUntil).LessThanEqual(expression.Value(now.Add(-skew).UnixMilli()))))
+	for range 4 {
+		old, began, err := s.putCall(ctx, c, free)
+		if err != nil || began {
+			return c, began, err
+		}
+		if old.State == Processing || !policy.Allows(old.State) {
+			return old, false, nil
+		}
+		// A recorded outcome the policy lets go: replace exactly it.
+		c.Prev = old.Token
+		old, began, err = s.putCall(ctx, c, expression.Name(AttrNonce).Equal(expression.Value(old.Token)))
+		if err != nil || began {
+			return c, began, err
+		}
+		c.Prev = ""
+		if old.State == Processing || !policy.Allows(old.State) {
+			return old, false, nil
+		}
 	}
-	x, err := expression.NewBuilder().WithCondition(free).Build()
+	return Call{}, false, ErrContention
+}
+
+// putCall puts c under cond: began, or the record that failed cond.
+func (s *Store) putCall(ctx context.Context, c Call, cond expression.ConditionBuilder) (Call, bool, error) {
+	item := map[string]types.AttributeValue{
+		AttrPK:         &types.AttributeValueMemberS{Value: callPrefix + c.KeyHash},
+		AttrCallState:  &types.AttributeValueMemberS{Value: string(Processing)},
+		AttrCallUntil:  millis(c.Until),
+		AttrCallPolicy: &types.AttributeValueMemberS{Value: c.Policy.String()},
+		AttrNonce:      &types.AttributeValueMemberS{Value: c.Token},
+		AttrExpiresAt:  &types.AttributeValueMemberN{Value: strconv.FormatInt(c.ExpiresAt.Unix(), 10)},
+	}
+	if c.PayloadHash != "" {
+		item[AttrCallPayload] = &types.AttributeValueMemberS{Value: c.PayloadHash}
+	}
+	if c.Prev != "" {
+		item[AttrCallPrev] = &types.AttributeValueMemberS{Value: c.Prev}
+	}
+	x, err := expression.NewBuilder().WithCondition(cond).Build()
 	if err != nil {
 		return Call{}, false, fmt.Errorf("nexjob: build call condition: %w", err)
 	}
@@ -121,27 +156,21 @@ func (s *Store) BeginCall(ctx context.Context, keyHash, payloadHash string, poli
 	var ccf *types.ConditionalCheckFailedException
 	switch {
 	case err == nil:
-		return c, true, nil
+		return Call{}, true, nil
 	case errors.As(err, &ccf):
 		old, derr := decodeCall(ccf.Item)
 		if derr != nil {
 			return Call{}, false, derr
 		}
-		if old.Token == c.Token {
-			return old, true, nil // our own put, applied, its reply lost
-		}
-		return old, false, nil
+		return old, old.Token == c.Token, nil // our own put, applied, its reply lost
 	case !unknownOutcome(err):
 		return Call{}, false, fmt.Errorf("nexjob: begin call in %s: %w", s.table, err)
 	}
-	cur, ok, rerr := s.GetCall(ctx, keyHash)
-	if rerr == nil && ok && cur.Token == c.Token {
-		return cur, true, nil
+	cur, ok, rerr := s.GetCall(ctx, c.KeyHash)
+	if rerr == nil && ok {
+		return cur, cur.Token == c.Token, nil
 	}
-	if rerr == nil && ok && cur.Held(s.now()) {
-		return cur, false, nil // another call holds it: our put did not apply
-	}
-	return Call{}, false, &UnknownOutcomeError{ID: callPrefix + keyHash, Err: fmt.Errorf("nexjob: begin call in %s: %w", s.table, err), Nonce: c.Token}
+	return Call{}, false, &UnknownOutcomeError{ID: callPrefix + c.KeyHash, Err: fmt.Errorf("nexjob: begin call in %s: %w", s.table, err), Nonce: c.Token}
 }
 
 // RecordCall writes a held call's outcome (Succeeded with its result, or
@@ -173,7 +202,7 @@ func (s *Store) RecordCall(ctx context.Context, held Call, state State, result [
 		return Call{}, fmt.Errorf("nexjob: build call record: %w", err)
 	}
 	out := held
-	out.State, out.Result, out.Error, out.Token, out.ExpiresAt, out.Until = state, result, errText, done, expiresAt, time.Time{}
+	out.State, out.Result, out.Error, out.Token, out.ExpiresAt, out.Until = state, result, errText, done, time.Unix(expiresAt.Unix(), 0), time.Time{}
 	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(s.table),
 		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: callPrefix + held.KeyHash}},
@@ -188,8 +217,10 @@ func (s *Store) RecordCall(ctx context.Context, held Call, state State, result [
 	case err == nil:
 		return out, nil
 	case errors.As(err, &ccf):
-		if tok, _ := str(ccf.Item[AttrNonce]); tok == done {
-			return out, nil // our own update, applied, its reply lost
+		tok, _ := str(ccf.Item[AttrNonce])
+		prev, _ := str(ccf.Item[AttrCallPrev])
+		if tok == done || prev == done {
+			return out, nil // our own update, applied, its reply lost (and the outcome since replaced as the policy allows)
 		}
 		return Call{}, ErrCallTakenOver
 	case !unknownOutcome(err):
@@ -197,7 +228,7 @@ func (s *Store) RecordCall(ctx context.Context, held Call, state State, result [
 	}
 	if cur, ok, rerr := s.GetCall(ctx, held.KeyHash); rerr == nil {
 		switch {
-		case ok && cur.Token == done:
+		case ok && (cur.Token == done || cur.Prev == done):
 			return out, nil
 		case !ok || cur.Token != held.Token:
 			return Call{}, ErrCallTakenOver
@@ -226,7 +257,15 @@ func (s *Store) ReleaseCall(ctx context.Context, held Call) error {
 	if err == nil || errors.As(err, &ccf) {
 		return nil
 	}
-	return fmt.Errorf("nexjob: release call in %s: %w", s.table, err)
+	err = fmt.Errorf("nexjob: release call in %s: %w", s.table, err)
+	if !unknownOutcome(err) {
+		return err
+	}
+	// Applied with its reply lost, then the resends failed: read.
+	if cur, ok, rerr := s.GetCall(ctx, held.KeyHash); rerr == nil && (!ok || cur.Token != held.Token) {
+		return nil
+	}
+	return err
 }
 
 // GetCall reads a call's record (one consistent read); ok=false when there
@@ -271,6 +310,7 @@ func decodeCall(item map[string]types.AttributeValue) (Call, error) {
 	}
 	c.Error, _ = str(item[AttrCallError])
 	c.Token, _ = str(item[AttrNonce])
+	c.Prev, _ = str(item[AttrCallPrev])
 	if p, _ := str(item[AttrCallPolicy]); p != "" {
 		pol, err := ParsePolicy(p)
 		if err != nil {

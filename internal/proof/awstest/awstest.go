@@ -85,6 +85,13 @@ type Counter struct {
 // to it.
 func Count(cfg *aws.Config) *Counter {
 	c := &Counter{}
+	c.On(cfg)
+	return c
+}
+
+// On installs c on another config too: clients built from it report to c
+// as well.
+func (c *Counter) On(cfg *aws.Config) {
 	cfg.APIOptions = append(cfg.APIOptions, func(s *middleware.Stack) error {
 		return s.Initialize.Add(middleware.InitializeMiddlewareFunc("nexjobCount",
 			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
@@ -94,7 +101,6 @@ func Count(cfg *aws.Config) *Counter {
 				return next.HandleInitialize(ctx, in)
 			}), middleware.After)
 	})
-	return c
 }
 
 // Calls returns the requests so far.
@@ -132,6 +138,8 @@ func valueSize(v types.AttributeValue) int {
 		return len(v.Value)
 	case *types.AttributeValueMemberBOOL:
 		return 1
+	case *types.AttributeValueMemberB:
+		return len(v.Value)
 	case *types.AttributeValueMemberSS:
 		n := 0
 		for _, s := range v.Value {
