@@ -109,7 +109,7 @@ sizes: ## the seed worker's bootstrap against Serve's (one binary, every role): 
 	  printf '%-7s %s bytes; package init (5 runs, sorted): %s\n' $$f "$$(stat -c %s build/sizes/$$f-arm64 | sed ':a;s/\B[0-9]\{3\}\>/,&/;ta')" "$$inits"; done
 
 orders: ## build the example app's bootstraps and synthesise its stack into examples/orders/deploy/cdk.out
-	@for f in worker producer; do mkdir -p examples/orders/build/$$f; \
+	@for f in worker producer payments; do mkdir -p examples/orders/build/$$f; \
 	  (cd examples/orders && GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/$$f/bootstrap ./cmd/$$f) || exit 1; done
 	cd examples/orders/deploy && $(GO) run ./app
 

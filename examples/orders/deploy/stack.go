@@ -17,6 +17,7 @@ import (
 type Dirs struct {
 	Worker   string // cmd/worker: worker, DLQ consumer and guard
 	Producer string // cmd/producer
+	Payments string // cmd/payments
 }
 
 // Stack builds the orders stack.
@@ -38,5 +39,21 @@ func Stack(app awscdk.App, name string, dirs Dirs) awscdk.Stack {
 	})
 	q.GrantEnqueue(producer)
 	awscdk.NewCfnOutput(stack, jsii.String("PlaceOrderFunction"), &awscdk.CfnOutputProps{Value: producer.FunctionName()})
+
+	// The payments API: a function URL that charges once per
+	// Idempotency-Key (package idempotency), on the job table's call
+	// records only. IAM-authorised: callers sign with SigV4 (put a
+	// CloudFront or API Gateway in front for browsers).
+	payments := awslambda.NewFunction(stack, jsii.String("Payments"), &awslambda.FunctionProps{
+		Runtime:      awslambda.Runtime_PROVIDED_AL2023(),
+		Architecture: awslambda.Architecture_ARM_64(),
+		Handler:      jsii.String("bootstrap"),
+		Code:         infra.BootstrapCode(dirs.Payments),
+		Timeout:      awscdk.Duration_Seconds(jsii.Number(10)), // the hold ends with the invocation: a timed-out charge's retry runs right after
+		Environment:  q.Settings(settings.Idempotent),
+	})
+	q.GrantIdempotency(payments)
+	url := payments.AddFunctionUrl(&awslambda.FunctionUrlOptions{AuthType: awslambda.FunctionUrlAuthType_AWS_IAM})
+	awscdk.NewCfnOutput(stack, jsii.String("PaymentsURL"), &awscdk.CfnOutputProps{Value: url.Url()})
 	return stack
 }

@@ -33,7 +33,7 @@ func build(t *testing.T, pkg string) string {
 // own binaries and checks that every function's code is one of them (byte
 // for byte) and that every variable its main reads is set.
 func TestStackRunsTheAppsOwnCode(t *testing.T) {
-	dirs := deploy.Dirs{Worker: build(t, "./cmd/worker"), Producer: build(t, "./cmd/producer")}
+	dirs := deploy.Dirs{Worker: build(t, "./cmd/worker"), Producer: build(t, "./cmd/producer"), Payments: build(t, "./cmd/payments")}
 	out := t.TempDir()
 	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(out)})
 	deploy.Stack(app, "Orders", dirs)
@@ -56,7 +56,7 @@ func TestStackRunsTheAppsOwnCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string][]byte{}
-	for name, dir := range map[string]string{"worker": dirs.Worker, "producer": dirs.Producer} {
+	for name, dir := range map[string]string{"worker": dirs.Worker, "producer": dirs.Producer, "payments": dirs.Payments} {
 		if want[name], err = os.ReadFile(filepath.Join(dir, "bootstrap")); err != nil {
 			t.Fatal(err)
 		}
@@ -77,6 +77,9 @@ func TestStackRunsTheAppsOwnCode(t *testing.T) {
 		if v, ok := vars[settings.EnvRole].(string); ok {
 			role, binary = settings.Role(v), "worker"
 		}
+		if role == settings.Idempotent {
+			binary = "payments"
+		}
 		if !bytes.Equal(code, want[binary]) {
 			t.Errorf("%s (%s): its code is not the app's %s binary", id, role, binary)
 		}
@@ -87,7 +90,7 @@ func TestStackRunsTheAppsOwnCode(t *testing.T) {
 		}
 		roles[role] = true
 	}
-	for _, r := range []settings.Role{settings.Worker, settings.DeadLetter, settings.Guard, settings.Producer} {
+	for _, r := range []settings.Role{settings.Worker, settings.DeadLetter, settings.Guard, settings.Producer, settings.Idempotent} {
 		if !roles[r] {
 			t.Errorf("no %s function", r)
 		}

@@ -12,6 +12,6 @@ import (
 func main() {
 	defer jsii.Close()
 	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String("cdk.out")})
-	deploy.Stack(app, "Orders", deploy.Dirs{Worker: "../build/worker", Producer: "../build/producer"})
+	deploy.Stack(app, "Orders", deploy.Dirs{Worker: "../build/worker", Producer: "../build/producer", Payments: "../build/payments"})
 	app.Synth(nil)
 }
