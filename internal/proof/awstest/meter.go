@@ -55,13 +55,16 @@ type Meter struct {
 	units Units
 }
 
-// Meter installs a Meter on cfg, which must reach this Env's backend;
-// clients built from cfg afterwards report to it. A write's item is read
-// before and after it (uncounted, consistent), so a Meter's figures hold
-// for requests that do not race other writers of the same items, as in
-// the cost tests.
-func (e *Env) Meter(cfg *aws.Config) *Meter {
-	m := &Meter{Counter: Count(cfg), db: e.DB}
+// Meter installs a Meter on cfg, which must reach this Env's backend (see
+// NewMeter).
+func (e *Env) Meter(cfg *aws.Config) *Meter { return NewMeter(cfg, e.DB) }
+
+// NewMeter installs a Meter on cfg; clients built from cfg afterwards
+// report to it. A write's items are read through db (uncounted,
+// consistent) before and after it, so a Meter's figures hold for requests
+// that do not race other writers of the same items, as in the cost tests.
+func NewMeter(cfg *aws.Config, db *dynamodb.Client) *Meter {
+	m := &Meter{Counter: Count(cfg), db: db}
 	cfg.APIOptions = append(cfg.APIOptions, func(s *middleware.Stack) error {
 		return s.Initialize.Add(middleware.InitializeMiddlewareFunc("nexjobMeter",
 			func(ctx context.Context, in middleware.InitializeInput, next middleware.InitializeHandler) (middleware.InitializeOutput, middleware.Metadata, error) {
