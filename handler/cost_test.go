@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
+
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
@@ -158,5 +160,42 @@ func meterStep(t *testing.T, m *awstest.Meter) func(name string, want []string, 
 		if gotUnits != units {
 			t.Errorf("%s: units\n got %v\nwant %v", name, gotUnits, units)
 		}
+	}
+}
+
+// TestCheckCosts: the dispatch guard's check of a job that was sent and
+// ran (the common case) costs the worker one eventually consistent
+// GetItem, half a read unit, and nothing else; docs/costs.md prices the
+// guard's check from it.
+func TestCheckCosts(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	cfg := e.Cfg.Copy()
+	meter := e.Meter(&cfg)
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](ok), nil)
+	h, err := handler.New(cfg, e.Table, e.QueueURL, reg, &handler.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := h.Producer().Enqueue(ctx, email{To: "checked@example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Purge(t, e.QueueURL)
+	handle := func(m enqueue.Message) {
+		ev := events.SQSEvent{Records: []events.SQSMessage{{MessageId: m.ID, ReceiptHandle: "not-a-receipt", Body: m.Encode()}}}
+		if resp, err := h.Handle(ctx, ev); err != nil || len(resp.BatchItemFailures) != 0 {
+			t.Fatalf("%+v %v", resp, err)
+		}
+	}
+	handle(enqueue.Message{V: 1, ID: res.ID, Kind: "email"})
+	step := meterStep(t, meter)
+	step("the guard's check of a job that ran", []string{"DynamoDB.GetItem"}, awstest.Units{Read: 0.5}, func() {
+		handle(enqueue.Message{V: 1, ID: res.ID, Kind: "email", Check: true})
+	})
+	if rec := e.Get(t, res.ID); rec.State != ledger.Succeeded || rec.Attempt != 1 {
+		t.Fatalf("the job: %s attempt %d", rec.State, rec.Attempt)
 	}
 }

@@ -280,6 +280,9 @@ func TestFarCheckMakesSureOfTheJobsSchedule(t *testing.T) {
 		if calls := r.counter.Calls(); !slices.Equal(calls, []string{"DynamoDB.GetItem", "Scheduler.CreateSchedule"}) {
 			t.Fatalf("the far check (schedule missing %v): %v, want the job's read and one CreateSchedule", missing, calls)
 		}
+		if u := r.counter.Units(); u != (awstest.Units{Read: 0.5, Schedules: 1}) {
+			t.Fatalf("the far check (schedule missing %v): %v, want half a read unit (eventually consistent) and one CreateSchedule", missing, u)
+		}
 		if n := r.e.QueueDepth(t, r.e.QueueURL); n != 0 {
 			t.Fatalf("%d SQS messages left hopping", n)
 		}
