@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
@@ -197,5 +201,68 @@ func TestCheckCosts(t *testing.T) {
 	})
 	if rec := e.Get(t, res.ID); rec.State != ledger.Succeeded || rec.Attempt != 1 {
 		t.Fatalf("the job: %s attempt %d", rec.State, rec.Attempt)
+	}
+}
+
+// TestRunHistoryWeighs: what a record's last three run ends (each error
+// cut to ledger.MaxAttemptError bytes) and its three write nonces weigh
+// at their largest, measured as stored after three runs that failed with
+// 1 KB errors and the run that succeeded: docs/costs.md's "at most about
+// 0.9 KB more item".
+func TestRunHistoryWeighs(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	clk := &clock{}
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[email](func(_ context.Context, j *handler.Job[email]) error {
+		if j.Attempt <= 3 {
+			return errors.New(strings.Repeat("e", 1024))
+		}
+		return nil
+	}), &handler.KindOptions{Backoff: func(int) time.Duration { return time.Second }})
+	h, err := handler.New(e.Cfg, e.Table, e.QueueURL, reg, &handler.Options{Ledger: ledger.Options{Now: clk.Now}, MaxDelay: time.Second, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := h.Producer().Enqueue(ctx, email{To: "history@example.com"}, &enqueue.Opts{MaxAttempts: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
+	weight := func() int {
+		out, err := e.DB.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(e.Table), ConsistentRead: aws.Bool(true),
+			Key: map[string]types.AttributeValue{ledger.AttrPK: &types.AttributeValueMemberS{Value: "j#" + res.ID}}})
+		if err != nil || out.Item == nil {
+			t.Fatalf("read: %v", err)
+		}
+		part := map[string]types.AttributeValue{}
+		for _, a := range []string{ledger.AttrHist0, ledger.AttrHist1, ledger.AttrHist2, ledger.AttrNonce, ledger.AttrNonce1, ledger.AttrNonce2} {
+			if v, ok := out.Item[a]; ok {
+				part[a] = v
+			}
+		}
+		return awstest.ItemSize(part)
+	}
+	most := 0
+	for attempt := 1; attempt <= 4; attempt++ {
+		for end := time.Now().Add(10 * time.Second); ; {
+			if n, _ := p.Poll(ctx); n > 0 {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("attempt %d: no message", attempt)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		clk.Advance(time.Second)
+		most = max(most, weight())
+	}
+	if rec := e.Get(t, res.ID); rec.State != ledger.Succeeded || rec.Attempt != 4 {
+		t.Fatalf("the job: %s attempt %d", rec.State, rec.Attempt)
+	}
+	t.Logf("three run ends with 240-byte errors and three nonces: %d bytes at most", most)
+	if most != 911 {
+		t.Errorf("the run history and nonces weigh %d bytes at most, want %d", most, 911)
 	}
 }
