@@ -99,11 +99,15 @@ lambdas: ## build each Lambda's bootstrap (linux/arm64) into build/lambda/NAME/
 	@for f in $(LAMBDAS); do mkdir -p build/lambda/$$f; \
 	  GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/lambda/$$f/bootstrap ./lambda/$$f || exit 1; done
 
-sizes: ## the seed worker's bootstrap against Serve's (one binary, every role): bytes (linux/arm64, -s) and package init time (GODEBUG=inittrace=1, native, 5 runs)
+# The bare worker (internal/proof/bareworker) makes our worker's common calls
+# with the bare SDK and nothing of ours: what the SDK and the runtime weigh alone.
+SIZES := worker:./lambda/worker serve:./lambda/serve bare:./internal/proof/bareworker
+
+sizes: ## the seed worker's bootstrap against Serve's (one binary, every role) and a bare SDK worker's: bytes (linux/arm64, -s) and package init time (GODEBUG=inittrace=1, native, 5 runs)
 	@mkdir -p build/sizes
-	@for f in worker serve; do \
-	  GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/sizes/$$f-arm64 ./lambda/$$f || exit 1; \
-	  CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/sizes/$$f ./lambda/$$f || exit 1; \
+	@for fp in $(SIZES); do f=$${fp%%:*}; pkg=$${fp#*:}; \
+	  GOOS=linux GOARCH=arm64 CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/sizes/$$f-arm64 $$pkg || exit 1; \
+	  CGO_ENABLED=0 $(GO) build -tags lambda.norpc -trimpath -ldflags=-s -o build/sizes/$$f $$pkg || exit 1; \
 	  inits=$$(for i in 1 2 3 4 5; do NEXJOB_ROLE=worker GODEBUG=inittrace=1 build/sizes/$$f 2>&1 >/dev/null | \
 	    awk '/^init /{ms+=$$5; kb+=$$8} END{printf "%.2f ms %.0f KB\n", ms, kb/1024}'; done | sort -n | tr '\n' ';'); \
 	  printf '%-7s %s bytes; package init (5 runs, sorted): %s\n' $$f "$$(stat -c %s build/sizes/$$f-arm64 | sed ':a;s/\B[0-9]\{3\}\>/,&/;ta')" "$$inits"; done

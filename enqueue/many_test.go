@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -107,4 +108,50 @@ func TestEnqueueManyThrottledBatch(t *testing.T) {
 		}
 	}
 	checkMessages(t, e, 25)
+}
+
+// TestEnqueueManyCosts: EnqueueMany of 100 keyed jobs makes 100 PutItems
+// (100 write units) and 10 SendMessageBatch requests, where 100 Enqueue
+// calls make 100 PutItems and 100 SendMessages (docs/costs.md, make
+// bench's (d)).
+func TestEnqueueManyCosts(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	cfg := e.Cfg.Copy()
+	meter := e.Meter(&cfg)
+	c, err := enqueue.New(cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Logger: quietLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	count := func(calls []string) map[string]int {
+		n := map[string]int{}
+		for _, c := range calls {
+			n[c]++
+		}
+		return n
+	}
+	items := make([]enqueue.Item, 100)
+	for i := range items {
+		items[i] = enqueue.Item{Args: payment{OrderID: fmt.Sprint(i)}, Opts: &enqueue.Opts{IdempotencyKey: fmt.Sprintf("many-%d", i)}}
+	}
+	if _, err := c.EnqueueMany(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	many, manyUnits := count(meter.Calls()), meter.Units()
+	meter.Reset()
+	for i := range 100 {
+		if _, err := c.Enqueue(ctx, payment{OrderID: fmt.Sprint(i)}, &enqueue.Opts{IdempotencyKey: fmt.Sprintf("one-%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	single, singleUnits := count(meter.Calls()), meter.Units()
+	t.Logf("EnqueueMany of 100: %v; %v", many, manyUnits)
+	t.Logf("100 Enqueue calls: %v; %v", single, singleUnits)
+	if want := map[string]int{"DynamoDB.PutItem": 100, "SQS.SendMessageBatch": 10}; !maps.Equal(many, want) || manyUnits != (awstest.Units{Write: 100, Sends: 10}) {
+		t.Errorf("EnqueueMany of 100: %v, %v; want %v, 100 write units, 10 sends", many, manyUnits, want)
+	}
+	if want := map[string]int{"DynamoDB.PutItem": 100, "SQS.SendMessage": 100}; !maps.Equal(single, want) || singleUnits != (awstest.Units{Write: 100, Sends: 100}) {
+		t.Errorf("100 Enqueue calls: %v, %v; want %v, 100 write units, 100 sends", single, singleUnits, want)
+	}
 }

@@ -77,16 +77,17 @@ func TestFanInEndsWithAFailedParent(t *testing.T) {
 	expect(t, r.get(t, late.ID), ledger.Succeeded, 1, "")
 }
 
-// The requests of a fan-in of two parents, pinned (the README's cost
-// table): the call (the parents' reads, then the child and its two links
-// in one transaction); each parent's success (its claim and finish, then the
-// child's failed single-parent release and its count; the last parent's
-// release and send); the child's run.
+// The requests of a fan-in of two parents and their units, pinned
+// (docs/costs.md's table): the call (the parents' consistent reads, 1
+// read unit each, then the child and its two links in one transaction,
+// the child AwaitingContinuation in the index); each parent's success
+// (its claim and finish, then the child's failed single-parent release
+// and its count; the last parent's release and send); the child's run.
 func TestFanInCosts(t *testing.T) {
 	t.Parallel()
 	e := awstest.New(t, nil)
 	cfg := e.Cfg.Copy()
-	counter := awstest.Count(&cfg)
+	meter := e.Meter(&cfg)
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[email](ok), nil)
 	h, err := handler.New(cfg, e.Table, e.QueueURL, reg, &handler.Options{Logger: quiet})
@@ -99,7 +100,8 @@ func TestFanInCosts(t *testing.T) {
 	b, _ := c.Enqueue(ctx, email{To: "b@example.com"}, nil)
 	e.Purge(t, e.QueueURL) // the parents' messages are handed in below, one at a time
 	upd, get, send := "DynamoDB.UpdateItem", "DynamoDB.GetItem", "SQS.SendMessage"
-	step := stepper(t, counter)
+	step := meterStep(t, meter)
+	type u = awstest.Units
 	run := func(id string) {
 		ev := events.SQSEvent{Records: []events.SQSMessage{{MessageId: id, ReceiptHandle: "not-a-receipt", Body: enqueue.Message{V: 1, ID: id, Kind: "email"}.Encode()}}}
 		if resp, err := h.Handle(ctx, ev); err != nil || len(resp.BatchItemFailures) != 0 {
@@ -107,15 +109,15 @@ func TestFanInCosts(t *testing.T) {
 		}
 	}
 	var child enqueue.Result
-	step("ContinueWhenAll of two", []string{get, get, "DynamoDB.TransactWriteItems"}, func() {
+	step("ContinueWhenAll of two", []string{get, get, "DynamoDB.TransactWriteItems"}, u{Write: 6, Index: 1, Read: 2}, func() {
 		child, err = c.ContinueWhenAll(ctx, []string{a.ID, b.ID}, email{To: "child@example.com"}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
 	})
-	step("the first parent", []string{upd, upd, upd, upd}, func() { run(a.ID) })
-	step("the last parent", []string{upd, upd, upd, upd, upd, send}, func() { run(b.ID) })
-	step("the child", []string{upd, upd}, func() { run(child.ID) })
+	step("the first parent", []string{upd, upd, upd, upd}, u{Write: 4}, func() { run(a.ID) })
+	step("the last parent", []string{upd, upd, upd, upd, upd, send}, u{Write: 5, Index: 1, Sends: 1}, func() { run(b.ID) })
+	step("the child", []string{upd, upd}, u{Write: 2}, func() { run(child.ID) })
 	if got := e.Get(t, child.ID); got.State != ledger.Succeeded {
 		t.Fatalf("child %s", got.State)
 	}

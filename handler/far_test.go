@@ -30,7 +30,7 @@ type farRig struct {
 	e       *awstest.Env
 	h       *handler.Handler
 	clock   *clock
-	counter *awstest.Counter
+	counter *awstest.Meter
 	sched   *scheduler.Client // uncounted: Scheduler's own side
 	group   string
 	poll    *poller.Poller
@@ -58,7 +58,7 @@ func newFarRigWith(t *testing.T, faulty bool, add func(*handler.Registry)) *farR
 		r.ft, fcfg = e.Faulty()
 		cfg = fcfg.Copy()
 	}
-	r.counter = awstest.Count(&cfg)
+	r.counter = e.Meter(&cfg)
 	arn, err := onetime.QueueARN(cfg.Region, e.QueueURL)
 	if err != nil {
 		t.Fatal(err)
@@ -116,15 +116,17 @@ func (r *farRig) fire(t *testing.T) int {
 
 // TestFarScheduleCostsConstantRequests: a job 30 days ahead and one 366
 // days ahead each cost the same AWS requests from enqueue to Succeeded:
-// PutItem and CreateSchedule, Scheduler's one send at the run time, then
-// the claim and the finish. With SQS delays they made 2,880 and 35,136
-// hops of 900 s (a send, a receive, a delete and a share of an
-// invocation each).
+// PutItem and CreateSchedule, Scheduler's one send at the run time (one
+// firing), then the claim and the finish: 3 write units + 2 index (the
+// job is Scheduled while it waits), no read, no send of ours. With SQS
+// delays they made 2,880 and 35,136 hops of 900 s (a send, a receive, a
+// delete and a share of an invocation each).
 func TestFarScheduleCostsConstantRequests(t *testing.T) {
 	t.Parallel()
 	r := newFarRig(t, false)
 	ctx := context.Background()
-	var costs [][]string
+	want := []string{"DynamoDB.PutItem", "Scheduler.CreateSchedule", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem"}
+	wantUnits := awstest.Units{Write: 3, Index: 2, Schedules: 1}
 	for _, days := range []int{30, 366} {
 		r.counter.Reset()
 		res, err := r.h.Producer().Enqueue(ctx, email{To: fmt.Sprintf("far-%d@example.com", days)}, &enqueue.Opts{Delay: time.Duration(days) * 24 * time.Hour})
@@ -151,16 +153,14 @@ func TestFarScheduleCostsConstantRequests(t *testing.T) {
 				t.Fatal("the fired message never came")
 			}
 		}
-		costs = append(costs, r.counter.Calls())
+		calls, units := r.counter.Calls(), r.counter.Units()
+		t.Logf("%d days ahead: %v; %v; 1 firing", days, calls, units)
+		if !slices.Equal(calls, want) || units != wantUnits {
+			t.Errorf("%d days ahead: our requests %v, %v; want %v, %v (plus Scheduler's one send)", days, calls, units, want, wantUnits)
+		}
 		rec, err := r.h.Producer().Store().Get(ctx, res.ID)
 		if err != nil || rec.State != ledger.Succeeded {
 			t.Fatalf("%d days: %s %v", days, rec.State, err)
-		}
-	}
-	want := []string{"DynamoDB.PutItem", "Scheduler.CreateSchedule", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem"}
-	for i, days := range []int{30, 366} {
-		if !slices.Equal(costs[i], want) {
-			t.Errorf("%d days ahead: our requests %v, want %v (plus Scheduler's one send)", days, costs[i], want)
 		}
 	}
 }
@@ -279,6 +279,9 @@ func TestFarCheckMakesSureOfTheJobsSchedule(t *testing.T) {
 		// read: a body anyone can send does not choose a far schedule).
 		if calls := r.counter.Calls(); !slices.Equal(calls, []string{"DynamoDB.GetItem", "Scheduler.CreateSchedule"}) {
 			t.Fatalf("the far check (schedule missing %v): %v, want the job's read and one CreateSchedule", missing, calls)
+		}
+		if u := r.counter.Units(); u != (awstest.Units{Read: 0.5, Schedules: 1}) {
+			t.Fatalf("the far check (schedule missing %v): %v, want half a read unit (eventually consistent) and one CreateSchedule", missing, u)
 		}
 		if n := r.e.QueueDepth(t, r.e.QueueURL); n != 0 {
 			t.Fatalf("%d SQS messages left hopping", n)

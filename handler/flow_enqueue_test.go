@@ -158,3 +158,24 @@ func TestFlowBadInput(t *testing.T) {
 		t.Fatalf("%d records written by refused flows", n)
 	}
 }
+
+// TestFlowCosts: a keyed flow of 5 jobs (a, then b and c, then d after
+// both, then e) is one consistent read of the first job's key, one
+// TransactWriteItems of the 5 jobs (10 write units; the 4 waiting ones
+// in the index) and the first job's send (docs/writing-jobs.md).
+func TestFlowCosts(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	cfg := e.Cfg.Copy()
+	meter := e.Meter(&cfg)
+	c, err := enqueue.New(cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := meterStep(t, meter)
+	step("a flow of 5 jobs", []string{"DynamoDB.GetItem", "DynamoDB.TransactWriteItems", "SQS.SendMessage"}, awstest.Units{Write: 10, Index: 4, Read: 1, Sends: 1}, func() {
+		if _, err := c.EnqueueFlow(context.Background(), theFlow("flow-cost", false)); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

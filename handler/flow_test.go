@@ -257,15 +257,19 @@ type costedJob struct{ N int }
 
 func (costedJob) Kind() string { return "costed" }
 
-// The requests of each flow-control path, pinned (the README's cost
-// table): a start that takes a throttle slot and a concurrency slot; a
-// start sent to a later slot (deferred once, whatever the wait); a
-// rate-limited enqueue accepted and refused.
+// The requests of each flow-control path and their units, pinned
+// (docs/costs.md's table): a start that takes a throttle slot and a
+// concurrency slot; a start sent to a later slot, without far schedules
+// (one delayed send, then hops; with them a schedule:
+// TestFarDeferralTakesASchedule); a rate-limited enqueue accepted and
+// refused; a debounced enqueue that starts a window and one folded
+// (TestDebouncedBurstCosts runs a burst to its run). Every read of a
+// rate log, a slot or a pointer is consistent: 1 read unit.
 func TestFlowControlCosts(t *testing.T) {
 	t.Parallel()
 	e := awstest.New(t, nil)
 	cfg := e.Cfg.Copy()
-	counter := awstest.Count(&cfg)
+	meter := e.Meter(&cfg)
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[costedJob](func(context.Context, *handler.Job[costedJob]) error { return nil }),
 		&handler.KindOptions{Throttle: &handler.Throttle{Limit: 1, Period: time.Hour}, Concurrency: &handler.Concurrency{Limit: 1}})
@@ -277,7 +281,8 @@ func TestFlowControlCosts(t *testing.T) {
 	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
 	ctx := context.Background()
 	put, upd, get, send := "DynamoDB.PutItem", "DynamoDB.UpdateItem", "DynamoDB.GetItem", "SQS.SendMessage"
-	step := stepper(t, counter)
+	step := meterStep(t, meter)
+	type u = awstest.Units
 	runOne := func(args costedJob) string {
 		res, err := c.Enqueue(ctx, args, nil)
 		if err != nil {
@@ -293,8 +298,8 @@ func TestFlowControlCosts(t *testing.T) {
 		return ""
 	}
 	var first, second string
-	step("a start with both slots free", []string{put, send, upd, get, put, get, put, upd, upd}, func() { first = runOne(costedJob{1}) })
-	step("a start sent to the next slot, an hour on", []string{put, send, upd, get, put, upd, send}, func() { second = runOne(costedJob{2}) })
+	step("a start with both slots free", []string{put, send, upd, get, put, get, put, upd, upd}, u{Write: 6, Read: 2, Sends: 1}, func() { first = runOne(costedJob{1}) })
+	step("a start sent to the next slot, an hour on", []string{put, send, upd, get, put, upd, send}, u{Write: 4, Index: 1, Read: 1, Sends: 2}, func() { second = runOne(costedJob{2}) })
 	if rec := e.Get(t, first); rec.State != ledger.Succeeded {
 		t.Fatalf("first job %s", rec.State)
 	}
@@ -302,23 +307,34 @@ func TestFlowControlCosts(t *testing.T) {
 		t.Fatalf("deferred job: %s attempt %d run at %v, want Scheduled, attempt 0, an hour on", rec.State, rec.Attempt, ledger.Millis(rec.RunAt))
 	}
 	rl := &enqueue.Opts{RateLimit: &enqueue.RateLimit{Key: "k", Limit: 1, Period: time.Hour}}
-	step("a rate-limited enqueue accepted", []string{get, put, put, send}, func() {
+	step("a rate-limited enqueue accepted", []string{get, put, put, send}, u{Write: 2, Read: 1, Sends: 1}, func() {
 		if _, err := c.Enqueue(ctx, costedJob{3}, rl); err != nil {
 			t.Fatal(err)
 		}
 	})
-	step("a rate-limited enqueue refused", []string{get}, func() {
+	step("a rate-limited enqueue refused", []string{get}, u{Read: 1}, func() {
 		if _, err := c.Enqueue(ctx, costedJob{4}, rl); err == nil {
 			t.Fatal("not refused")
 		}
 	})
+	krl := &enqueue.Opts{IdempotencyKey: "rk", RateLimit: &enqueue.RateLimit{Key: "k2", Limit: 1, Period: time.Hour}}
+	step("a keyed rate-limited enqueue accepted (its key's record read, then the rate log)", []string{get, get, put, put, send}, u{Write: 2, Read: 2, Sends: 1}, func() {
+		if _, err := c.Enqueue(ctx, costedJob{7}, krl); err != nil {
+			t.Fatal(err)
+		}
+	})
+	step("a keyed rate-limited enqueue whose key's job is active (no slot; the duplicate's failed put)", []string{get, put}, u{Write: 1, Read: 1}, func() {
+		if res, err := c.Enqueue(ctx, costedJob{7}, krl); err != nil || !res.Duplicate {
+			t.Fatal(res, err)
+		}
+	})
 	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "d", Period: time.Minute}}
-	step("a debounced enqueue that starts a window", []string{get, "DynamoDB.TransactWriteItems", send}, func() {
+	step("a debounced enqueue that starts a window", []string{get, "DynamoDB.TransactWriteItems", send}, u{Write: 4, Index: 1, Read: 1, Sends: 1}, func() {
 		if res, err := c.Enqueue(ctx, costedJob{5}, db); err != nil || res.Folded {
 			t.Fatal(res, err)
 		}
 	})
-	step("a debounced enqueue folded", []string{get, upd}, func() {
+	step("a debounced enqueue folded", []string{get, upd}, u{Write: 1, Index: 2, Read: 1}, func() {
 		if res, err := c.Enqueue(ctx, costedJob{6}, db); err != nil || !res.Folded {
 			t.Fatal(res, err)
 		}

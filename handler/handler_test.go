@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -399,32 +400,35 @@ func TestRedeliveredSucceededJobDoesNotRun(t *testing.T) {
 	}
 }
 
-// TestJobCost counts the AWS requests of one keyed job enqueued, run once
-// and succeeded (the poller's receive and delete are the event source
-// mapping's, not ours, and use another client).
+// TestJobCost counts the AWS requests of one job enqueued, run once and
+// succeeded, keyed and not, and their units: 3 write units and a send
+// (the poller's receive and delete are the event source mapping's, not
+// ours, and use another client).
 func TestJobCost(t *testing.T) {
 	t.Parallel()
 	e := awstest.New(t, nil)
 	cfg := e.Cfg.Copy()
-	counter := awstest.Count(&cfg)
+	meter := e.Meter(&cfg)
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[email](func(context.Context, *handler.Job[email]) error { return nil }), nil)
-	h, err := handler.New(cfg, e.Table, e.QueueURL, reg, nil)
+	h, err := handler.New(cfg, e.Table, e.QueueURL, reg, &handler.Options{Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.Producer().Enqueue(context.Background(), email{To: "h@example.com"}, &enqueue.Opts{IdempotencyKey: "welcome-h"}); err != nil {
-		t.Fatal(err)
-	}
 	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
-	for range 20 {
-		if n, _ := p.Poll(context.Background()); n > 0 {
-			break
-		}
-	}
+	step := meterStep(t, meter)
 	want := []string{"DynamoDB.PutItem", "SQS.SendMessage", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem"}
-	if got := counter.Calls(); !slices.Equal(got, want) {
-		t.Fatalf("requests = %v, want %v", got, want)
+	for _, key := range []string{"welcome-h", ""} {
+		step("enqueue, run, succeed, key "+strconv.Quote(key), want, awstest.Units{Write: 3, Sends: 1}, func() {
+			if _, err := h.Producer().Enqueue(context.Background(), email{To: "h@example.com"}, &enqueue.Opts{IdempotencyKey: key}); err != nil {
+				t.Fatal(err)
+			}
+			for range 20 {
+				if n, _ := p.Poll(context.Background()); n > 0 {
+					break
+				}
+			}
+		})
 	}
 }
 

@@ -35,7 +35,7 @@ type approval struct {
 type signalEnv struct {
 	e         *nexjobtest.Env
 	h         *handler.Handler
-	counter   *awstest.Counter
+	counter   *awstest.Meter
 	mu        sync.Mutex
 	prepared  map[string]int
 	approver  map[string]string
@@ -61,7 +61,7 @@ func newSignalsWith(t *testing.T, faulty bool, o *nexjobtest.Options) (*signalEn
 	e := nexjobtest.New(t, o)
 	s := &signalEnv{e: e, prepared: map[string]int{}, approver: map[string]string{}}
 	cfg := e.Cfg
-	s.counter = awstest.Count(&cfg)
+	s.counter = awstest.NewMeter(&cfg, e.DB)
 	var ft *faults.Transport
 	if faulty {
 		ft = faults.New(nil)
@@ -130,7 +130,7 @@ func TestSignalWakesAWaitingJob(t *testing.T) {
 	id := s.enqueue(t, "")
 	s.counter.Reset()
 	s.e.Drain(t, s.h)
-	waiting := dynamoAndSQS(s.counter)
+	waiting, waitUnits := dynamoAndSQS(s.counter), s.counter.Units()
 	if rec := s.e.Get(t, id); rec.State != ledger.Scheduled || rec.Attempt != 0 {
 		t.Fatalf("the waiting job: %s, attempt %d; want Scheduled, attempt 0", rec.State, rec.Attempt)
 	}
@@ -139,7 +139,9 @@ func TestSignalWakesAWaitingJob(t *testing.T) {
 	if err := s.h.Producer().Signal(ctx, id, "approval", approval{By: "ada"}); err != nil { // the counted client
 		t.Fatal(err)
 	}
-	signal := dynamoAndSQS(s.counter)
+	signal, signalUnits := dynamoAndSQS(s.counter), s.counter.Units()
+	t.Logf("the run that begins to wait: %v; %v", waiting, waitUnits)
+	t.Logf("a signal that wakes the job: %v; %v", signal, signalUnits)
 	s.e.Drain(t, s.h)
 	if prepared, by := s.seen(id); s.e.Get(t, id).State != ledger.Succeeded || prepared != 1 || by != "ada" {
 		t.Fatalf("after the signal: %s, prepared %d times, approved by %q", s.e.Get(t, id).State, prepared, by)
@@ -154,6 +156,16 @@ func TestSignalWakesAWaitingJob(t *testing.T) {
 	}
 	if got, want := strings.Join(signal, " "), "DynamoDB.GetItem DynamoDB.UpdateItem DynamoDB.UpdateItem SQS.SendMessage"; got != want {
 		t.Errorf("a signal that wakes the job: %s, want %s (the read for the steps' limits, the signal, the wake, the send)", got, want)
+	}
+	// Units (docs/costs.md): the waiting run's claim, its step, the wait's
+	// step and the run's end (Scheduled: an index entry), its consistent
+	// read; the signal's consistent read, its write and the wake (the
+	// entry removed).
+	if want := (awstest.Units{Write: 4, Index: 1, Read: 1, Sends: 1}); waitUnits != want {
+		t.Errorf("the run that begins to wait: %v, want %v", waitUnits, want)
+	}
+	if want := (awstest.Units{Write: 2, Index: 1, Read: 1, Sends: 1}); signalUnits != want {
+		t.Errorf("a signal that wakes the job: %v, want %v", signalUnits, want)
 	}
 }
 
@@ -222,7 +234,7 @@ func TestSignalWhileTheWaitBegins(t *testing.T) {
 	}
 }
 
-func dynamoAndSQS(c *awstest.Counter) []string {
+func dynamoAndSQS(c *awstest.Meter) []string {
 	var out []string
 	for _, call := range c.Calls() {
 		if call != "DynamoDB.Scan" && !strings.HasPrefix(call, "SQS.GetQueue") {

@@ -39,7 +39,7 @@ type receipt struct {
 type stepsEnv struct {
 	e       *nexjobtest.Env
 	ft      *faults.Transport
-	counter *awstest.Counter
+	counter *awstest.Meter
 	h       *handler.Handler
 	mu      sync.Mutex
 	charges map[string]int
@@ -54,7 +54,7 @@ func newSteps(t *testing.T) *stepsEnv {
 	s := &stepsEnv{e: e, charges: map[string]int{}, keys: map[string][]string{}, marks: map[string]int{}, fail: func(int) error { return nil }}
 	s.ft = faults.New(nil)
 	cfg := faults.Config(e.Cfg, s.ft)
-	s.counter = awstest.Count(&cfg)
+	s.counter = awstest.NewMeter(&cfg, e.DB)
 	e.Cfg = cfg
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[stepped](func(ctx context.Context, j *handler.Job[stepped]) error {
@@ -285,17 +285,28 @@ func TestStepCosts(t *testing.T) {
 	id := s.enqueue(t, stepped{Order: "1"})
 	s.counter.Reset()
 	s.e.Drain(t, s.h) // the first run: claim, the charge step, the failure's finish, the retry's send
-	first := dynamoCalls(s.counter)
+	first, firstUnits := dynamoCalls(s.counter.Counter), s.counter.Units()
 	s.e.RunNow(t, id)
 	s.counter.Reset()
 	s.e.Drain(t, s.h) // the retry: claim, the charge replayed, the mark step, finish
-	second := dynamoCalls(s.counter)
+	second, secondUnits := dynamoCalls(s.counter.Counter), s.counter.Units()
+	t.Logf("a run with one new step: %v; %v", first, firstUnits)
+	t.Logf("a run replaying one step and recording one: %v; %v", second, secondUnits)
 	want1 := []string{"DynamoDB.UpdateItem", "DynamoDB.UpdateItem", "DynamoDB.UpdateItem"}
 	if strings.Join(first, " ") != strings.Join(want1, " ") {
 		t.Errorf("a run with one new step: %v, want %v (claim, step, finish)", first, want1)
 	}
 	if strings.Join(second, " ") != strings.Join(want1, " ") {
 		t.Errorf("a run replaying one step and recording one: %v, want %v (claim, the new step, finish)", second, want1)
+	}
+	// Units (docs/costs.md): each run's claim, step and finish, 1 write
+	// unit each for this small record; the first run's retry puts the job
+	// in the index, the second's claim takes it out. Sends are not
+	// compared: the kit's one-second hops re-send the retry's message
+	// whenever it comes due before Drain returns.
+	firstUnits.Sends, secondUnits.Sends = 0, 0
+	if want := (awstest.Units{Write: 3, Index: 1}); firstUnits != want || secondUnits != want {
+		t.Errorf("units: a run with one new step %v, one replaying a step and recording one %v; want %v each", firstUnits, secondUnits, want)
 	}
 	if rec := s.e.Get(t, id); rec.State != ledger.Succeeded {
 		t.Fatalf("job %s", rec.State)
@@ -365,10 +376,11 @@ func (napper) Kind() string { return "napper" }
 func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
 	t.Parallel()
 	var calls [2][]string
+	var units [2]awstest.Units
 	for i, days := range []int{30, 365} {
 		e := nexjobtest.New(t, nil)
 		cfg := e.Cfg
-		counter := awstest.Count(&cfg)
+		counter := awstest.NewMeter(&cfg, e.DB)
 		e.Cfg = cfg
 		var mu sync.Mutex
 		before, after := 0, 0
@@ -398,6 +410,8 @@ func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
 				calls[i] = append(calls[i], c)
 			}
 		}
+		units[i] = counter.Units()
+		t.Logf("the run that meets a %d-day sleep: %v; %v", days, calls[i], units[i])
 		rec := e.Get(t, res.ID)
 		wake := start.Add(time.Duration(days) * 24 * time.Hour)
 		if rec.State != ledger.Scheduled || rec.Attempt != 0 || ledger.Millis(rec.RunAt).Before(wake) || ledger.Millis(rec.RunAt).After(wake.Add(time.Minute)) {
@@ -421,6 +435,11 @@ func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
 	for i, days := range []int{30, 365} {
 		if strings.Join(calls[i], " ") != strings.Join(want, " ") {
 			t.Errorf("the run that meets a %d-day sleep: %v, want %v (claim, the step before, the sleep's step, its end, its send)", days, calls[i], want)
+		}
+		// Units (docs/costs.md): 1 write unit each for this small record,
+		// the job Scheduled while it sleeps (an index entry).
+		if wantUnits := (awstest.Units{Write: 4, Index: 1, Sends: 1}); units[i] != wantUnits {
+			t.Errorf("the run that meets a %d-day sleep: %v, want %v", days, units[i], wantUnits)
 		}
 	}
 }
