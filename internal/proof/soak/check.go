@@ -144,6 +144,7 @@ type facts struct {
 	byID     map[string]ledger.Record
 	rep      *Report
 	c        Config
+	calls    *callLog // the idempotent calls
 }
 
 // fail formats a violation about job id with its runs and log lines.
@@ -153,13 +154,13 @@ func (f *facts) fail(id, format string, args ...any) string {
 }
 
 // check runs every checker (Checkers) over the facts of a run.
-func check(ctx context.Context, env Env, cl *enqueue.Client, led *ledgerOf, rs runs, kills []kill, rep *Report, c Config) []string {
+func check(ctx context.Context, env Env, cl *enqueue.Client, led *ledgerOf, rs runs, kills []kill, calls *callLog, rep *Report, c Config) []string {
 	st := cl.Store()
 	recs, err := scan(ctx, dynamodb.NewFromConfig(env.Cfg), env.Table)
 	if err != nil {
 		return []string{"scan: " + err.Error()}
 	}
-	f := &facts{env: env, st: st, cl: cl, led: led, rs: rs, killedAt: map[int]int64{}, recs: recs, byID: map[string]ledger.Record{}, rep: rep, c: c}
+	f := &facts{env: env, st: st, cl: cl, led: led, rs: rs, killedAt: map[int]int64{}, recs: recs, byID: map[string]ledger.Record{}, rep: rep, c: c, calls: calls}
 	for _, r := range recs {
 		f.byID[r.ID] = r
 	}

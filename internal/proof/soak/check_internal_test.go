@@ -199,3 +199,51 @@ func TestDurableCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestCallsCheck: the idempotent calls' checker passes a clean history
+// and names each kind of break: a replay of a value no run returned, two
+// replays that differ, a run after a recorded result, overlapping runs,
+// a run with another payload.
+func TestCallsCheck(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(1_800_000_000, 0).Add(time.Duration(ms) * time.Millisecond) }
+	p := callPayload("k")
+	clean := func() *callLog {
+		return &callLog{
+			runs: []callRun{
+				{key: "k", payload: p, value: 1, failed: true, start: at(0), end: at(10)},
+				{key: "k", payload: p, value: 2, start: at(20), end: at(30)},
+			},
+			calls: []callMade{
+				{key: "k", err: errors.New("failed"), ranValue: 1, ranFailed: true, start: at(0), end: at(12)},
+				{key: "k", value: 2, ranValue: 2, start: at(19), end: at(31)},
+				{key: "k", value: 2, replayed: true, start: at(40), end: at(41)},
+				{key: "k", mismatch: true, err: errors.New("mismatch"), start: at(50), end: at(51)},
+			},
+		}
+	}
+	if bad := checkCalls(context.Background(), &facts{calls: clean()}); len(bad) != 0 {
+		t.Fatalf("a clean history: %v", bad)
+	}
+	for name, tc := range map[string]struct {
+		edit func(*callLog)
+		want string
+	}{
+		"unknown value": {func(l *callLog) { l.calls[2].value = 7 }, "which no run of the key returned"},
+		"two replays": {func(l *callLog) {
+			l.calls = append(l.calls, callMade{key: "k", value: 1, replayed: true, start: at(5), end: at(6)})
+		}, "replays returned"},
+		"run after": {func(l *callLog) {
+			l.runs = append(l.runs, callRun{key: "k", payload: p, value: 3, start: at(60), end: at(61)})
+		}, "RejectAlways keeps it"},
+		"overlap":        {func(l *callLog) { l.runs[1].start = at(5) }, "overlap"},
+		"other payload":  {func(l *callLog) { l.runs[0].payload = "another-payload" }, "another payload"},
+		"mismatched ran": {func(l *callLog) { l.calls[3].ranValue = 9 }, "a call with another payload ran"},
+	} {
+		l := clean()
+		tc.edit(l)
+		bad := checkCalls(context.Background(), &facts{calls: l})
+		if !slices.ContainsFunc(bad, func(s string) bool { return strings.Contains(s, tc.want) }) {
+			t.Errorf("%s: got %v, want a violation naming %q", name, bad, tc.want)
+		}
+	}
+}

@@ -20,4 +20,5 @@ var Checkers = map[string]checker{
 	"listing":     checkListing,
 	"durable":     checkDurable,
 	"flows":       checkFlows,
+	"calls":       checkCalls,
 }

@@ -42,6 +42,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/guard"
 	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/idempotency"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -49,6 +50,7 @@ import (
 type Config struct {
 	Seed      uint64
 	Jobs      int     // enqueue calls the producers make (default 300)
+	Calls     int     // idempotent calls (package idempotency) beside them (default Jobs/3)
 	Producers int     // default 3
 	Workers   int     // in-process workers (default 2; the first runs its clock Skew ahead)
 	Children  int     // worker processes, killed and restarted (default 2)
@@ -67,6 +69,9 @@ func (c *Config) defaults() {
 	}
 	if c.Producers <= 0 {
 		c.Producers = 3
+	}
+	if c.Calls <= 0 {
+		c.Calls = max(c.Jobs/3, 20)
 	}
 	if c.Workers <= 0 {
 		c.Workers = 2
@@ -143,6 +148,9 @@ type Report struct {
 	// Flow counts the mix's flow-control calls: jobs on the named queue,
 	// limited and throttled jobs, rate-limited enqueues refused.
 	Flow map[string]int
+	// Calls and CallRuns count the idempotent calls made and their
+	// functions' runs.
+	Calls, CallRuns int
 }
 
 // FaultShare is the share of requests faulted.
@@ -160,8 +168,8 @@ func (r Report) FaultShare() float64 {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("soak seed=%d: %d enqueues, %d jobs, %d AWS requests, faults %v (%.1f %% of requests), %d worker kills, %d duplicate deliveries, %d runs (at most %d of one job), quiet after %s, flow control %v, %d violations",
-		r.Seed, r.Enqueues, r.Jobs, r.Requests, r.Faults, 100*r.FaultShare(), r.Kills, r.Duplicated, r.Runs, r.MaxRuns, r.ToQuiet.Round(time.Millisecond), r.Flow, len(r.Violations))
+	return fmt.Sprintf("soak seed=%d: %d enqueues, %d jobs, %d AWS requests, faults %v (%.1f %% of requests), %d worker kills, %d duplicate deliveries, %d runs (at most %d of one job), quiet after %s, flow control %v, %d idempotent calls (%d runs), %d violations",
+		r.Seed, r.Enqueues, r.Jobs, r.Requests, r.Faults, 100*r.FaultShare(), r.Kills, r.Duplicated, r.Runs, r.MaxRuns, r.ToQuiet.Round(time.Millisecond), r.Flow, r.Calls, r.CallRuns, len(r.Violations))
 }
 
 // Run runs one soak and checks it.
@@ -259,6 +267,23 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		pr := &producer{c: cl, db: dynamodb.NewFromConfig(fc), rng: rand.New(rand.NewPCG(root.Uint64(), 3)), led: led, keys: max(8, c.Jobs/5), id: i, bulk: env.BulkURL != ""}
 		prod.Go(func() { pr.run(ctx, n) })
 	}
+	// Idempotent calls from two processes, beside the producers.
+	calls := &callLog{}
+	var callers [2]*idempotency.Store
+	for i := range callers {
+		o := &idempotency.Options{Function: "soak", Hold: 10 * time.Second, Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("calls-%d.log", i)))}
+		if i == 1 {
+			o.Ledger.Now = func() time.Time { return time.Now().Add(callSkew) }
+			o.Wait = true
+		}
+		st, err := idempotency.New(faulty(env.Cfg, nemesis()), env.Table, o)
+		if err != nil {
+			return rep, err
+		}
+		callers[i] = st
+	}
+	callRng := rand.New(rand.NewPCG(root.Uint64(), 13))
+	prod.Go(func() { runCalls(ctx, callers, c.Calls, max(4, c.Calls/4), callRng, calls) })
 	opLog := logTo(filepath.Join(c.Dir, "operator.log"))
 	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: opLog, Queues: env.queues()})
 	if err != nil {
@@ -333,7 +358,8 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	if err != nil {
 		return rep, err
 	}
-	rep.Violations = append(rep.Violations, check(context.Background(), env, checkClient, led, runs, kills.killed(), &rep, c)...)
+	rep.Calls, rep.CallRuns = len(calls.calls), len(calls.runs)
+	rep.Violations = append(rep.Violations, check(context.Background(), env, checkClient, led, runs, kills.killed(), calls, &rep, c)...)
 	return rep, nil
 }
 
