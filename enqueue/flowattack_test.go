@@ -351,5 +351,410 @@ func TestAttackFlowTransactionTooLarge(t *testing.T) {
 	}
 }
 
-var _ = http.MethodGet
-var _ = slices.Index[[]string]
+// holdTx holds the next n TransactWriteItems in flight (a Pass rule's
+// Before) until release is closed; arrived gets one value per request
+// held.
+func holdTx(ft *faults.Transport, n int) (arrived chan struct{}, release chan struct{}, h faults.Handle) {
+	arrived, release = make(chan struct{}, n), make(chan struct{})
+	h = ft.Add(faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Pass, Times: n, Before: func(*http.Request, []byte) {
+		arrived <- struct{}{}
+		<-release
+	}})
+	return arrived, release, h
+}
+
+type flowOut struct {
+	res enqueue.FlowResult
+	err error
+}
+
+// TestAttackFlowTwoAtOnce: two EnqueueFlow calls with one key, both
+// past their read of the key (free) and both commits in flight at once.
+// "while its job is active, a repeat returns it as a duplicate and
+// writes nothing": one flow of 5 jobs, the other call its first job as a
+// duplicate, one message.
+func TestAttackFlowTwoAtOnce(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	c, ft := faultyClient(t, e)
+	arrived, release, _ := holdTx(ft, 2)
+	outs := make(chan flowOut, 2)
+	for range 2 {
+		go func() {
+			res, err := c.EnqueueFlow(context.Background(), atkFlow("two-at-once", false))
+			outs <- flowOut{res, err}
+		}()
+	}
+	<-arrived
+	<-arrived
+	close(release)
+	a, b := <-outs, <-outs
+	if a.err != nil || b.err != nil {
+		t.Fatalf("errors: %v, %v", a.err, b.err)
+	}
+	if a.res.Duplicate == b.res.Duplicate || a.res.ID != b.res.ID {
+		t.Fatalf("two flows of one key: %+v / %+v; want one created, the other its duplicate", a.res, b.res)
+	}
+	dup := a
+	if b.res.Duplicate {
+		dup = b
+	}
+	if dup.res.Then != nil || dup.res.Join != nil {
+		t.Fatalf("the duplicate has Then or Join: %+v", dup.res)
+	}
+	if n := jobs(t, e); n != 5 {
+		t.Fatalf("%d jobs, want one flow's 5", n)
+	}
+	checkMessages(t, e, 1)
+}
+
+// TestAttackFlowRacingEnqueue: Enqueue of the flow's key lands while the
+// flow's commit is in flight (its read found the key free, or held by an
+// ended job). The flow then meets an active holder: its duplicate, no
+// continuation written, nothing sent by the flow.
+func TestAttackFlowRacingEnqueue(t *testing.T) {
+	t.Parallel()
+	for _, sit := range []string{"free", "ended-holder"} {
+		t.Run(sit, func(t *testing.T) {
+			t.Parallel()
+			e := awstest.New(t, nil)
+			c, ft := faultyClient(t, e)
+			plain := newClient(t, e, &enqueue.ClientOptions{Logger: quietLog})
+			ctx := context.Background()
+			key := "racing-" + sit
+			base := 0
+			if sit == "ended-holder" {
+				old, err := plain.Enqueue(ctx, atkStep{Name: "old"}, &enqueue.Opts{IdempotencyKey: key})
+				if err != nil {
+					t.Fatal(err)
+				}
+				rec, err := plain.Store().Claim(ctx, old.ID, time.Hour)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := plain.Store().Finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: "staged", ExpiresAt: time.Now().Add(time.Hour)}); err != nil {
+					t.Fatal(err)
+				}
+				e.Purge(t, e.QueueURL)
+				base = 1
+			}
+			arrived, release, _ := holdTx(ft, 1)
+			outs := make(chan flowOut, 1)
+			go func() {
+				res, err := c.EnqueueFlow(ctx, atkFlow(key, false))
+				outs <- flowOut{res, err}
+			}()
+			<-arrived
+			enq, err := plain.Enqueue(ctx, atkStep{Name: "rival"}, &enqueue.Opts{IdempotencyKey: key})
+			if err != nil || enq.Duplicate {
+				t.Fatalf("the rival Enqueue: %+v, %v", enq, err)
+			}
+			close(release)
+			out := <-outs
+			if out.err != nil || !out.res.Duplicate || out.res.ID != enq.ID {
+				t.Fatalf("the flow after Enqueue took its key: %+v, %v; want Enqueue's job %s as a duplicate", out.res, out.err, enq.ID)
+			}
+			if n := jobs(t, e); n != 1+base {
+				t.Fatalf("%d jobs, want %d (no continuation of a flow that was not written)", n, 1+base)
+			}
+			checkMessages(t, e, 1)
+		})
+	}
+}
+
+// TestAttackFlowEndedHolderMatrix: "after it ended, the policy decides as
+// for Enqueue": the flow's first job meets each situation of the key
+// under each DuplicatePolicy as Enqueue does (TestPolicyMatrix), and a
+// created flow is written whole, a duplicate or a rejection writes
+// nothing.
+func TestAttackFlowEndedHolderMatrix(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []ledger.DuplicatePolicy{enqueue.AllowAfterFailed, enqueue.RejectIfFailed, enqueue.RejectAlways} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			e := awstest.New(t, nil)
+			c := newClient(t, e, &enqueue.ClientOptions{Logger: quietLog})
+			ctx := context.Background()
+			for i, sit := range situations {
+				key := "flow-" + sit.name
+				var first enqueue.Result
+				if sit.state != "" {
+					exp := time.Now().Add(time.Hour)
+					if sit.past {
+						exp = time.Now().Add(-time.Second)
+					}
+					first = stage(t, c, key, sit.state, exp)
+				}
+				before := jobs(t, e)
+				f := atkFlow(key, false)
+				f.Args = payment{OrderID: sit.name} // the holder's kind (stage's)
+				f.Opts.DuplicatePolicy = policy
+				res, err := c.EnqueueFlow(ctx, f)
+				after := jobs(t, e)
+				switch want[policy][i] {
+				case existing:
+					if err != nil || !res.Duplicate || res.ID != first.ID || after != before {
+						t.Errorf("%s: %+v, %v, %d new jobs; want the holder %s as a duplicate, nothing written", sit.name, res.Result, err, after-before, first.ID)
+					}
+				case created:
+					grown := 5
+					if sit.past {
+						grown = 4 // the record past its TTL is overwritten
+					}
+					if err != nil || res.Duplicate || after != before+grown {
+						t.Errorf("%s: %+v, %v, %d new jobs; want a new flow of 5", sit.name, res.Result, err, after-before)
+						continue
+					}
+					for _, id := range flowIDs(res) {
+						e.Get(t, id)
+					}
+				case rejected:
+					var dup *enqueue.DuplicateJobError
+					if !errors.As(err, &dup) || dup.ExistingJobID != first.ID || after != before {
+						t.Errorf("%s: %+v, %v, %d new jobs; want a *DuplicateJobError naming %s, nothing written", sit.name, res.Result, err, after-before, first.ID)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAttackFlowFastWorkerMeanwhile: flow A and flow B of one key, B's
+// read done and its commit held while A commits, is sent, and its first
+// job runs and fails at once (a fast worker), its continuations ending
+// Failed. B then meets an ended holder: the policy decides, as for
+// Enqueue (AllowAfterFailed: a new flow; RejectIfFailed: refused). Never
+// a continuation of B that met its parent ended.
+func TestAttackFlowFastWorkerMeanwhile(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []ledger.DuplicatePolicy{enqueue.AllowAfterFailed, enqueue.RejectIfFailed} {
+		t.Run(policy.String(), func(t *testing.T) {
+			t.Parallel()
+			r := newAtkRig(t)
+			ft, cfg := r.e.Faulty()
+			cb, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quietLog})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			fa, fb := atkFlow("fast", true), atkFlow("fast", false)
+			fa.Opts.DuplicatePolicy, fb.Opts.DuplicatePolicy = policy, policy
+			arrived, release, _ := holdTx(ft, 1)
+			outs := make(chan flowOut, 1)
+			go func() {
+				res, err := cb.EnqueueFlow(ctx, fb)
+				outs <- flowOut{res, err}
+			}()
+			<-arrived
+			a, err := r.e.Client.EnqueueFlow(ctx, fa)
+			if err != nil || a.Duplicate {
+				t.Fatalf("flow A: %+v, %v", a, err)
+			}
+			r.e.Drain(t, r.h)
+			r.e.RequireState(t, a.ID, ledger.Failed)
+			close(release)
+			b := <-outs
+			switch policy {
+			case enqueue.AllowAfterFailed:
+				if b.err != nil || b.res.Duplicate || b.res.ID == a.ID {
+					t.Fatalf("flow B after A failed: %+v, %v; want a new flow", b.res, b.err)
+				}
+				r.e.Drain(t, r.h)
+				for _, id := range flowIDs(b.res) {
+					r.e.RequireState(t, id, ledger.Succeeded)
+				}
+			case enqueue.RejectIfFailed:
+				var dup *enqueue.DuplicateJobError
+				if !errors.As(b.err, &dup) || dup.ExistingJobID != a.ID {
+					t.Fatalf("flow B after A failed: %+v, %v; want a *DuplicateJobError naming %s", b.res, b.err, a.ID)
+				}
+				if n := jobs(t, r.e); n != 5 {
+					t.Fatalf("%d jobs; want A's 5", n)
+				}
+			}
+		})
+	}
+}
+
+// TestAttackFlowWorkerOrder: "Then run once the job Succeeded ... Join
+// ... runs once every one of them Succeeded". A deep flow with two
+// fan-ins, one under the other: every job runs after each of its
+// parents, each once.
+func TestAttackFlowWorkerOrder(t *testing.T) {
+	t.Parallel()
+	r := newAtkRig(t)
+	ctx := context.Background()
+	s := func(n string) enqueue.JobArgs { return atkStep{Name: n} }
+	f := enqueue.Flow{Args: s("a"), Opts: &enqueue.Opts{Delay: 5 * time.Second},
+		Then: []enqueue.Flow{
+			{Args: s("b"), Then: []enqueue.Flow{{Args: s("b1"), Then: []enqueue.Flow{{Args: s("b11")}}}}},
+			{Args: s("c")},
+			{Args: s("x")},
+		},
+		Join: &enqueue.Flow{Args: s("d"),
+			Then: []enqueue.Flow{{Args: s("f")}, {Args: s("g"), Then: []enqueue.Flow{{Args: s("g1")}}}},
+			Join: &enqueue.Flow{Args: s("h"), Then: []enqueue.Flow{{Args: s("i")}}},
+		},
+	}
+	res, err := r.e.Client.EnqueueFlow(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.e.Drain(t, r.h)
+	for _, id := range flowIDs(res) {
+		r.e.RequireState(t, id, ledger.Succeeded)
+	}
+	parents := map[string][]string{"b": {"a"}, "c": {"a"}, "x": {"a"}, "b1": {"b"}, "b11": {"b1"}, "d": {"b", "c", "x"},
+		"f": {"d"}, "g": {"d"}, "g1": {"g"}, "h": {"f", "g"}, "i": {"h"}}
+	if len(r.ran) != 12 {
+		t.Fatalf("ran %v; want 12 runs, one each", r.ran)
+	}
+	for child, ps := range parents {
+		for _, p := range ps {
+			if slices.Index(r.ran, child) < slices.Index(r.ran, p) {
+				t.Errorf("ran %v: %s before its parent %s", r.ran, child, p)
+			}
+		}
+	}
+}
+
+// TestAttackFlowWorkerFailedBranch: one parent of a fan-in fails, the
+// other succeeds: the Join and everything under it end Failed, never
+// run ("end Failed under a failed parent"); the other branch runs.
+func TestAttackFlowWorkerFailedBranch(t *testing.T) {
+	t.Parallel()
+	r := newAtkRig(t)
+	ctx := context.Background()
+	f := enqueue.Flow{Args: atkStep{Name: "a"},
+		Then: []enqueue.Flow{{Args: atkStep{Name: "b", Fail: true}, Then: []enqueue.Flow{{Args: atkStep{Name: "b1"}}}}, {Args: atkStep{Name: "c"}, Then: []enqueue.Flow{{Args: atkStep{Name: "c1"}}}}},
+		Join: &enqueue.Flow{Args: atkStep{Name: "d"}, Then: []enqueue.Flow{{Args: atkStep{Name: "e"}}}},
+	}
+	res, err := r.e.Client.EnqueueFlow(ctx, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.e.Drain(t, r.h)
+	r.e.RequireState(t, res.ID, ledger.Succeeded)
+	r.e.RequireState(t, res.Then[0].ID, ledger.Failed)
+	r.e.RequireState(t, res.Then[1].ID, ledger.Succeeded)
+	r.e.RequireState(t, res.Then[1].Then[0].ID, ledger.Succeeded)
+	for _, id := range []string{res.Then[0].Then[0].ID, res.Join.ID, res.Join.Then[0].ID} {
+		if rec := r.e.RequireState(t, id, ledger.Failed); rec.Attempt != 0 {
+			t.Errorf("%s ran (attempt %d) under a failed parent", id, rec.Attempt)
+		}
+	}
+	for _, n := range []string{"b1", "d", "e"} {
+		if slices.Contains(r.ran, n) {
+			t.Errorf("ran %v: %s ran under a failed parent", r.ran, n)
+		}
+	}
+}
+
+// TestAttackFlowDispatchError: "a send that fails is a *DispatchError
+// with the flow recorded, its first job marked unsent (the dispatch
+// guard sends it), as for Enqueue": the flow is whole, the first job
+// marked Undispatched; a caller's retry of the key re-sends it
+// (Redispatched) and the flow runs to the end.
+func TestAttackFlowDispatchError(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"throttled", "context ended after the commit"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			r := newAtkRig(t)
+			ft, cfg := r.e.Faulty()
+			c, err := enqueue.New(cfg, r.e.Table, r.e.QueueURL, &enqueue.ClientOptions{Logger: quietLog})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			switch how {
+			case "throttled":
+				ft.Add(faults.Rule{Op: "SQS.SendMessage", Fault: faults.Throttle, Times: faults.Attempts})
+			default:
+				ft.Add(faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Pass, After: cancel})
+			}
+			res, err := c.EnqueueFlow(ctx, atkFlow("dispatch-"+strings.Fields(how)[0], false))
+			var de *enqueue.DispatchError
+			if !errors.As(err, &de) || de.JobID != res.ID || res.ID == "" {
+				t.Fatalf("a failed send: %+v, %v; want a *DispatchError naming the first job", res, err)
+			}
+			if len(res.Then) != 2 || res.Join == nil {
+				t.Fatalf("the flow's result lost its continuations: %+v", res)
+			}
+			for _, id := range flowIDs(res) {
+				r.e.Get(t, id)
+			}
+			if rec := r.e.Get(t, res.ID); !rec.Undispatched || rec.State != ledger.Enqueued {
+				t.Fatalf("the first job after a failed send: %s, undispatched=%v; want Enqueued and marked", rec.State, rec.Undispatched)
+			}
+			checkMessages(t, r.e, 0)
+			again, err := r.e.Client.EnqueueFlow(context.Background(), atkFlow("dispatch-"+strings.Fields(how)[0], false))
+			if err != nil || !again.Duplicate || !again.Redispatched || again.ID != res.ID {
+				t.Fatalf("the caller's retry: %+v, %v; want the duplicate, re-sent", again, err)
+			}
+			r.e.Drain(t, r.h)
+			for _, id := range flowIDs(res) {
+				r.e.RequireState(t, id, ledger.Succeeded)
+			}
+		})
+	}
+}
+
+// TestAttackFlowThrottledCommit: throttled past the retries, or a
+// cancellation on a continuation's item: ErrTxNotCommitted and nothing
+// at all written ("none of them exists without the others"), no
+// message.
+func TestAttackFlowThrottledCommit(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"throttle", "conflict on a continuation"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			e := awstest.New(t, nil)
+			c, ft := faultyClient(t, e)
+			switch how {
+			case "throttle":
+				ft.Add(faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Throttle, Times: faults.Attempts})
+			default:
+				ft.Add(faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Reject, Times: faults.Forever,
+					Reply: `{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","message":"Transaction cancelled, please refer cancellation reasons for specific reasons [None, TransactionConflict, None, None, None]","CancellationReasons":[{"Code":"None"},{"Code":"TransactionConflict","Message":"Transaction is ongoing for the item"},{"Code":"None"},{"Code":"None"},{"Code":"None"}]}`})
+			}
+			_, err := c.EnqueueFlow(context.Background(), atkFlow("throttled", false))
+			if !errors.Is(err, enqueue.ErrTxNotCommitted) {
+				t.Fatalf("%v; want ErrTxNotCommitted", err)
+			}
+			if n := len(e.Records(t)); n != 0 {
+				t.Fatalf("%d items written", n)
+			}
+			checkMessages(t, e, 0)
+		})
+	}
+}
+
+// TestAttackFlowConflictOnKey: the first job's item cancelled by a
+// TransactionConflict (a concurrent write of the key) on every try: the
+// flow decides again a bounded number of times, then fails; nothing is
+// written, nothing sent.
+func TestAttackFlowConflictOnKey(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	c, ft := faultyClient(t, e)
+	h := ft.Add(faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Reject, Times: faults.Forever,
+		Reply: `{"__type":"com.amazonaws.dynamodb.v20120810#TransactionCanceledException","message":"Transaction cancelled, please refer cancellation reasons for specific reasons [TransactionConflict, None, None, None, None]","CancellationReasons":[{"Code":"TransactionConflict","Message":"Transaction is ongoing for the item"},{"Code":"None"},{"Code":"None"},{"Code":"None"},{"Code":"None"}]}`})
+	_, err := c.EnqueueFlow(context.Background(), atkFlow("conflict", false))
+	if err == nil || h.Fired() == 0 {
+		t.Fatalf("%v (fired %d); want an error", err, h.Fired())
+	}
+	if n := len(e.Records(t)); n != 0 {
+		t.Fatalf("%d items written", n)
+	}
+	checkMessages(t, e, 0)
+	// Once the conflict is over, the same flow goes through.
+	h.Remove()
+	if res, err := c.EnqueueFlow(context.Background(), atkFlow("conflict", false)); err != nil || res.Duplicate {
+		t.Fatalf("after the conflict: %+v, %v", res, err)
+	}
+	if n := jobs(t, e); n != 5 {
+		t.Fatalf("%d jobs", n)
+	}
+}
