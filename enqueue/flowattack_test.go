@@ -6,7 +6,9 @@ package enqueue_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -25,6 +27,8 @@ type atkStep struct {
 	Name string `json:"name"`
 	Fail bool   `json:"fail,omitempty"`
 	Pad  string `json:"pad,omitempty"`
+	// Flaky fails its first attempt with a retryable error.
+	Flaky bool `json:"flaky,omitempty"`
 }
 
 func (atkStep) Kind() string { return "atk-step" }
@@ -77,6 +81,9 @@ func newAtkRig(t *testing.T) *atkRig {
 		r.mu.Unlock()
 		if j.Args.Fail {
 			return handler.Permanent(errors.New("step failed"))
+		}
+		if j.Args.Flaky && j.Attempt == 1 {
+			return errors.New("transient")
 		}
 		return nil
 	}), nil)
@@ -757,4 +764,119 @@ func TestAttackFlowConflictOnKey(t *testing.T) {
 	if n := jobs(t, e); n != 5 {
 		t.Fatalf("%d jobs", n)
 	}
+}
+
+// TestAttackFlowWorkerRetriedParent: a fan-in parent whose first attempt
+// fails (retried after its backoff) holds the Join back until it
+// Succeeded: "Join ... runs once every one of them Succeeded".
+func TestAttackFlowWorkerRetriedParent(t *testing.T) {
+	t.Parallel()
+	r := newAtkRig(t)
+	f := enqueue.Flow{Args: atkStep{Name: "a"},
+		Then: []enqueue.Flow{{Args: atkStep{Name: "b", Flaky: true}}, {Args: atkStep{Name: "c"}}},
+		Join: &enqueue.Flow{Args: atkStep{Name: "d"}},
+	}
+	res, err := r.e.Client.EnqueueFlow(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.e.DrainNow(t, r.h)
+	if rec := r.e.Get(t, res.Join.ID); rec.State != ledger.AwaitingContinuation {
+		t.Fatalf("the Join while b waits for its retry: %s (ran %v)", rec.State, r.ran)
+	}
+	r.e.Drain(t, r.h)
+	for _, id := range flowIDs(res) {
+		r.e.RequireState(t, id, ledger.Succeeded)
+	}
+	if want := []string{"a", "b", "c", "b", "d"}; !slices.Equal(r.ran, want) && !slices.Equal(r.ran, []string{"a", "c", "b", "b", "d"}) {
+		t.Fatalf("ran %v; want d once, after b's second attempt", r.ran)
+	}
+}
+
+// TestAttackFlowWideAndDeep: a Join of ledger.MaxParents parents, and a
+// chain of MaxFlowJobs jobs, run to the end in order, each job once.
+func TestAttackFlowWideAndDeep(t *testing.T) {
+	t.Parallel()
+	t.Run("wide", func(t *testing.T) {
+		t.Parallel()
+		r := newAtkRig(t)
+		var then []enqueue.Flow
+		for i := range ledger.MaxParents {
+			then = append(then, enqueue.Flow{Args: atkStep{Name: fmt.Sprint("p", i)}})
+		}
+		res, err := r.e.Client.EnqueueFlow(context.Background(), enqueue.Flow{Args: atkStep{Name: "a"}, Then: then, Join: &enqueue.Flow{Args: atkStep{Name: "join"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.e.Drain(t, r.h)
+		r.e.RequireState(t, res.Join.ID, ledger.Succeeded)
+		if len(r.ran) != ledger.MaxParents+2 || r.ran[len(r.ran)-1] != "join" {
+			t.Fatalf("ran %v; want the join once, last", r.ran)
+		}
+	})
+	t.Run("deep", func(t *testing.T) {
+		t.Parallel()
+		r := newAtkRig(t)
+		f := enqueue.Flow{Args: atkStep{Name: fmt.Sprint(enqueue.MaxFlowJobs - 1)}}
+		for i := enqueue.MaxFlowJobs - 2; i >= 0; i-- {
+			f = enqueue.Flow{Args: atkStep{Name: fmt.Sprint(i)}, Then: []enqueue.Flow{f}}
+		}
+		if _, err := r.e.Client.EnqueueFlow(context.Background(), f); err != nil {
+			t.Fatal(err)
+		}
+		r.e.Drain(t, r.h)
+		if len(r.ran) != enqueue.MaxFlowJobs {
+			t.Fatalf("ran %d jobs, want %d", len(r.ran), enqueue.MaxFlowJobs)
+		}
+		for i, n := range r.ran {
+			if n != fmt.Sprint(i) {
+				t.Fatalf("ran %v: out of order at %d", r.ran, i)
+			}
+		}
+	})
+}
+
+// TestAttackFlowBigArgs: jobs at the largest args a record takes, a fan-in
+// of MaxParents parents among them (its record names them all), and a
+// first job naming MaxFlowJobs-1 continuations, are written and run.
+func TestAttackFlowBigArgs(t *testing.T) {
+	t.Parallel()
+	r := newAtkRig(t)
+	big := func(name string) atkStep {
+		s := atkStep{Name: name}
+		raw, _ := json.Marshal(s)
+		s.Pad = strings.Repeat("z", ledger.MaxArgsBytes-len(raw)-len(`,"pad":""`))
+		return s
+	}
+	var then []enqueue.Flow
+	for i := range ledger.MaxParents {
+		then = append(then, enqueue.Flow{Args: atkStep{Name: fmt.Sprint("p", i)}})
+	}
+	f := enqueue.Flow{Args: big("a"), Opts: &enqueue.Opts{IdempotencyKey: "big"}, Then: then,
+		Join: &enqueue.Flow{Args: big("join"), Then: []enqueue.Flow{{Args: atkStep{Name: "after"}}}}}
+	res, err := r.e.Client.EnqueueFlow(context.Background(), f)
+	if err != nil {
+		t.Fatalf("big args: %v", err)
+	}
+	r.e.Drain(t, r.h)
+	for _, id := range flowIDs(res) {
+		r.e.RequireState(t, id, ledger.Succeeded)
+	}
+}
+
+// TestAttackFlowRateLimitedContinuation: "A RateLimit on any job takes
+// its slot before the commit": a continuation over its limit refuses
+// the whole flow with a *RateLimitedError, no job written, nothing sent.
+func TestAttackFlowRateLimitedContinuation(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	c := newClient(t, e, &enqueue.ClientOptions{Logger: quietLog})
+	one := &enqueue.Opts{RateLimit: &enqueue.RateLimit{Key: "cont", Limit: 1, Period: time.Hour}}
+	f := enqueue.Flow{Args: atkStep{Name: "a"}, Then: []enqueue.Flow{{Args: atkStep{Name: "b"}, Opts: one}, {Args: atkStep{Name: "c"}, Opts: one}}}
+	_, err := c.EnqueueFlow(context.Background(), f)
+	limited(t, "a flow of two continuations under a limit of one", err)
+	if n := jobs(t, e); n != 0 {
+		t.Fatalf("%d jobs written by a refused flow", n)
+	}
+	checkMessages(t, e, 0)
 }
