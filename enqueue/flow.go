@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -49,9 +50,13 @@ const MaxFlowJobs = 98
 // DuplicatePolicy: while its job is active, a repeat returns it as a
 // duplicate and writes nothing; after it ended, the policy decides as
 // for Enqueue. Continuations take no key of their own (the flow's is the
-// first job's: an *InputError), no Delay, RunAt or Debounce (they run
-// when their parents are done); the first job takes every Opts but
-// Debounce. A RateLimit on any job takes its slot before the commit.
+// first job's: an *InputError, a kind's KeyByArgs included), no Delay,
+// RunAt or Debounce (they run when their parents are done); the first job
+// takes every Opts but Debounce and ReplaceEnded (the transaction moves
+// an ended holder aside). A RateLimit on any job takes its slot before
+// the commit, except on a repeat whose first job is still active (its
+// duplicate takes none). A flow whose jobs weigh more than MaxFlowBytes
+// (DynamoDB's 4 MB per transaction) is an *InputError.
 // Bad input is an *InputError and nothing is written; more than
 // MaxFlowJobs jobs, or more than ledger.MaxChildren continuations of
 // one job, or a Join with fewer than 2 or more than ledger.MaxParents
@@ -104,7 +109,17 @@ func (c *Client) enqueueFlow(ctx context.Context, f Flow) (FlowResult, error) {
 	if err := c.flowChildren(f, root, &members); err != nil {
 		return FlowResult{}, err
 	}
+	if n := flowBytes(append([]*flowNode{root}, members...)); n > MaxFlowBytes {
+		return FlowResult{}, invalid("Flow", fmt.Sprintf("its jobs weigh about %d bytes; one transaction takes at most %d", n, MaxFlowBytes))
+	}
+	held, err := c.flowHeld(ctx, root, members)
+	if err != nil {
+		return FlowResult{}, err
+	}
 	for _, n := range append([]*flowNode{root}, members...) {
+		if held {
+			break // a repeat of an active flow: its duplicate, no slot
+		}
 		if err := c.admit(ctx, n.rec, &n.opts); err != nil {
 			return FlowResult{}, err
 		}
@@ -134,7 +149,13 @@ func (c *Client) enqueueFlow(ctx context.Context, f Flow) (FlowResult, error) {
 		err = c.store.Commit(ctx, items)
 		var tce *types.TransactionCanceledException
 		if errors.As(err, &tce) && keyMoved(tce, len(tx.Items)) {
-			continue // the first job's key changed hands since it was read: decide again
+			// The first job's key changed hands since it was read, or our
+			// own commit applied and its resend (a lost reply) failed on
+			// the first job's items alone (a flow of one job): its fresh
+			// id tells. Found (or the read failed), Settle decides.
+			if _, gerr := c.store.Get(ctx, tx.rec.ID); errors.Is(gerr, ledger.ErrNotFound) {
+				continue // decide again
+			}
 		}
 		res, err := c.Settle(ctx, tx, err)
 		if errors.Is(err, ErrTxNotCommitted) {
@@ -147,6 +168,44 @@ func (c *Client) enqueueFlow(ctx context.Context, f Flow) (FlowResult, error) {
 		return out, err
 	}
 	return FlowResult{}, ledger.ErrContention
+}
+
+// MaxFlowBytes bounds a flow's items: DynamoDB refuses a transaction
+// over 4 MB in all.
+const MaxFlowBytes = 4_000_000
+
+// flowRecordRoom is what a record weighs beyond its args, at most (its
+// fixed fields, its links; ledger's reserve for a record's later writes
+// is larger and not part of the insert).
+const flowRecordRoom = 2 << 10
+
+// flowBytes estimates a flow's transaction: each job's args and room for
+// its fields (an ended holder moved aside weighs one more record, within
+// the margin MaxFlowBytes leaves).
+func flowBytes(nodes []*flowNode) int {
+	n := 0
+	for _, m := range nodes {
+		n += len(m.rec.Args) + flowRecordRoom
+	}
+	return n
+}
+
+// flowHeld reports whether an active job holds the flow's first key, so
+// that a repeat is its duplicate without taking the continuations' rate
+// slots (a repeat refused by a continuation's limit was the flow's own
+// retry refused). One read, only when a continuation is rate limited.
+func (c *Client) flowHeld(ctx context.Context, root *flowNode, members []*flowNode) (bool, error) {
+	if root.opts.IdempotencyKey == "" || !slices.ContainsFunc(members, func(m *flowNode) bool { return m.opts.RateLimit != nil }) {
+		return false, nil
+	}
+	holder, err := c.store.GetByKey(ctx, root.opts.IdempotencyKey)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, c.missing(err)
+	}
+	return !holder.State.Terminal(), nil
 }
 
 // keyMoved reports whether a cancelled flow transaction failed on its
@@ -190,6 +249,9 @@ func (c *Client) flowNode(f Flow, first bool, res *FlowResult) (*flowNode, error
 	rec, err := c.newRecord(f.Args, &o, via)
 	if err != nil {
 		return nil, err
+	}
+	if !first && o.IdempotencyKey != "" { // its kind's KeyByArgs made one
+		return nil, invalid("IdempotencyKey", "a flow's continuation takes no key of its own (its kind's Defaults.KeyByArgs made one): the flow is idempotent by its first job's key")
 	}
 	if !first {
 		rec.State, rec.ID = ledger.AwaitingContinuation, ledger.NewJobID()

@@ -201,11 +201,10 @@ func TestAttackFlowRepeatUnderRateLimit(t *testing.T) {
 	}
 }
 
-// TestAttackFlowReplaceEnded: "the first job takes every Opts but
-// Debounce". ReplaceEnded: "the ended job's record is overwritten by the
-// new one in the same conditional write ... The ended job can no longer
-// be read by its id." A flow's first job with ReplaceEnded over an ended
-// holder must overwrite it, as Enqueue does.
+// Opts.ReplaceEnded in a transaction: the helper found EnqueueFlow
+// (and EnqueueTx, through the same prepare) ignored it silently, moving
+// the ended job aside instead. Both now refuse it as bad input, with
+// nothing written: only Enqueue and EnqueueMany overwrite in one put.
 func TestAttackFlowReplaceEnded(t *testing.T) {
 	t.Parallel()
 	e := awstest.New(t, nil)
@@ -220,15 +219,23 @@ func TestAttackFlowReplaceEnded(t *testing.T) {
 		t.Fatalf("Enqueue with ReplaceEnded: the ended job %s reads as %v, want not found", ref.ID, err)
 	}
 	old := stage(t, c, "replace-flow", ledger.Failed, time.Now().Add(time.Hour))
-	res, err := c.EnqueueFlow(ctx, enqueue.Flow{
+	before := len(e.Records(t))
+	var in *enqueue.InputError
+	_, err := c.EnqueueFlow(ctx, enqueue.Flow{
 		Args: atkStep{Name: "a"}, Opts: &enqueue.Opts{IdempotencyKey: "replace-flow", ReplaceEnded: true},
 		Then: []enqueue.Flow{{Args: atkStep{Name: "b"}}},
 	})
-	if err != nil || res.Duplicate {
-		t.Fatalf("%+v, %v", res, err)
+	if !errors.As(err, &in) || in.Field != "ReplaceEnded" {
+		t.Fatalf("EnqueueFlow with ReplaceEnded: %v, want an *InputError on ReplaceEnded", err)
 	}
-	if rec, err := c.Store().Get(ctx, old.ID); !errors.Is(err, ledger.ErrNotFound) {
-		t.Fatalf("EnqueueFlow with ReplaceEnded: the ended job %s still reads by its id (%s, %v); want it overwritten, as Opts.ReplaceEnded promises", old.ID, rec.State, err)
+	if _, err := c.EnqueueTx(ctx, atkStep{Name: "a"}, &enqueue.Opts{IdempotencyKey: "replace-flow", ReplaceEnded: true}); !errors.As(err, &in) || in.Field != "ReplaceEnded" {
+		t.Fatalf("EnqueueTx with ReplaceEnded: %v, want an *InputError on ReplaceEnded", err)
+	}
+	if after := len(e.Records(t)); after != before {
+		t.Fatalf("%d records after the refusals, %d before", after, before)
+	}
+	if rec, err := c.Store().Get(ctx, old.ID); err != nil || rec.State != ledger.Failed {
+		t.Fatalf("the ended job: %v %v, want it untouched", rec.State, err)
 	}
 }
 

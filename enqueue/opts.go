@@ -91,13 +91,14 @@ type Opts struct {
 type entry struct {
 	name     string
 	debounce bool
+	replace  bool // ReplaceEnded applies: one conditional put overwrites the key's ended record
 }
 
 var (
-	viaEnqueue     = entry{"Enqueue", true}
-	viaEnqueueMany = entry{"EnqueueMany", true}
-	viaEnqueueTx   = entry{"EnqueueTx", false}      // a transaction commits a new job; a fold is no part of it
-	viaContinue    = entry{"a continuation", false} // it runs when its parents are done, not after a quiet period
+	viaEnqueue     = entry{"Enqueue", true, true}
+	viaEnqueueMany = entry{"EnqueueMany", true, true}
+	viaEnqueueTx   = entry{"EnqueueTx", false, false}      // a transaction commits a new job; a fold is no part of it, and it moves an ended holder aside
+	viaContinue    = entry{"a continuation", false, false} // it runs when its parents are done, not after a quiet period
 )
 
 // newRecord validates the input for the entry point via and builds the
@@ -143,6 +144,9 @@ func (c *Client) newRecord(args JobArgs, o *Opts, via entry) (ledger.Record, err
 	}
 	if o.Debounce != nil && !via.debounce {
 		return ledger.Record{}, invalid("Debounce", via.name+" does not debounce (Enqueue and EnqueueMany do)")
+	}
+	if o.ReplaceEnded && !via.replace {
+		return ledger.Record{}, invalid("ReplaceEnded", via.name+" moves the key's ended job aside in its transaction; only Enqueue and EnqueueMany overwrite it")
 	}
 	if o.RequestID != "" && o.IdempotencyKey == "" {
 		return ledger.Record{}, invalid("RequestID", "needs an IdempotencyKey (the request is recognised on the key's record)")

@@ -58,7 +58,8 @@ func (e *TxUnknownError) Unwrap() []error { return []error{e.Commit, e.Read} }
 // that fails after taking its slot has): over the limit, a
 // *RateLimitedError and no items. Debounce is refused (an *InputError):
 // a transaction commits a new job, and a fold into a pending one is no
-// part of it.
+// part of it; so is ReplaceEnded (the transaction moves an ended holder
+// aside under its id, it does not overwrite it).
 //
 //	tx, err := client.EnqueueTx(ctx, Receipt{OrderID: id}, &enqueue.Opts{IdempotencyKey: "receipt-" + id})
 //	items := append([]types.TransactWriteItem{orderPut}, tx.Items...)

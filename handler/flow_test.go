@@ -136,8 +136,11 @@ func TestConcurrencyLimitHoldsThroughAKill(t *testing.T) {
 		w := startWorker(t, e, runsFile)
 		defer func() { _ = w.Process.Kill(); _ = w.Wait() }()
 	}
+	// One bound for all 30 (a hang fails it; a loaded machine's slow
+	// waiters do not: 2 minutes a job failed once beside two make tests).
+	deadline := time.Now().Add(10 * time.Minute)
 	for _, id := range ids {
-		e.WaitFor(t, id, ledger.Succeeded, 2*time.Minute)
+		e.WaitFor(t, id, ledger.Succeeded, time.Until(deadline))
 	}
 	type edge struct {
 		at    int64
