@@ -166,6 +166,9 @@ func (o *ops) get(ctx context.Context, id string, showArgs, showResult bool) err
 	}
 	row("id", rec.ID)
 	row("kind", rec.Kind)
+	if rec.Queue != "" {
+		row("queue", rec.Queue)
+	}
 	row("state", st)
 	row("attempt", fmt.Sprintf("%d of %d", rec.Attempt, rec.MaxAttempts))
 	if rec.KeyHash != "" {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +100,27 @@ func TestRunEndWords(t *testing.T) {
 		if got := dashboard.RunEnd(rec, c.a); got != c.want {
 			t.Errorf("run %d ended %s: %q; want %q", c.a.N, c.a.State, got, c.want)
 		}
+	}
+}
+
+// nexjob get names a job's queue when it is a named one (found running
+// the quick start by hand: a report on bulk read like any other job).
+func TestGetShowsTheQueue(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	rec, _, err := r.e.Client.Store().Insert(context.Background(), ledger.Record{Kind: "report", Args: `{"Name":"q"}`, State: ledger.Enqueued, MaxAttempts: 3, Queue: "bulk"}, "", ledger.AllowAfterFailed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := r.must(t, "get", rec.ID)
+	if !regexp.MustCompile(`(?m)^queue +bulk$`).MatchString(got) {
+		t.Fatalf("nexjob get of a job on bulk:\n%s\nwant a queue row naming bulk", got)
+	}
+	plain, err := r.e.Client.Enqueue(context.Background(), report{Name: "default"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.must(t, "get", plain.ID); strings.Contains(got, "\nqueue ") {
+		t.Fatalf("a job on the job queue shows a queue row:\n%s", got)
 	}
 }
