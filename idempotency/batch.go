@@ -9,9 +9,10 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 )
 
-// BatchOptions say how a batch's records are keyed. nil keys each SQS
-// message by its messageId (a redelivery of one message is a repeat; two
-// sends of one body are not).
+// BatchOptions say how a batch's records are keyed. nil keys each record
+// by its event source's own id (an SQS messageId, a stream record's
+// eventID): a redelivery of one record is a repeat; two sends of one body
+// are not.
 type BatchOptions[M any] struct {
 	// Key, KeyPath, Payload and PayloadPath find a record's key and the
 	// fields a repeat must match, as HandlerOptions do for an event.
@@ -21,47 +22,44 @@ type BatchOptions[M any] struct {
 	PayloadPath string
 }
 
-// SQSBatch wraps a per-message function into an SQS event source's
-// handler with partial batch responses (the mapping's
-// ReportBatchItemFailures, which the construct sets): each message runs
-// fn once per key, as Do; a message whose call failed (its function's
-// error, a call in progress, a payload mismatch, a record that could not
-// be written) is reported in BatchItemFailures and comes back; a replayed
-// one is done. Messages run one after the other, in the batch's order; on
-// a FIFO queue the first failure fails the rest of the batch too, so
-// that no message of a group overtakes one that will come back. A
-// message whose first call's error was recorded (Options.RecordErrors)
-// and protected by the policy is done: it does not come back. The error
-// is for a bad option or expression.
-func SQSBatch(s *Store, fn func(context.Context, events.SQSMessage) error, o *BatchOptions[events.SQSMessage]) (func(context.Context, events.SQSEvent) (events.SQSEventResponse, error), error) {
+// Records is the per-record mode every batch wrapper below uses, for any
+// event source: the returned function runs each record's fn once per key,
+// as Do, one after the other in the batch's order, and returns the ids
+// (id(record)) of the records that failed (their function's error, a call
+// in progress, a payload mismatch, a record that could not be written),
+// for the source's partial batch response; a replayed record is done.
+// ordered: the first failure fails the rest of the batch unrun, so that
+// no record overtakes one that will come back (FIFO queues, Kinesis and
+// DynamoDB streams, which retry from the first failure). A record whose
+// first call's error was recorded (Options.RecordErrors) and protected by
+// the policy is done: it does not come back. The error is for a bad
+// option or expression. o must say how records are keyed.
+func Records[M any](s *Store, id func(M) string, fn func(context.Context, M) error, o *BatchOptions[M]) (func(ctx context.Context, recs []M, ordered bool) []string, error) {
 	if o == nil {
-		o = &BatchOptions[events.SQSMessage]{Key: func(m events.SQSMessage) (string, error) { return m.MessageId, nil }}
+		return nil, errors.New("nexjob: an idempotent batch needs BatchOptions saying how records are keyed")
 	}
-	x, err := newExtractor(&HandlerOptions[events.SQSMessage, struct{}]{Key: o.Key, KeyPath: o.KeyPath, Payload: o.Payload, PayloadPath: o.PayloadPath})
+	x, err := newExtractor(&HandlerOptions[M, struct{}]{Key: o.Key, KeyPath: o.KeyPath, Payload: o.Payload, PayloadPath: o.PayloadPath})
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
-		var resp events.SQSEventResponse
-		failed := false
-		for _, m := range ev.Records {
-			fifo := strings.HasSuffix(m.EventSourceARN, ".fifo")
-			if failed && fifo {
-				resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: m.MessageId})
+	return func(ctx context.Context, recs []M, ordered bool) []string {
+		var failed []string
+		for _, r := range recs {
+			if len(failed) > 0 && ordered {
+				failed = append(failed, id(r))
 				continue
 			}
-			if err := s.record(ctx, x, m, fn); err != nil {
-				failed = true
-				s.log.LogAttrs(ctx, slog.LevelWarn, "nexjob: idempotent batch record failed; it comes back", slog.String("function", s.function), slog.String("message_id", m.MessageId), slog.String("outcome", outcome(err)))
-				resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: m.MessageId})
+			if err := record(ctx, s, x, r, fn); err != nil {
+				s.log.LogAttrs(ctx, slog.LevelWarn, "nexjob: idempotent batch record failed; it comes back", slog.String("function", s.function), slog.String("record_id", id(r)), slog.String("outcome", outcome(err)))
+				failed = append(failed, id(r))
 			}
 		}
-		return resp, nil
+		return failed
 	}, nil
 }
 
 // record runs one batch record idempotently.
-func (s *Store) record(ctx context.Context, x *extractor[events.SQSMessage, struct{}], m events.SQSMessage, fn func(context.Context, events.SQSMessage) error) error {
+func record[M any](ctx context.Context, s *Store, x *extractor[M, struct{}], m M, fn func(context.Context, M) error) error {
 	if s.disabled {
 		return fn(ctx, m)
 	}
@@ -75,6 +73,68 @@ func (s *Store) record(ctx context.Context, x *extractor[events.SQSMessage, stru
 		return nil // its recorded failure stands: it does not come back
 	}
 	return err
+}
+
+// SQSBatch wraps a per-message function into an SQS event source's
+// handler with partial batch responses (the mapping's
+// ReportBatchItemFailures, which the construct sets), as Records: ordered
+// on a FIFO queue. nil options key a message by its messageId.
+func SQSBatch(s *Store, fn func(context.Context, events.SQSMessage) error, o *BatchOptions[events.SQSMessage]) (func(context.Context, events.SQSEvent) (events.SQSEventResponse, error), error) {
+	if o == nil {
+		o = &BatchOptions[events.SQSMessage]{Key: func(m events.SQSMessage) (string, error) { return m.MessageId, nil }}
+	}
+	run, err := Records(s, func(m events.SQSMessage) string { return m.MessageId }, fn, o)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
+		fifo := len(ev.Records) > 0 && strings.HasSuffix(ev.Records[0].EventSourceARN, ".fifo")
+		var resp events.SQSEventResponse
+		for _, id := range run(ctx, ev.Records, fifo) {
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: id})
+		}
+		return resp, nil
+	}, nil
+}
+
+// KinesisBatch is SQSBatch for a Kinesis stream's records, ordered (the
+// mapping retries from the first failure it is told of, by sequence
+// number). nil options key a record by its eventID (shard and sequence
+// number: the same on a retry).
+func KinesisBatch(s *Store, fn func(context.Context, events.KinesisEventRecord) error, o *BatchOptions[events.KinesisEventRecord]) (func(context.Context, events.KinesisEvent) (events.KinesisEventResponse, error), error) {
+	if o == nil {
+		o = &BatchOptions[events.KinesisEventRecord]{Key: func(r events.KinesisEventRecord) (string, error) { return r.EventID, nil }}
+	}
+	run, err := Records(s, func(r events.KinesisEventRecord) string { return r.Kinesis.SequenceNumber }, fn, o)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, ev events.KinesisEvent) (events.KinesisEventResponse, error) {
+		var resp events.KinesisEventResponse
+		for _, id := range run(ctx, ev.Records, true) {
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.KinesisBatchItemFailure{ItemIdentifier: id})
+		}
+		return resp, nil
+	}, nil
+}
+
+// DynamoDBStreamBatch is SQSBatch for a DynamoDB stream's records,
+// ordered as KinesisBatch. nil options key a record by its eventID.
+func DynamoDBStreamBatch(s *Store, fn func(context.Context, events.DynamoDBEventRecord) error, o *BatchOptions[events.DynamoDBEventRecord]) (func(context.Context, events.DynamoDBEvent) (events.DynamoDBEventResponse, error), error) {
+	if o == nil {
+		o = &BatchOptions[events.DynamoDBEventRecord]{Key: func(r events.DynamoDBEventRecord) (string, error) { return r.EventID, nil }}
+	}
+	run, err := Records(s, func(r events.DynamoDBEventRecord) string { return r.Change.SequenceNumber }, fn, o)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, ev events.DynamoDBEvent) (events.DynamoDBEventResponse, error) {
+		var resp events.DynamoDBEventResponse
+		for _, id := range run(ctx, ev.Records, true) {
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.DynamoDBBatchItemFailure{ItemIdentifier: id})
+		}
+		return resp, nil
+	}, nil
 }
 
 // outcome names a record's failure for the log without its text (a

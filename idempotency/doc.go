@@ -13,8 +13,9 @@
 //
 // Handler wraps a whole Lambda handler (the key and the validated payload
 // taken from the event by functions or JMESPath expressions), and SQSBatch
-// runs each record of an SQS batch idempotently and reports the failed
-// ones as BatchItemFailures.
+// (KinesisBatch, DynamoDBStreamBatch; Records for any other source) runs
+// each record of a batch idempotently and reports the failed ones as
+// BatchItemFailures.
 //
 // # What a repeat gets
 //

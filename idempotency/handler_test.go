@@ -112,3 +112,61 @@ func TestSQSBatchPartialFailure(t *testing.T) {
 		t.Fatalf("FIFO: failed %v, runs %v; want f2 and f3 failed, f3 not run", failed, runs)
 	}
 }
+
+// Kinesis and DynamoDB stream batches are ordered: the first failure
+// fails the rest unrun (the mapping retries from it), and on the retry the
+// records before it are replayed, not run again.
+func TestStreamBatchesAreOrdered(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	var mu sync.Mutex
+	runs := map[string]int{}
+	failing := map[string]bool{}
+	work := func(id string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[id]++
+		if failing[id] {
+			return errors.New("downstream down")
+		}
+		return nil
+	}
+	kin, err := idempotency.KinesisBatch(r.s, func(_ context.Context, rec events.KinesisEventRecord) error { return work("k" + rec.Kinesis.SequenceNumber) }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ddb, err := idempotency.DynamoDBStreamBatch(r.s, func(_ context.Context, rec events.DynamoDBEventRecord) error { return work("d" + rec.Change.SequenceNumber) }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kev events.KinesisEvent
+	var dev events.DynamoDBEvent
+	for _, n := range []string{"1", "2", "3"} {
+		kev.Records = append(kev.Records, events.KinesisEventRecord{EventID: "shardId-0:" + n, Kinesis: events.KinesisRecord{SequenceNumber: n}})
+		dev.Records = append(dev.Records, events.DynamoDBEventRecord{EventID: "ev-" + n, Change: events.DynamoDBStreamRecord{SequenceNumber: n}})
+	}
+	failing["k2"], failing["d2"] = true, true
+	kr, err := kin(context.Background(), kev)
+	if err != nil || fmt.Sprint(kr.BatchItemFailures) != "[{2} {3}]" {
+		t.Fatalf("kinesis: %+v %v, want 2 and 3 failed", kr, err)
+	}
+	dr, err := ddb(context.Background(), dev)
+	if err != nil || fmt.Sprint(dr.BatchItemFailures) != "[{2} {3}]" {
+		t.Fatalf("dynamodb stream: %+v %v, want 2 and 3 failed", dr, err)
+	}
+	failing["k2"], failing["d2"] = false, false
+	if kr, err := kin(context.Background(), kev); err != nil || len(kr.BatchItemFailures) != 0 {
+		t.Fatalf("kinesis retry: %+v %v", kr, err)
+	}
+	if dr, err := ddb(context.Background(), dev); err != nil || len(dr.BatchItemFailures) != 0 {
+		t.Fatalf("dynamodb stream retry: %+v %v", dr, err)
+	}
+	for _, p := range []string{"k", "d"} {
+		if runs[p+"1"] != 1 || runs[p+"2"] != 2 || runs[p+"3"] != 1 {
+			t.Fatalf("runs %v, want %s1 once, %s2 twice, %s3 once (never before 2 succeeded)", runs, p, p, p)
+		}
+	}
+	if _, err := idempotency.Records(r.s, func(string) string { return "" }, func(context.Context, string) error { return nil }, nil); err == nil {
+		t.Fatal("Records without keying options was accepted")
+	}
+}
