@@ -131,11 +131,15 @@ func TestStreamBatchesAreOrdered(t *testing.T) {
 		}
 		return nil
 	}
-	kin, err := idempotency.KinesisBatch(r.s, func(_ context.Context, rec events.KinesisEventRecord) error { return work("k" + rec.Kinesis.SequenceNumber) }, nil)
+	kin, err := idempotency.KinesisBatch(r.s, func(_ context.Context, rec events.KinesisEventRecord) error {
+		return work("k" + rec.Kinesis.SequenceNumber)
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ddb, err := idempotency.DynamoDBStreamBatch(r.s, func(_ context.Context, rec events.DynamoDBEventRecord) error { return work("d" + rec.Change.SequenceNumber) }, nil)
+	ddb, err := idempotency.DynamoDBStreamBatch(r.s, func(_ context.Context, rec events.DynamoDBEventRecord) error {
+		return work("d" + rec.Change.SequenceNumber)
+	}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
