@@ -205,7 +205,7 @@ func (s *Store) RecordCall(ctx context.Context, held Call, state State, result [
 	out.State, out.Result, out.Error, out.Token, out.ExpiresAt, out.Until = state, result, errText, done, time.Unix(expiresAt.Unix(), 0), time.Time{}
 	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(s.table),
-		Key:                                 map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: callPrefix + held.KeyHash}},
+		Key:                                 callKey(held.KeyHash),
 		ConditionExpression:                 x.Condition(),
 		UpdateExpression:                    x.Update(),
 		ExpressionAttributeNames:            x.Names(),
@@ -248,7 +248,7 @@ func (s *Store) ReleaseCall(ctx context.Context, held Call) error {
 	}
 	_, err = s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
 		TableName:                 aws.String(s.table),
-		Key:                       map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: callPrefix + held.KeyHash}},
+		Key:                       callKey(held.KeyHash),
 		ConditionExpression:       x.Condition(),
 		ExpressionAttributeNames:  x.Names(),
 		ExpressionAttributeValues: x.Values(),
@@ -273,7 +273,7 @@ func (s *Store) ReleaseCall(ctx context.Context, held Call) error {
 func (s *Store) GetCall(ctx context.Context, keyHash string) (Call, bool, error) {
 	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{
 		TableName:      aws.String(s.table),
-		Key:            map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: callPrefix + keyHash}},
+		Key:            callKey(keyHash),
 		ConsistentRead: aws.Bool(true),
 	})
 	if err != nil {
@@ -324,6 +324,12 @@ func decodeCall(item map[string]types.AttributeValue) (Call, error) {
 	return c, nil
 }
 
+// callKey is a call record's key.
+func callKey(keyHash string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: callPrefix + keyHash}}
+}
+
+// millis is t as a unix-ms number attribute.
 func millis(t time.Time) *types.AttributeValueMemberN {
 	return &types.AttributeValueMemberN{Value: strconv.FormatInt(t.UnixMilli(), 10)}
 }

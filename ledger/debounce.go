@@ -81,7 +81,7 @@ func (s *Store) StartDebounce(ctx context.Context, keyHash string, rec Record, p
 		Item: map[string]types.AttributeValue{
 			AttrPK:            &types.AttributeValueMemberS{Value: debouncePrefix + keyHash},
 			AttrDebounceJob:   &types.AttributeValueMemberS{Value: rec.ID},
-			AttrDebounceUntil: &types.AttributeValueMemberN{Value: strconv.FormatInt(until.UnixMilli(), 10)},
+			AttrDebounceUntil: millis(until),
 			AttrItemVer:       &types.AttributeValueMemberN{Value: strconv.FormatInt(ver+1, 10)},
 			AttrExpiresAt:     &types.AttributeValueMemberN{Value: strconv.FormatInt(TTL(until.Add(time.Hour)), 10)},
 		},

@@ -109,7 +109,7 @@ func (s *Store) AcquireQueued(ctx context.Context, keyHash, holder string, limit
 		if res := reservation(ticket); q.held[res] != nil {
 			delete(q.held, res)
 			a.Wake = slices.DeleteFunc(a.Wake, func(t int64) bool { return t == ticket })
-			q.held[holder] = &types.AttributeValueMemberN{Value: strconv.FormatInt(until.UnixMilli(), 10)}
+			q.held[holder] = millis(until)
 			a.OK = true
 			return q.item(now)
 		}

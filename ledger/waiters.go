@@ -64,7 +64,7 @@ func reservation(ticket int64) string { return HolderTag("ticket:" + strconv.For
 func (q *slots) reserve(limit int, until time.Time) []int64 {
 	var woke []int64
 	for len(q.held) < limit && q.woke < q.next {
-		q.held[reservation(q.woke)] = &types.AttributeValueMemberN{Value: strconv.FormatInt(until.UnixMilli(), 10)}
+		q.held[reservation(q.woke)] = millis(until)
 		woke = append(woke, q.woke)
 		q.woke++
 	}
