@@ -190,9 +190,7 @@ func checkRecords(t *testing.T, e *awstest.Env, hash, name string, w outcome, st
 
 func checkMessages(t *testing.T, e *awstest.Env, want int) {
 	t.Helper()
-	if n := e.QueueDepth(t, e.QueueURL); n != want {
-		t.Errorf("queue holds %d messages, want %d", n, want)
-	}
+	e.WantDepth(t, e.QueueURL, want, "the job queue")
 }
 
 func countCreated(o []outcome) int {

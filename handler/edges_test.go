@@ -96,9 +96,7 @@ func TestDeadLetterOfJobThatNeverStarted(t *testing.T) {
 	if rec.State != ledger.Enqueued || rec.Attempt != 0 || !strings.Contains(rec.LastError, "never started") {
 		t.Fatalf("after one dead letter: %s attempt %d %q; want Enqueued, sent back, saying why", rec.State, rec.Attempt, rec.LastError)
 	}
-	if r.e.QueueDepth(t, r.e.QueueURL) != 2 { // the original (in flight here) and the one sent back
-		t.Fatalf("the job was not sent back")
-	}
+	r.e.WantDepth(t, r.e.QueueURL, 2, "the original (in flight here) and the one sent back")
 	for range handler.DefaultMaxReturns {
 		deadLetter()
 	}
@@ -243,9 +241,7 @@ func TestDeadLetterWritesUnderFaults(t *testing.T) {
 	if rec := r.get(t, id); rec.Returns != 1 || rec.State != ledger.Enqueued || !strings.Contains(rec.LastError, "never started") {
 		t.Fatalf("after a lost reply: returns %d, %s %q; want one return", rec.Returns, rec.State, rec.LastError)
 	}
-	if n := r.e.QueueDepth(t, r.e.QueueURL); n != 2 { // the original (in flight here) and the one sent back
-		t.Fatalf("job queue holds %d messages, want 2", n)
-	}
+	r.e.WantDepth(t, r.e.QueueURL, 2, "the original (in flight here) and the one sent back")
 
 	// The return written, its send throttled past the SDK's retries: the
 	// dead letter stays in the DLQ, and its redelivery sends the job

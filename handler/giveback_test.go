@@ -60,9 +60,7 @@ func giveBackUnknownClaim(t *testing.T, lostReply bool) {
 	if rec.State != ledger.Enqueued || rec.Attempt != 0 || r.runs(id) != 0 {
 		t.Fatalf("after the lost claim: %s attempt %d, %d runs; want Enqueued, attempt 0, no run", rec.State, rec.Attempt, r.runs(id))
 	}
-	if r.e.QueueDepth(t, r.e.QueueURL) != 1 {
-		t.Fatalf("the message was deleted; want it kept for its next delivery")
-	}
+	r.e.WantDepth(t, r.e.QueueURL, 1, "the message kept for its next delivery")
 	r.deliver(t, msgs, 1)
 	r.ranAs(t, id, ledger.Succeeded, 1, "", 1)
 }

@@ -74,9 +74,8 @@ func TestMoveQueueLeftoverMessagesRunEachJobOnce(t *testing.T) {
 			t.Fatalf("move %s: %v (queue %q)", id, err, rec.Queue)
 		}
 	}
-	if got := [2]int{e.QueueDepth(t, e.Queues["bulk"]), e.QueueDepth(t, e.QueueURL)}; got != [2]int{4, 4} {
-		t.Fatalf("bulk and the job queue hold %v messages, want [4 4]", got)
-	}
+	e.WantDepth(t, e.Queues["bulk"], 4, "bulk: each job's first message")
+	e.WantDepth(t, e.QueueURL, 4, "the job queue: each move's message")
 	reg, runs := countingCharges()
 	e.Drain(t, e.Handler(t, reg, &handler.Options{Queues: withoutBulk(e), Logger: quiet})) // bulk too
 	for _, o := range []string{"o-1", "o-2", "o-3", "o-4"} {
@@ -146,9 +145,7 @@ func TestMoveQueueWriteReplyLost(t *testing.T) {
 	if !errors.As(err, &nm) || nm.Why != "not on it" || nm.Queue != "" {
 		t.Fatalf("moved again: %v, want a *NotMovedError, on the job queue now", err)
 	}
-	if n := e.QueueDepth(t, e.QueueURL); n != 1 {
-		t.Fatalf("%d messages on the job queue, want the first move's alone", n)
-	}
+	e.WantDepth(t, e.QueueURL, 1, "the job queue: the first move's message alone")
 	reg, runs := countingCharges()
 	e.Drain(t, e.Handler(t, reg, &handler.Options{Queues: withoutBulk(e), Logger: quiet}))
 	if runs()["o-1"] != 1 {

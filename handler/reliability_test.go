@@ -325,9 +325,7 @@ func TestRetryAfterBeyondLongestSchedule(t *testing.T) {
 	if n := r.e.QueueDepth(t, r.e.DLQURL); n != 0 {
 		t.Fatalf("%d messages in the DLQ", n)
 	}
-	if n := r.e.QueueDepth(t, r.e.QueueURL); n != 1 {
-		t.Fatalf("job queue holds %d messages, want the carried-forward one", n)
-	}
+	r.e.WantDepth(t, r.e.QueueURL, 1, "the job queue: the carried-forward message")
 }
 
 // TestWorkerIgnoringItsContext (scenario 16): a worker that never returns

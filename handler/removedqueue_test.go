@@ -72,9 +72,8 @@ func TestRemovedQueueRetryGoesViaTheJobQueue(t *testing.T) {
 	if n, err := pollOnly(e, "bulk", h).Poll(ctx); err != nil || n != 1 {
 		t.Fatalf("the bulk message: %d handled, %v", n, err)
 	}
-	if got := [2]int{e.QueueDepth(t, e.Queues["bulk"]), e.QueueDepth(t, e.QueueURL)}; got != [2]int{0, 1} {
-		t.Fatalf("after the failed run the bulk queue and the job queue hold %v messages, want [0 1]: the retry sent via the job queue, the run's message deleted", got)
-	}
+	e.WantDepth(t, e.Queues["bulk"], 0, "after the failed run, bulk: the run's message deleted")
+	e.WantDepth(t, e.QueueURL, 1, "after the failed run, the job queue: the retry sent via the job queue")
 	e.Advance(t, time.Minute)
 	pollJobQueue(t, e, h, res.ID)
 	if n := runs.Load(); n != 2 {
@@ -136,9 +135,7 @@ func TestRemovedQueueDeadLetterGoesViaTheJobQueue(t *testing.T) {
 	if resp, err := h.HandleDeadLetters(ctx, ev); err != nil || len(resp.BatchItemFailures) != 0 {
 		t.Fatalf("the dead letter was kept (%+v, %v): want its job sent back via the job queue", resp, err)
 	}
-	if n := e.QueueDepth(t, e.QueueURL); n != 1 {
-		t.Fatalf("%d messages on the job queue, want the job's", n)
-	}
+	e.WantDepth(t, e.QueueURL, 1, "the job queue: the job's message")
 	pollJobQueue(t, e, h, res.ID)
 }
 
@@ -237,9 +234,8 @@ func TestRemovedQueueMessageOfARunningJobGoesViaTheJobQueue(t *testing.T) {
 	if n, err := pollOnly(e, "bulk", h).Poll(ctx); err != nil || n != 1 {
 		t.Fatalf("the bulk message: %d handled, %v", n, err)
 	}
-	if got := [2]int{e.QueueDepth(t, e.Queues["bulk"]), e.QueueDepth(t, e.QueueURL)}; got != [2]int{0, 1} {
-		t.Fatalf("the bulk queue and the job queue hold %v messages, want [0 1]: sent on via the job queue", got)
-	}
+	e.WantDepth(t, e.Queues["bulk"], 0, "bulk: the message handled")
+	e.WantDepth(t, e.QueueURL, 1, "the job queue: sent on via the job queue")
 	e.Advance(t, time.Minute+time.Second)
 	pollJobQueue(t, e, h, res.ID)
 	if n := runs.Load(); n != 1 {
@@ -285,9 +281,8 @@ func TestRemovedQueueNewEnqueuesRefused(t *testing.T) {
 	if recs := e.Scan(t); len(recs) != 1 {
 		t.Fatalf("%d records, want the parent's alone", len(recs))
 	}
-	if got := [2]int{e.QueueDepth(t, e.QueueURL), e.QueueDepth(t, e.Queues["bulk"])}; got != [2]int{1, 0} {
-		t.Fatalf("the job queue and bulk hold %v messages, want the parent's alone", got)
-	}
+	e.WantDepth(t, e.QueueURL, 1, "the job queue: the parent's message alone")
+	e.WantDepth(t, e.Queues["bulk"], 0, "bulk: nothing")
 }
 
 // Issue 27 item 24: a keyed job on bulk, written before bulk was taken
@@ -315,7 +310,6 @@ func TestRemovedQueueDuplicateResentByEnqueueMany(t *testing.T) {
 	if err != nil || !items[0].Duplicate || !items[0].Sent {
 		t.Fatalf("the batch's duplicate: %+v %v, want it sent again", items, err)
 	}
-	if got := [2]int{e.QueueDepth(t, e.QueueURL), e.QueueDepth(t, e.Queues["bulk"])}; got != [2]int{1, 0} {
-		t.Fatalf("the job queue and bulk hold %v messages, want [1 0]", got)
-	}
+	e.WantDepth(t, e.QueueURL, 1, "the job queue: the duplicate sent again")
+	e.WantDepth(t, e.Queues["bulk"], 0, "bulk: nothing")
 }

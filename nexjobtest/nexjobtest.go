@@ -95,6 +95,7 @@ func Config(t testing.TB) aws.Config {
 	if err != nil {
 		t.Fatalf("load AWS config: %v", err)
 	}
+	trackResends(&cfg)
 	return cfg
 }
 

@@ -27,11 +27,10 @@ func TestFiringGoesToTheKindsQueue(t *testing.T) {
 	if rec := e.Get(t, res.ID); rec.Queue != "bulk" {
 		t.Fatalf("the firing's job went to queue %q; want bulk", rec.Queue)
 	}
-	if n := e.QueueDepth(t, e.Queues["bulk"]); n != 1 {
-		t.Fatalf("%d messages on bulk; want the firing's job", n)
-	}
+	e.WantDepth(t, e.Queues["bulk"], 1, "bulk: the firing's job")
 	res = e.FireRecurring(t, "other", bulkReport{Day: "tuesday"}, &recurring.Opts{Queue: "reports"}, at)
-	if rec := e.Get(t, res.ID); rec.Queue != "reports" || e.QueueDepth(t, e.Queues["reports"]) != 1 {
+	if rec := e.Get(t, res.ID); rec.Queue != "reports" {
 		t.Fatalf("Opts.Queue: the job went to %q; want reports", rec.Queue)
 	}
+	e.WantDepth(t, e.Queues["reports"], 1, "reports: the firing's job")
 }
