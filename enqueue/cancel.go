@@ -101,7 +101,9 @@ func (e *NotCancellableError) Error() string {
 // meanwhile and a run of it going on is fenced off. A crash in between
 // leaves it Failed and cancelled, its continuations ended by its message
 // if it has one: Delete it again. If they cannot all be settled the error
-// says so and the record stays, for a Delete again.
+// says so and the record stays, for a Delete again; a job that was itself
+// a waiting continuation has no message, and its parent's end, meeting
+// it ended, sends it so that its continuations end then.
 //
 // Cost: a read, then one DeleteItem per place the job may live; an
 // active job one update more; per waiting continuation one update (and a

@@ -210,6 +210,12 @@ const maxLinkTries = ledger.MaxParents + 4
 // Each child is released by one conditional update, so replaying a
 // release (a parent's completion retried) releases nothing twice; a child
 // already released but never started is sent again, which is harmless.
+//
+// A child found ended before any run with continuations of its own (an
+// operator's Delete ended it while it waited, and ending its own
+// continuations failed) is sent too: no other message names it, and its
+// message ends them (as CancelContinuations hands an ending on). Without
+// it they waited for good (the short soak, seed 2).
 func (c *Client) ReleaseContinuations(ctx context.Context, parent ledger.Record) error {
 	var errs []error
 	for _, id := range parent.Children {
@@ -220,6 +226,8 @@ func (c *Client) ReleaseContinuations(ctx context.Context, parent ledger.Record)
 		case err != nil:
 			errs = append(errs, err)
 			continue
+		case !released && endedUnrun(rec) && len(rec.Children) > 0:
+			// Ended while it waited: hand the ending on, below.
 		case !released && (rec.State != ledger.Enqueued || rec.Attempt > 0):
 			continue
 		}

@@ -80,3 +80,49 @@ func TestDeleteEndThrottledPastTheRetries(t *testing.T) {
 	}
 	tr.endedBelow(t, r, ledger.Failed)
 }
+
+// TestDeleteOfAWaitingChildSettledByItsParentsSuccess: an operator deletes
+// a continuation that still waits (it has no message), its end applies,
+// and ending its own continuation is throttled past the SDK's retries:
+// Delete returns the error and the deleted job stays Failed with a child
+// waiting on it, which no message names. Its parent's success, meeting
+// it ended, hands the ending on (its message), and the grandchild ends:
+// nobody has to Delete again. The short soak (seed 2, beside a make
+// test) left such a flow's fan-in child and a continuation of the same
+// job AwaitingContinuation for good.
+func TestDeleteOfAWaitingChildSettledByItsParentsSuccess(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, ok, nil)
+	ctx := context.Background()
+	root := r.enqueue(t, email{To: "root@example.com"}, nil)
+	cont := func(parent, to string) string {
+		t.Helper()
+		res, err := r.prod.ContinueWith(ctx, parent, email{To: to}, nil)
+		if err != nil || res.State != ledger.AwaitingContinuation {
+			t.Fatalf("ContinueWith %s: %+v %v", to, res, err)
+		}
+		return res.ID
+	}
+	mid := cont(root, "mid@example.com")
+	leaf := cont(mid, "leaf@example.com")
+	ft, prod := faultyProducer(t, r)
+	throttled := ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: func(b []byte) bool { return bytes.Contains(b, []byte("was deleted")) },
+		Fault: faults.Throttle, Times: faults.Attempts})
+	if err := prod.Delete(ctx, mid); err == nil {
+		t.Fatal("delete with its child's end throttled past the retries: no error")
+	}
+	fired(t, throttled, faults.Attempts)
+	if m, l := r.get(t, mid), r.get(t, leaf); m.State != ledger.Failed || l.State != ledger.AwaitingContinuation {
+		t.Fatalf("after the failed delete: the deleted job %s, its child %s; want Failed, AwaitingContinuation", m.State, l.State)
+	}
+	r.drain(t) // the root runs and Succeeds
+	if got := r.get(t, root); got.State != ledger.Succeeded {
+		t.Fatalf("the root: %s, want Succeeded", got.State)
+	}
+	if l := r.get(t, leaf); l.State != ledger.Failed || l.Attempt != 0 {
+		t.Fatalf("the deleted job's child: %s (attempt %d), want Failed unrun: waiting on a job that ended, for good", l.State, l.Attempt)
+	}
+	if n := r.runs(leaf) + r.runs(mid); n != 0 {
+		t.Fatalf("%d runs of the deleted job and its child, want none", n)
+	}
+}
