@@ -14,7 +14,9 @@ import (
 // record becomes Failed, marked Cancelled, with the reason (default
 // "cancelled by an operator") and kept for retention (0 keeps it until
 // deleted); its continuations end Failed too, down the whole tree (see
-// CancelContinuations). Its message, when it comes,
+// CancelContinuations). If they cannot all be ended the error says so,
+// and the job's message (a far job's schedule is kept for it) ends them
+// when it comes. Its message, when it comes,
 // is acknowledged without a run. A running job (Processing) is asked to
 // stop at its next step: a *CancelRequestedError. An ended one gives a
 // *NotCancellableError and nothing is written; an unknown job,
@@ -47,9 +49,10 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	c.log.InfoContext(ctx, "nexjob: cancelled", "job_id", rec.ID, "kind", rec.Kind)
 	// Its continuations first: until its schedule is gone, a crash here
 	// leaves its message to come and end them (the worker ends an ended
-	// job's children).
+	// job's children). So the schedule stays when they could not all be
+	// ended: it is the only message that names the job.
 	err = c.CancelContinuations(ctx, rec, "", retention)
-	if ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
+	if err == nil && ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
 		c.unschedule(ctx, rec.ID, rec.RunAt) // it was far: its message waits in a schedule
 	}
 	return rec, err

@@ -1,6 +1,7 @@
 package handler_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -310,3 +311,37 @@ func TestDeleteFarJob(t *testing.T) {
 }
 
 func onetimeName(jobID string, runAt int64) string { return onetime.Name(jobID, ledger.Millis(runAt)) }
+
+// Cancelling a far job whose continuation cannot be ended (its update
+// throttled past the retries) leaves the job's schedule: it is the only
+// message that names the job, and when it fires the worker ends the
+// continuation. Cancel removed the schedule whatever happened, and the
+// continuation waited for good.
+func TestCancelFarJobKeepsItsScheduleUntilItsContinuationsEnd(t *testing.T) {
+	t.Parallel()
+	r := newFarRig(t, true)
+	ctx := context.Background()
+	res, err := r.h.Producer().Enqueue(ctx, email{To: "cancel@example.com"}, &enqueue.Opts{Delay: 30 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := r.h.Producer().ContinueWith(ctx, res.ID, email{To: "child@example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Match: func(b []byte) bool { return bytes.Contains(b, []byte("ended Failed")) },
+		Fault: faults.Throttle, Times: faults.Attempts})
+	if _, err := r.h.Producer().Cancel(ctx, res.ID, "", 0); err == nil {
+		t.Fatal("cancel with its continuation's end throttled past the retries: no error")
+	}
+	fired(t, h, faults.Attempts)
+	if left := r.schedulesFor(t, res.ID); len(left) != 1 {
+		t.Fatalf("schedules left %v, want the job's: the only message that names it", left)
+	}
+	r.clock.Advance(30*24*time.Hour + time.Second)
+	r.fire(t)
+	r.e.Drain(t, r.h)
+	if rec := r.e.Get(t, child.ID); rec.State != ledger.Failed || rec.Attempt != 0 {
+		t.Fatalf("the cancelled job's continuation: %s (attempt %d), want Failed unrun", rec.State, rec.Attempt)
+	}
+}
