@@ -44,6 +44,10 @@ type clock struct {
 
 func stillClock() *clock { return &clock{still: time.Now()} }
 
+// stop makes c a still clock from now on (before the rig it serves runs
+// anything).
+func (c *clock) stop() { c.still = time.Now() }
+
 func (c *clock) Now() time.Time {
 	if !c.still.IsZero() {
 		return c.still.Add(time.Duration(c.off.Load()))
