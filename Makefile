@@ -12,7 +12,7 @@ EMU := ./localstack/with-emulator.sh
 # FuzzChangeFromImages, no input written). A count has no deadline to race.
 FUZZTIME ?= 20000x
 # package:FuzzTarget pairs; `make test` runs each briefly, `make fuzz FUZZTIME=5m` for real (a duration then: see above).
-FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzCursor ./handler/guard:FuzzChangeFromImages
+FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzCursor ./ledger:FuzzStepKey ./handler/guard:FuzzChangeFromImages
 
 LAMBDAS := worker deadletter guard dashboard recurring
 

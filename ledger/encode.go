@@ -66,7 +66,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	if len(r.Steps) > 0 {
 		m := make(map[string]types.AttributeValue, len(r.Steps))
 		for k, v := range r.Steps {
-			m[k] = &types.AttributeValueMemberS{Value: v}
+			m[stepKey(k)] = &types.AttributeValueMemberS{Value: v}
 		}
 		item[AttrSteps] = &types.AttributeValueMemberM{Value: m}
 	}

@@ -49,3 +49,21 @@ func FuzzCursor(f *testing.F) {
 		}
 	})
 }
+
+// A step's name and the key of the steps map that keeps it (stepKey):
+// every name comes back as it was, and no key holds what the expression
+// builder reads as syntax.
+func FuzzStepKey(f *testing.F) {
+	for _, s := range []string{"user.fetch", "charge[0]", "x..y", "%2E", "%", "a%5Bb]", "é.ü[ß]"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		k := stepKey(name)
+		if strings.ContainsAny(k, ".[]") {
+			t.Fatalf("stepKey(%q) = %q holds path syntax", name, k)
+		}
+		if got := stepName(k); got != name {
+			t.Fatalf("stepName(stepKey(%q)) = %q", name, got)
+		}
+	})
+}

@@ -88,17 +88,17 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 		}
 		// A wait's end is 13 digits of Unix ms until 2286: as strings they
 		// compare as numbers.
-		inTime := steps.AppendName(expression.Name(wait)).AttributeNotExists().
-			Or(steps.AppendName(expression.Name(wait)).GreaterThan(expression.Value(strconv.FormatInt(s.now().UnixMilli(), 10))))
+		inTime := stepPath(wait).AttributeNotExists().
+			Or(stepPath(wait).GreaterThan(expression.Value(strconv.FormatInt(s.now().UnixMilli(), 10))))
 		cond := isJob(id).And(active).And(inTime)
 		var upd expression.UpdateBuilder
 		if cur.Steps == nil {
 			cond = cond.And(steps.AttributeNotExists())
-			upd = expression.Set(steps, expression.Value(map[string]string{sig: payload}))
+			upd = expression.Set(steps, expression.Value(stepsValue(map[string]string{sig: payload})))
 		} else {
-			cond = cond.And(steps.AppendName(expression.Name(sig)).AttributeNotExists()).
+			cond = cond.And(stepPath(sig).AttributeNotExists()).
 				And(expression.Size(steps).Equal(expression.Value(len(cur.Steps))))
-			upd = expression.Set(steps.AppendName(expression.Name(sig)), expression.Value(payload))
+			upd = expression.Set(stepPath(sig), expression.Value(payload))
 		}
 		rec, err := s.updateByID(ctx, id, cond, upd)
 		var nc *NotClaimableError
@@ -154,7 +154,7 @@ const TimedOut = "\x00timed out"
 // run that lost its claim gets ErrFenced; a resend of an applied write
 // (its reply lost) reads as the timeout it recorded.
 func (s *Store) RecordTimeout(ctx context.Context, rec Record, name string) (payload string, err error) {
-	sig := expression.Name(AttrSteps).AppendName(expression.Name(SignalStep(name)))
+	sig := stepPath(SignalStep(name))
 	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
 		And(expression.Name(AttrState).Equal(expression.Value(string(Processing)))).
 		And(expression.Name(AttrSteps).AttributeExists()).And(sig.AttributeNotExists())

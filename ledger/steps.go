@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
@@ -73,11 +74,10 @@ func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string)
 	if err := CheckStep(rec, name, result); err != nil {
 		return err
 	}
-	step := expression.Name(AttrSteps).AppendName(expression.Name(name))
-	upd := expression.Set(step, expression.Value(result))
+	upd := expression.Set(stepPath(name), expression.Value(result))
 	if len(rec.Steps) == 0 {
 		// The map may not exist yet: a path into a missing map fails.
-		upd = expression.Set(expression.Name(AttrSteps), expression.Value(map[string]string{name: result}))
+		upd = expression.Set(expression.Name(AttrSteps), expression.Value(stepsValue(map[string]string{name: result})))
 	}
 	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
 		And(expression.Name(AttrState).Equal(expression.Value(string(Processing)))).
@@ -108,7 +108,8 @@ func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string)
 	return err
 }
 
-// decodeSteps decodes Record.Steps.
+// decodeSteps decodes Record.Steps, its keys back to the names they keep
+// (stepKey).
 func decodeSteps(av types.AttributeValue) (map[string]string, error) {
 	m, ok := av.(*types.AttributeValueMemberM)
 	if !ok {
@@ -120,9 +121,52 @@ func decodeSteps(av types.AttributeValue) (map[string]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		out[k] = s
+		out[stepName(k)] = s
 	}
 	return out, nil
+}
+
+// stepKeys escapes a step's name into the key of the record's steps map
+// that keeps it, and stepNames reads it back. The expression builder reads
+// "." in a name as a path's separator and "[n]" as a list index, even in
+// a single name (expression.NameNoDotSplit parses the brackets all the
+// same), so a name such as "user.fetch" or "charge[0]" reached DynamoDB as
+// a path into a map that is not there. Those two characters, the brackets
+// and "%" itself are kept as %2E, %5B, %5D and %25; every other character
+// is kept as it is, so the names of earlier records (none of these four
+// characters could be written then, but a job's first step: its whole map
+// was set at once) read as they were. The one ambiguity: a name recorded
+// before this escaping that holds "%2E", "%5B", "%5D" or "%25" literally
+// reads as the character they stand for.
+var (
+	stepKeys  = strings.NewReplacer("%", "%25", ".", "%2E", "[", "%5B", "]", "%5D")
+	stepNames = strings.NewReplacer("%25", "%", "%2E", ".", "%5B", "[", "%5D", "]")
+)
+
+// stepKey is the key of name in the record's steps map (stepKeys).
+func stepKey(name string) string { return stepKeys.Replace(name) }
+
+// stepName is the name kept under key (stepKeys).
+func stepName(key string) string {
+	if !strings.Contains(key, "%") {
+		return key
+	}
+	return stepNames.Replace(key)
+}
+
+// stepPath is the path of name's entry in the record's steps map: one
+// name, never read as a path of its own.
+func stepPath(name string) expression.NameBuilder {
+	return expression.Name(AttrSteps).AppendName(expression.NameNoDotSplit(stepKey(name)))
+}
+
+// stepsValue is steps as the record's map keeps them (stepKey).
+func stepsValue(steps map[string]string) map[string]string {
+	out := make(map[string]string, len(steps))
+	for k, v := range steps {
+		out[stepKey(k)] = v
+	}
+	return out
 }
 
 // ForgetSteps drops the recorded steps of job id, which must be ended
