@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -224,7 +225,12 @@ func SleepUntil(ctx context.Context, name string, t time.Time) error {
 	if s == nil {
 		return ErrNotInRun
 	}
-	until, err := Step(ctx, name, func(context.Context) (int64, error) { return t.UnixMilli(), nil })
+	until, err := Step(ctx, name, func(context.Context) (int64, error) {
+		if d := t.Sub(s.store.Now()); d > MaxWait {
+			return 0, Permanent(&WaitTooLongError{Name: name, Wait: d})
+		}
+		return t.UnixMilli(), nil
+	})
 	if err != nil {
 		return err
 	}
@@ -232,6 +238,35 @@ func SleepUntil(ctx context.Context, name string, t time.Time) error {
 		return &sleepError{name: name, until: ledger.Millis(until)}
 	}
 	return nil
+}
+
+// MaxWait is the longest sleep (Sleep, SleepUntil) and the longest wait
+// for a signal (WaitForSignal's timeout): the longest schedule, a year and
+// a day (enqueue.MaxScheduleAhead). A job is Scheduled for its sleep's or
+// wait's end itself, and no run time is further ahead than a schedule
+// can reach, so a longer one is refused (*WaitTooLongError) rather than
+// cut short on the record (before, a wait of two years woke no one on its
+// signal, and math.MaxInt64, "for ever", refused every signal as late).
+// A wait with no end is a wait of MaxWait whose *SignalTimeoutError the
+// worker answers as it sees fit (fail the job, or ask a person).
+const MaxWait = enqueue.MaxScheduleAhead
+
+// WaitTooLongError refuses a sleep or a wait longer than MaxWait, when the
+// run first meets it: nothing is recorded, and the job fails permanently
+// (Permanent wraps it: it would fail every run). Sleeps and waits recorded
+// before this limit replay as they were.
+type WaitTooLongError struct {
+	Name   string        // the sleep's or the wait's name
+	Wait   time.Duration // how long it asked for
+	Signal bool          // a wait for a signal (else a sleep)
+}
+
+func (e *WaitTooLongError) Error() string {
+	what := "sleep"
+	if e.Signal {
+		what = "wait for signal"
+	}
+	return fmt.Sprintf("nexjob: %s %q of %s is longer than the longest, %s (handler.MaxWait)", what, e.Name, e.Wait, MaxWait)
 }
 
 // SignalTimeoutError: WaitForSignal's timeout passed with no signal. The
@@ -275,9 +310,13 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 		}
 		return v, nil
 	}
-	end := s.store.Now().Add(timeout).UnixMilli()
-	// A JSON number: the ledger compares it, as a string, with now.
-	at, err := step(ctx, ledger.WaitStep(name), func(context.Context) (int64, error) { return end, nil })
+	// A JSON number: the ledger compares it, as a number, with now.
+	at, err := step(ctx, ledger.WaitStep(name), func(context.Context) (int64, error) {
+		if timeout > MaxWait {
+			return 0, Permanent(&WaitTooLongError{Name: name, Wait: timeout, Signal: true})
+		}
+		return s.store.Now().Add(timeout).UnixMilli(), nil
+	})
 	if err != nil {
 		return zero, err
 	}

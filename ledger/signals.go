@@ -86,10 +86,14 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 		if err := CheckStep(cur, sig, payload); err != nil {
 			return Record{}, err
 		}
-		// A wait's end is 13 digits of Unix ms until 2286: as strings they
-		// compare as numbers.
-		inTime := stepPath(wait).AttributeNotExists().
-			Or(stepPath(wait).GreaterThan(expression.Value(strconv.FormatInt(s.now().UnixMilli(), 10))))
+		// The wait's end, written once, is compared here as a number
+		// (signalRefused): the write is conditional on it as read, or on
+		// no wait yet. A comparison of the strings in the condition took
+		// an end of more than 13 digits for one already past.
+		inTime := stepPath(wait).AttributeNotExists()
+		if end, ok := cur.Steps[wait]; ok {
+			inTime = stepPath(wait).Equal(expression.Value(end))
+		}
 		cond := isJob(id).And(active).And(inTime)
 		var upd expression.UpdateBuilder
 		if cur.Steps == nil {
@@ -132,12 +136,20 @@ func (s *Store) signalRefused(cur Record, id, name, payload string) (done bool, 
 		return true, nil
 	case cur.Steps[sig] != "":
 		refused.Err = ErrSignalSent
-	case cur.Steps[wait] != "" && cur.Steps[wait] <= strconv.FormatInt(s.now().UnixMilli(), 10):
+	case cur.Steps[wait] != "" && !s.before(cur.Steps[wait]):
 		refused.Err = ErrSignalTooLate
 	default:
 		return false, nil
 	}
 	return false, refused
+}
+
+// before reports whether now is before end, a wait's end as its step
+// keeps it (Unix ms, JSON): compared as numbers. An end that does not
+// parse has passed.
+func (s *Store) before(end string) bool {
+	ms, err := strconv.ParseInt(end, 10, 64)
+	return err == nil && s.now().UnixMilli() < ms
 }
 
 // TimedOut is the value a wait's timeout records in its signal's slot
