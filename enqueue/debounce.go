@@ -121,7 +121,7 @@ func (c *Client) debounce(ctx context.Context, rec ledger.Record, o *Opts) ItemR
 				return ItemResult{Err: c.missing(err)}
 			case folded:
 				return c.folded(ctx, got)
-			case err == nil && got.Kind != rec.Kind && got.State == ledger.Scheduled && got.Attempt == 0:
+			case err == nil && got.Kind != rec.Kind && got.State == ledger.Scheduled && got.Attempt == 0 && !got.Ran():
 				return ItemResult{Err: &KeyKindError{ExistingJobID: got.ID, ExistingKind: got.Kind, Kind: rec.Kind}}
 			}
 		}

@@ -53,6 +53,8 @@ type Opts struct {
 	// refused. Defaults to now.
 	RunAt time.Time
 	// Deadline: a job not started by then becomes Expired and never runs.
+	// A job that started (a step of its run recorded: a durable job that
+	// sleeps or waits gives its attempt back) runs on past it.
 	// Must be after the run time. Defaults to none.
 	Deadline time.Time
 	// MaxAttempts is the attempt budget. Defaults to DefaultMaxAttempts.

@@ -110,9 +110,10 @@ func (h *Handler) process(ctx context.Context, m events.SQSMessage, stopBefore t
 				attribute.String("nexjob.job_id", rec.ID), attribute.String("nexjob.kind", rec.Kind), attribute.Int("nexjob.attempt", rec.Attempt))...))
 		defer span.End()
 	}
-	// Never started: the first attempt, and no run of it was cut off (a
-	// cut-off run started, in time, and got its attempt back).
-	if rec.Attempt == 1 && rec.CutOffs == 0 && rec.Deadline != 0 && now.UnixMilli() > rec.Deadline {
+	// Never started: the first attempt, and no run of it began before (a
+	// cut-off run started, in time, and got its attempt back; a run that
+	// slept or waited did too: Record.Ran).
+	if rec.Attempt == 1 && rec.Deadline != 0 && now.UnixMilli() > rec.Deadline && !rec.Ran() {
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Expired, LastError: "deadline passed before the job started"}, nil)
 	}
 	if rec.Kind != msg.Kind {

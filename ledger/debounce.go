@@ -124,7 +124,10 @@ func (s *Store) StartDebounce(ctx context.Context, keyHash string, rec Record, p
 // Fold puts a later enqueue's args and deadline (rec's Args and
 // Deadline; none removes the job's) into the debounced job jobID and
 // moves its run to runAt: one update, conditional on the job being of
-// rec's kind, Scheduled and never claimed (attempt 0). The deadline is
+// rec's kind, Scheduled and never run: attempt 0, no run cut off, and no
+// steps (a run that sleeps or waits gives its attempt back, and a fold
+// into it replaced the args of a job whose charge was made; a job sent a
+// signal before any run is not folded into either). The deadline is
 // the folding enqueue's because the run it bounds is that enqueue's:
 // the first enqueue's would expire a job moved past it. folded=false
 // (with the current record, or ErrNotFound) means it is not pending any
@@ -136,7 +139,9 @@ func (s *Store) Fold(ctx context.Context, jobID string, rec Record, runAt time.T
 	st := expression.Name(AttrState)
 	cond := isJob(jobID).And(st.Equal(expression.Value(Scheduled))).
 		And(expression.Name(AttrAttempt).Equal(expression.Value(0))).
-		And(expression.Name(AttrKind).Equal(expression.Value(rec.Kind)))
+		And(expression.Name(AttrKind).Equal(expression.Value(rec.Kind))).
+		And(expression.Name(AttrSteps).AttributeNotExists()).
+		And(expression.Name(AttrCutOffs).AttributeNotExists())
 	upd := expression.Set(expression.Name(AttrArgs), expression.Value(rec.Args)).
 		Set(expression.Name(AttrArgsHash), expression.Value(ArgsHash(rec.Kind, rec.Args))).
 		Set(expression.Name(AttrRunAt), expression.Value(runAt.UnixMilli())).

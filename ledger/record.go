@@ -139,6 +139,26 @@ type Record struct {
 
 // Continues reports whether the job is a continuation: of one parent
 // (ParentID) or of several (a fan-in child's Parents).
+// Ran reports whether a run of r began before the one its claim starts
+// now, as far as its record tells while its attempt count says none did
+// (attempt 0 at rest, 1 once claimed): a step of its own is recorded (a
+// sleep and a wait are steps; a signal sent to it is not), or a run was
+// cut off. A run that sleeps or waits gives its attempt back, so the
+// attempt count alone read a job asleep after its charge as never
+// started: its Deadline expired it, and a debounced enqueue folded into
+// it.
+func (r Record) Ran() bool {
+	if r.CutOffs > 0 {
+		return true
+	}
+	for name := range r.Steps {
+		if !strings.HasPrefix(name, signalStep) {
+			return true
+		}
+	}
+	return false
+}
+
 func (r Record) Continues() bool { return r.ParentID != "" || len(r.Parents) > 0 }
 
 // ParentIDs are the job's parents: ParentID, or a fan-in child's Parents.
