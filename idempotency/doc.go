@@ -51,7 +51,9 @@
 // A key is stored hashed (the ledger's key hash: HMAC-SHA-256 with the
 // deployment's key secret, or SHA-256), scoped to Options.Function: two
 // functions using one key hold two records. The payload is stored as its
-// hash. The result is stored as its JSON, at most Options.MaxResultBytes
+// hash. An event's JSON integers are kept exact for its key and payload,
+// however large (as Powertools' Python keeps them): two ids one float64
+// rounds alike are two keys. The result is stored as its JSON, at most Options.MaxResultBytes
 // (default DefaultMaxResultBytes); a larger one is returned to the first
 // caller with a *ResultTooLargeError (one with no JSON, such as a NaN,
 // with an *UnencodableResultError), the key recorded as used without a

@@ -39,14 +39,15 @@ type extractor[E, R any] struct {
 	payload jmespath.JMESPath
 }
 
-// powertoolsJSON is Powertools' powertools_json(): a JSON string parsed,
-// so that an expression can reach into an API Gateway or SQS body.
+// powertoolsJSON is Powertools' powertools_json(): a JSON string parsed
+// (its integers exact, as decodeJSON), so that an expression can reach
+// into an API Gateway or SQS body.
 var powertoolsJSON = jmespath.FunctionEntry{
 	Name:      "powertools_json",
 	Arguments: []jmespath.ArgSpec{{Types: []jmespath.JpType{jmespath.JpString}}},
 	Handler: func(args []any) (any, error) {
-		var v any
-		if err := json.Unmarshal([]byte(args[0].(string)), &v); err != nil {
+		v, err := decodeJSON([]byte(args[0].(string)))
+		if err != nil {
 			return nil, errors.New("powertools_json: the string is not JSON")
 		}
 		return v, nil
@@ -81,7 +82,7 @@ func (x *extractor[E, R]) find(ev E) (string, any, error) {
 		if err != nil {
 			return "", nil, fmt.Errorf("nexjob: idempotency: encode the event %T: %w", ev, err)
 		}
-		if err := json.Unmarshal(b, &doc); err != nil {
+		if doc, err = decodeJSON(b); err != nil {
 			return "", nil, fmt.Errorf("nexjob: idempotency: decode the event %T: %w", ev, err)
 		}
 	}
