@@ -26,9 +26,12 @@ type Result[T any] struct {
 
 // CallOptions tune one call. nil takes every default.
 type CallOptions struct {
-	// Payload is what a repeat must match: its JSON's hash is recorded
-	// with the first call, and a repeat of the key with a different one
-	// gets a *PayloadMismatchError. Defaults to none (not validated).
+	// Payload is what a repeat must match: the hash of its JSON is
+	// recorded with the first call, and a repeat of the key with a
+	// different one gets a *PayloadMismatchError. The JSON is taken with
+	// its objects' keys sorted (raw JSON's too, as Powertools sorts them)
+	// and its integers exact: the same fields in another order are the
+	// same payload. Defaults to none (not validated).
 	Payload any
 }
 
@@ -44,11 +47,15 @@ func Do[T any](ctx context.Context, s *Store, key string, fn func(context.Contex
 	if key == "" {
 		return Result[T]{}, ErrNoKey
 	}
-	kh := s.KeyHash(key)
+	return call(ctx, s, s.KeyHash(key), fn, opts)
+}
+
+// call is Do for a key already hashed (kh).
+func call[T any](ctx context.Context, s *Store, kh string, fn func(context.Context) (T, error), opts *CallOptions) (Result[T], error) {
 	res := Result[T]{KeyHash: kh}
 	var ph string
 	if opts != nil && opts.Payload != nil {
-		b, err := json.Marshal(opts.Payload)
+		b, err := canonicalJSON(opts.Payload)
 		if err != nil {
 			return res, fmt.Errorf("nexjob: idempotency payload of key %s: %w", kh, err)
 		}

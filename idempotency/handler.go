@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	jmespath "github.com/jmespath-community/go-jmespath"
+
+	"github.com/nexjob/nexjob-aws/metrics"
 )
 
 // HandlerOptions say where a handler's event keeps its key and the fields
@@ -24,8 +27,10 @@ type HandlerOptions[E, R any] struct {
 	// PayloadPath is a JMESPath expression for them, used when Payload is
 	// nil: `body`, `[amount, currency]`. Defaults to none (not validated).
 	PayloadPath string
-	// RunWithoutKey runs an event with no key without idempotency.
-	// Defaults to false: such an event gets ErrNoKey, and nothing runs.
+	// RunWithoutKey runs an event with no key without idempotency, as
+	// Powertools does, with a warning log (the function, never the event)
+	// and a CallWithoutKey metric. Defaults to false: such an event gets
+	// ErrNoKey, and nothing runs.
 	RunWithoutKey bool
 	// Replayed marks a replayed response (a header an API client can
 	// read, such as Idempotent-Replayed: true). Defaults to none.
@@ -73,33 +78,50 @@ func newExtractor[E, R any](o *HandlerOptions[E, R]) (*extractor[E, R], error) {
 	return x, nil
 }
 
-// find returns the event's key and its payload to validate (nil: none).
-// An error here names no part of the event.
-func (x *extractor[E, R]) find(ev E) (string, any, error) {
+// eventKey is a key an event holds: a string, or the JSON of any other
+// value (json): hashed apart, so that the string "1" and the number 1 are
+// two keys, as Powertools hashes a key by its value's JSON.
+type eventKey struct {
+	text string
+	json bool
+}
+
+// hash is the key as stored: a string's as Do's (Store.KeyHash), another
+// value's JSON scoped apart from every string.
+func (k eventKey) hash(s *Store) string {
+	if k.json {
+		return s.ledger.HashKey(s.function + "\x01" + k.text)
+	}
+	return s.KeyHash(k.text)
+}
+
+// find returns the event's key ("" text: none) and its payload to
+// validate (nil: none). An error here names no part of the event.
+func (x *extractor[E, R]) find(ev E) (eventKey, any, error) {
 	var doc any
 	if x.key != nil || x.payload != nil {
 		b, err := json.Marshal(ev)
 		if err != nil {
-			return "", nil, fmt.Errorf("nexjob: idempotency: encode the event %T: %w", ev, err)
+			return eventKey{}, nil, fmt.Errorf("nexjob: idempotency: encode the event %T: %w", ev, err)
 		}
 		if doc, err = decodeJSON(b); err != nil {
-			return "", nil, fmt.Errorf("nexjob: idempotency: decode the event %T: %w", ev, err)
+			return eventKey{}, nil, fmt.Errorf("nexjob: idempotency: decode the event %T: %w", ev, err)
 		}
 	}
-	var key string
+	var key eventKey
 	if x.o.Key != nil {
 		k, err := x.o.Key(ev)
 		if err != nil {
-			return "", nil, err
+			return eventKey{}, nil, err
 		}
-		key = k
+		key.text = k
 	} else {
 		v, err := x.key.Search(doc)
 		if err != nil {
-			return "", nil, errors.New("nexjob: idempotency KeyPath failed on the event")
+			return eventKey{}, nil, errors.New("nexjob: idempotency KeyPath failed on the event")
 		}
 		if key, err = asKey(v); err != nil {
-			return "", nil, err
+			return eventKey{}, nil, err
 		}
 	}
 	var payload any
@@ -109,7 +131,7 @@ func (x *extractor[E, R]) find(ev E) (string, any, error) {
 	case x.payload != nil:
 		v, err := x.payload.Search(doc)
 		if err != nil {
-			return "", nil, errors.New("nexjob: idempotency PayloadPath failed on the event")
+			return eventKey{}, nil, errors.New("nexjob: idempotency PayloadPath failed on the event")
 		}
 		payload = v
 	}
@@ -119,16 +141,17 @@ func (x *extractor[E, R]) find(ev E) (string, any, error) {
 // asKey makes an expression's result a key: a string as it is; nothing
 // ("", null, an empty list or object, a list of nulls: what a
 // multi-select finds in an event without the fields) as no key; anything
-// else its JSON.
-func asKey(v any) (string, error) {
+// else its JSON (objects' keys sorted, integers exact), hashed apart
+// from the strings.
+func asKey(v any) (eventKey, error) {
 	switch v := v.(type) {
 	case nil:
-		return "", nil
+		return eventKey{}, nil
 	case string:
-		return v, nil
+		return eventKey{text: v}, nil
 	case map[string]any:
 		if len(v) == 0 {
-			return "", nil
+			return eventKey{}, nil
 		}
 	case []any:
 		empty := true
@@ -136,14 +159,14 @@ func asKey(v any) (string, error) {
 			empty = empty && m == nil
 		}
 		if empty {
-			return "", nil
+			return eventKey{}, nil
 		}
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
-		return "", fmt.Errorf("nexjob: idempotency key: %w", err)
+		return eventKey{}, fmt.Errorf("nexjob: idempotency key: %w", err)
 	}
-	return string(b), nil
+	return eventKey{text: string(b), json: true}, nil
 }
 
 // Handler wraps a Lambda handler (any event and response types
@@ -165,13 +188,15 @@ func Handler[E, R any](s *Store, h func(context.Context, E) (R, error), o *Handl
 		if err != nil {
 			return zero, err
 		}
-		if key == "" {
+		if key.text == "" {
 			if x.o.RunWithoutKey {
+				s.count(metrics.CallWithoutKey, "")
+				s.log.LogAttrs(ctx, slog.LevelWarn, "nexjob: idempotency key missing; the event runs without idempotency", slog.String("function", s.function))
 				return h(ctx, ev)
 			}
 			return zero, ErrNoKey
 		}
-		res, err := Do(ctx, s, key, func(ctx context.Context) (R, error) { return h(ctx, ev) }, &CallOptions{Payload: payload})
+		res, err := call(ctx, s, key.hash(s), func(ctx context.Context) (R, error) { return h(ctx, ev) }, &CallOptions{Payload: payload})
 		if res.Replayed && err == nil && x.o.Replayed != nil {
 			return x.o.Replayed(res.Value), nil
 		}

@@ -61,3 +61,19 @@ func exact(v any) any {
 	}
 	return v
 }
+
+// canonicalJSON is v's JSON as a payload is hashed: its objects' keys
+// sorted at every depth (json.RawMessage's included, which json.Marshal
+// writes as it is) and its numbers as decodeJSON reads them, so that one
+// payload has one hash whatever the order its JSON was written in.
+func canonicalJSON(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	d, err := decodeJSON(b)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(d)
+}

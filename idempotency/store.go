@@ -71,8 +71,8 @@ type Options struct {
 	// Logger receives one record per outcome (the key's hash, never the
 	// key). Defaults to slog.Default().
 	Logger *slog.Logger
-	// Metrics records CallRun, CallReplayed, CallInProgress and
-	// CallMismatch by Function. Defaults to none.
+	// Metrics records CallRun, CallReplayed, CallInProgress, CallMismatch
+	// and CallWithoutKey by Function. Defaults to none.
 	Metrics *metrics.Recorder
 }
 
