@@ -86,10 +86,16 @@
 // first call whose hold was applied runs once, a result recorded is not
 // recorded twice, a release is done. A hold that DynamoDB refused or
 // throttled past the SDK's retries returns the error and the function has
-// not run. A result that cannot be recorded (throttled past the retries,
-// or the hold taken over after it ran out) is returned with a
-// *NotRecordedError: the function ran; its key stays held until the hold
-// ends, and a repeat after that runs it again. A release that fails is
+// not run. A result that cannot be recorded (throttled past the retries)
+// is returned with a *NotRecordedError: the function ran; its key stays
+// held until the hold ends, and a repeat after that runs it again. A
+// result write that meets the key's record no longer the call's reads,
+// while the hold has not ended, as the success it was (only the call's
+// own applied write, its reply lost, can have changed the hold; later
+// calls the policy let in then replaced or released the outcome before
+// the resend); after the hold's end it is a *NotRecordedError wrapping
+// ledger.ErrCallTakenOver, which says it can mean either that another
+// call took the key (not recorded) or that case. A release that fails is
 // joined to the function's error; the key is then free when the hold
 // ends. A function that panics releases the key and panics on.
 //
