@@ -49,16 +49,20 @@
 // # Keys and what is stored
 //
 // A key is stored hashed (the ledger's key hash: HMAC-SHA-256 with the
-// deployment's key secret, or SHA-256), scoped to Options.Function: two
-// functions using one key hold two records. The payload is stored as its
-// hash: the hash of its JSON with every object's keys sorted (as
-// Powertools sorts them), so the same fields in another order are the
-// same payload. An event's JSON integers are kept exact for its key and
+// deployment's key secret, which New reads as every role of the deployment
+// does, from NEXJOB_KEY_SECRET_PARAMETER's SSM parameter or
+// NEXJOB_KEY_SECRET; with neither, SHA-256), scoped to Options.Function:
+// two functions using one key hold two records. The payload is stored as
+// its hash: the hash of its JSON with every object's keys sorted (as
+// Powertools sorts them), so the same fields in another order are the same
+// payload. An event's JSON integers are kept exact for its key and
 // payload, however large (as Powertools' Python keeps them): two ids one
-// float64 rounds alike are two keys. A key an expression finds is typed
-// as in Powertools: a string is the key Do takes as that string, any
-// other value is keyed by its JSON apart from the strings (the string
-// "1" and the number 1 are two keys). The result is stored as its JSON, at most Options.MaxResultBytes
+// float64 rounds alike are two keys. A key an expression finds is typed as
+// in Powertools: a string is the key Do takes as that string, any other
+// value is keyed by its JSON apart from the strings (the string "1" and
+// the number 1 are two keys). In an HTTP event (API Gateway, ALB, function
+// URLs) a KeyPath or PayloadPath finds a header whatever the case of its
+// name. The result is stored as its JSON, at most Options.MaxResultBytes
 // (default DefaultMaxResultBytes); a larger one is returned to the first
 // caller with a *ResultTooLargeError (one with no JSON, such as a NaN,
 // with an *UnencodableResultError), the key recorded as used without a

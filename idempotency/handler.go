@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	jmespath "github.com/jmespath-community/go-jmespath"
-
 	"github.com/nexjob/nexjob-aws/metrics"
 )
 
@@ -20,7 +18,13 @@ type HandlerOptions[E, R any] struct {
 	// KeyPath is a JMESPath expression over the event as JSON (its json
 	// field names, as in Powertools): `headers."idempotency-key"`,
 	// `powertools_json(body).order_id`, `messageId`. A string result is
-	// the key; any other is its JSON. Used when Key is nil.
+	// the key; any other is its JSON, keyed apart from the strings. Used
+	// when Key is nil. In an HTTP event of aws-lambda-go (API Gateway
+	// REST, WebSocket and HTTP APIs, ALB, function URLs) header names are
+	// case-insensitive: `headers."Idempotency-Key"` finds the header
+	// whatever the case the client sent it in (both the event's names and
+	// the expression's names under headers and multiValueHeaders are
+	// lowered). A Key function reads the event as it came.
 	KeyPath string
 	// Payload returns the fields a repeat must match (CallOptions.Payload).
 	Payload func(E) any
@@ -40,38 +44,26 @@ type HandlerOptions[E, R any] struct {
 // extractor finds an event's key and payload.
 type extractor[E, R any] struct {
 	o       HandlerOptions[E, R]
-	key     jmespath.JMESPath
-	payload jmespath.JMESPath
-}
-
-// powertoolsJSON is Powertools' powertools_json(): a JSON string parsed
-// (its integers exact, as decodeJSON), so that an expression can reach
-// into an API Gateway or SQS body.
-var powertoolsJSON = jmespath.FunctionEntry{
-	Name:      "powertools_json",
-	Arguments: []jmespath.ArgSpec{{Types: []jmespath.JpType{jmespath.JpString}}},
-	Handler: func(args []any) (any, error) {
-		v, err := decodeJSON([]byte(args[0].(string)))
-		if err != nil {
-			return nil, errors.New("powertools_json: the string is not JSON")
-		}
-		return v, nil
-	},
+	key     *expr
+	payload *expr
+	// folded: E is an HTTP event (isHTTPEvent): its header names are
+	// lowered in the event and in the expressions.
+	folded bool
 }
 
 func newExtractor[E, R any](o *HandlerOptions[E, R]) (*extractor[E, R], error) {
 	if o == nil || o.Key == nil && o.KeyPath == "" {
 		return nil, errors.New("nexjob: an idempotent handler needs HandlerOptions.Key or KeyPath")
 	}
-	x := &extractor[E, R]{o: *o}
+	x := &extractor[E, R]{o: *o, folded: isHTTPEvent[E]()}
 	var err error
 	if o.Key == nil {
-		if x.key, err = jmespath.Compile(o.KeyPath, powertoolsJSON); err != nil {
+		if x.key, err = compile(o.KeyPath, x.folded); err != nil {
 			return nil, fmt.Errorf("nexjob: idempotency KeyPath: %w", err)
 		}
 	}
 	if o.Payload == nil && o.PayloadPath != "" {
-		if x.payload, err = jmespath.Compile(o.PayloadPath, powertoolsJSON); err != nil {
+		if x.payload, err = compile(o.PayloadPath, x.folded); err != nil {
 			return nil, fmt.Errorf("nexjob: idempotency PayloadPath: %w", err)
 		}
 	}
@@ -107,6 +99,9 @@ func (x *extractor[E, R]) find(ev E) (eventKey, any, error) {
 		if doc, err = decodeJSON(b); err != nil {
 			return eventKey{}, nil, fmt.Errorf("nexjob: idempotency: decode the event %T: %w", ev, err)
 		}
+		if x.folded {
+			foldHeaders(doc)
+		}
 	}
 	var key eventKey
 	if x.o.Key != nil {
@@ -116,7 +111,7 @@ func (x *extractor[E, R]) find(ev E) (eventKey, any, error) {
 		}
 		key.text = k
 	} else {
-		v, err := x.key.Search(doc)
+		v, err := x.key.search(doc)
 		if err != nil {
 			return eventKey{}, nil, errors.New("nexjob: idempotency KeyPath failed on the event")
 		}
@@ -129,7 +124,7 @@ func (x *extractor[E, R]) find(ev E) (eventKey, any, error) {
 	case x.o.Payload != nil:
 		payload = x.o.Payload(ev)
 	case x.payload != nil:
-		v, err := x.payload.Search(doc)
+		v, err := x.payload.search(doc)
 		if err != nil {
 			return eventKey{}, nil, errors.New("nexjob: idempotency PayloadPath failed on the event")
 		}
