@@ -37,7 +37,10 @@ type HandlerOptions[E, R any] struct {
 	// ErrNoKey, and nothing runs.
 	RunWithoutKey bool
 	// Replayed marks a replayed response (a header an API client can
-	// read, such as Idempotent-Replayed: true). Defaults to none.
+	// read, such as Idempotent-Replayed: true). It gets the recorded
+	// response as decoded from its JSON, each time afresh: a map the
+	// first response had none of (no headers) is nil, and writing into it
+	// panics; make one first. Defaults to none.
 	Replayed func(R) R
 }
 
