@@ -67,7 +67,10 @@ func record[M any](ctx context.Context, s *Store, x *extractor[M, struct{}], m M
 	if err != nil {
 		return err
 	}
-	_, err = Do(ctx, s, key, func(ctx context.Context) (struct{}, error) { return struct{}{}, fn(ctx, m) }, &CallOptions{Payload: payload})
+	if key.text == "" {
+		return ErrNoKey
+	}
+	_, err = call(ctx, s, key.hash(s), func(ctx context.Context) (struct{}, error) { return struct{}{}, fn(ctx, m) }, &CallOptions{Payload: payload})
 	var dup *DuplicateError
 	if errors.As(err, &dup) {
 		return nil // its recorded failure stands: it does not come back

@@ -26,9 +26,12 @@ type Result[T any] struct {
 
 // CallOptions tune one call. nil takes every default.
 type CallOptions struct {
-	// Payload is what a repeat must match: its JSON's hash is recorded
-	// with the first call, and a repeat of the key with a different one
-	// gets a *PayloadMismatchError. Defaults to none (not validated).
+	// Payload is what a repeat must match: the hash of its JSON is
+	// recorded with the first call, and a repeat of the key with a
+	// different one gets a *PayloadMismatchError. The JSON is taken with
+	// its objects' keys sorted (raw JSON's too, as Powertools sorts them)
+	// and its integers exact: the same fields in another order are the
+	// same payload. Defaults to none (not validated).
 	Payload any
 }
 
@@ -44,11 +47,15 @@ func Do[T any](ctx context.Context, s *Store, key string, fn func(context.Contex
 	if key == "" {
 		return Result[T]{}, ErrNoKey
 	}
-	kh := s.KeyHash(key)
+	return call(ctx, s, s.KeyHash(key), fn, opts)
+}
+
+// call is Do for a key already hashed (kh).
+func call[T any](ctx context.Context, s *Store, kh string, fn func(context.Context) (T, error), opts *CallOptions) (Result[T], error) {
 	res := Result[T]{KeyHash: kh}
 	var ph string
 	if opts != nil && opts.Payload != nil {
-		b, err := json.Marshal(opts.Payload)
+		b, err := canonicalJSON(opts.Payload)
 		if err != nil {
 			return res, fmt.Errorf("nexjob: idempotency payload of key %s: %w", kh, err)
 		}
@@ -163,7 +170,7 @@ func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, 
 		if len(msg) > s.maxResult {
 			msg = msg[:s.maxResult]
 		}
-		if _, rerr := s.ledger.RecordCall(rctx, held, ledger.Failed, nil, msg, expires); rerr != nil {
+		if _, _, rerr := s.record(rctx, held, ledger.Failed, nil, msg, expires); rerr != nil {
 			return res, errors.Join(ferr, &NotRecordedError{KeyHash: res.KeyHash, Err: rerr})
 		}
 		return res, ferr
@@ -181,7 +188,7 @@ func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, 
 		tooLarge = &ResultTooLargeError{KeyHash: res.KeyHash, Bytes: len(b), Limit: s.maxResult}
 		b, mark = nil, tooLargeMark
 	}
-	c, rerr := s.ledger.RecordCall(rctx, held, ledger.Succeeded, b, mark, expires)
+	c, ours, rerr := s.record(rctx, held, ledger.Succeeded, b, mark, expires)
 	if rerr != nil {
 		s.log.LogAttrs(ctx, slog.LevelError, "nexjob: idempotent call's result not recorded", slog.String("function", s.function), slog.String("key_hash", res.KeyHash), slog.String("error", rerr.Error()))
 		return res, errors.Join(tooLarge, &NotRecordedError{KeyHash: res.KeyHash, Err: rerr})
@@ -189,6 +196,27 @@ func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, 
 	if tooLarge != nil {
 		return res, tooLarge
 	}
-	s.keep(c)
+	if ours {
+		s.keep(c)
+	}
 	return res, nil
+}
+
+// record writes a held call's outcome. ours=false: the write met a
+// record that is no longer the call's hold while the hold had not ended
+// by this process's clock. No other call takes a key before its hold's
+// end (plus MaxClockSkew by the taker's clock, which is within that of
+// ours), so only this call's own write changed the hold: it was applied,
+// its reply lost, and before the SDK's resend later calls the policy let
+// in replaced or released the outcome (a record removed by hand reads so
+// too). The outcome was recorded: no error. Past the hold's end the
+// meeting stays ledger.ErrCallTakenOver, which can then mean either (see
+// NotRecordedError).
+func (s *Store) record(ctx context.Context, held ledger.Call, state ledger.State, result []byte, errText string, expires time.Time) (c ledger.Call, ours bool, err error) {
+	c, err = s.ledger.RecordCall(ctx, held, state, result, errText, expires)
+	if errors.Is(err, ledger.ErrCallTakenOver) && s.now().Before(held.Until) {
+		s.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: idempotent call's outcome recorded, since replaced or released by later calls", slog.String("function", s.function), slog.String("key_hash", held.KeyHash))
+		return ledger.Call{}, false, nil
+	}
+	return c, err == nil, err
 }

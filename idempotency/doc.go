@@ -49,9 +49,20 @@
 // # Keys and what is stored
 //
 // A key is stored hashed (the ledger's key hash: HMAC-SHA-256 with the
-// deployment's key secret, or SHA-256), scoped to Options.Function: two
-// functions using one key hold two records. The payload is stored as its
-// hash. The result is stored as its JSON, at most Options.MaxResultBytes
+// deployment's key secret, which New reads as every role of the deployment
+// does, from NEXJOB_KEY_SECRET_PARAMETER's SSM parameter or
+// NEXJOB_KEY_SECRET; with neither, SHA-256), scoped to Options.Function:
+// two functions using one key hold two records. The payload is stored as
+// its hash: the hash of its JSON with every object's keys sorted (as
+// Powertools sorts them), so the same fields in another order are the same
+// payload. An event's JSON integers are kept exact for its key and
+// payload, however large (as Powertools' Python keeps them): two ids one
+// float64 rounds alike are two keys. A key an expression finds is typed as
+// in Powertools: a string is the key Do takes as that string, any other
+// value is keyed by its JSON apart from the strings (the string "1" and
+// the number 1 are two keys). In an HTTP event (API Gateway, ALB, function
+// URLs) a KeyPath or PayloadPath finds a header whatever the case of its
+// name. The result is stored as its JSON, at most Options.MaxResultBytes
 // (default DefaultMaxResultBytes); a larger one is returned to the first
 // caller with a *ResultTooLargeError (one with no JSON, such as a NaN,
 // with an *UnencodableResultError), the key recorded as used without a
@@ -79,10 +90,16 @@
 // first call whose hold was applied runs once, a result recorded is not
 // recorded twice, a release is done. A hold that DynamoDB refused or
 // throttled past the SDK's retries returns the error and the function has
-// not run. A result that cannot be recorded (throttled past the retries,
-// or the hold taken over after it ran out) is returned with a
-// *NotRecordedError: the function ran; its key stays held until the hold
-// ends, and a repeat after that runs it again. A release that fails is
+// not run. A result that cannot be recorded (throttled past the retries)
+// is returned with a *NotRecordedError: the function ran; its key stays
+// held until the hold ends, and a repeat after that runs it again. A
+// result write that meets the key's record no longer the call's reads,
+// while the hold has not ended, as the success it was (only the call's
+// own applied write, its reply lost, can have changed the hold; later
+// calls the policy let in then replaced or released the outcome before
+// the resend); after the hold's end it is a *NotRecordedError wrapping
+// ledger.ErrCallTakenOver, which says it can mean either that another
+// call took the key (not recorded) or that case. A release that fails is
 // joined to the function's error; the key is then free when the hold
 // ends. A function that panics releases the key and panics on.
 //

@@ -88,16 +88,30 @@ func (e *ResultTooLargeError) Error() string {
 func (e *ResultTooLargeError) Is(target error) bool { return target == ErrResultTooLarge }
 
 // NotRecordedError: the function ran (its value is returned beside this
-// error) but its outcome could not be written: Err says why
-// (ledger.ErrCallTakenOver when its hold had run out and another call
-// took the key). The key stays held until the hold ends; a repeat after
-// that runs the function again.
+// error) but its outcome could not be written, or may not have been: Err
+// says why. Throttled past the SDK's retries (or any other write error):
+// not recorded; the key stays held until the hold ends, and a repeat
+// after that runs the function again. ledger.ErrCallTakenOver: when the
+// write was answered, after the call's hold had ended, the key's record
+// was no longer the call's, which means one of two things the table
+// cannot tell apart: another call took the key after the hold
+// ended and this outcome was not recorded (the usual case: a call that
+// outran its hold); or this write had been applied, its reply lost, and
+// later calls the policy let in replaced or released the outcome before
+// the SDK's resend. Either way the key is not this call's now: a repeat
+// is answered by whatever the record holds. (Met while the hold had not
+// ended, that record can only be this call's own applied write, since
+// replaced or released: the outcome was recorded and no error is
+// returned.)
 type NotRecordedError struct {
 	KeyHash string
 	Err     error
 }
 
 func (e *NotRecordedError) Error() string {
+	if errors.Is(e.Err, ledger.ErrCallTakenOver) {
+		return fmt.Sprintf("nexjob: key %s: the call ran; when its write was answered, after its hold had ended, the key's record was no longer its: either another call took the key and this outcome was not recorded, or this outcome was recorded (its reply lost) and later calls replaced or released it before the resend", e.KeyHash)
+	}
 	return fmt.Sprintf("nexjob: key %s: the call ran but its outcome was not recorded: %v", e.KeyHash, e.Err)
 }
 

@@ -3,11 +3,13 @@ package idempotency_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nexjob/nexjob-aws/idempotency"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
 )
 
 // Every write of a call, its reply lost (applied, then 500: the SDK
@@ -90,6 +92,93 @@ func TestEveryWriteUnderFaults(t *testing.T) {
 			}
 			if res.Replayed && res.Value != first.Value {
 				t.Fatalf("replayed %+v, the first call returned %+v", res.Value, first.Value)
+			}
+		})
+	}
+}
+
+// A first call's result write applied with its reply lost (forwarded,
+// then 500: the SDK resends it) while, before the resend, other calls the
+// policy lets in replace the recorded result twice, or take it and release
+// it (their function failed): the resend meets a record that is not the
+// first call's, though its hold never ran out and its result was
+// recorded. The first caller gets its result as recorded (no
+// *NotRecordedError). Once its hold has ended, the same meeting cannot
+// be told from a takeover after the hold: the *NotRecordedError says
+// both.
+func TestRecordedResultReplacedBeforeItsResend(t *testing.T) {
+	t.Parallel()
+	allow := ledger.AllowAfterFailed
+	replaceTwice := func(t *testing.T, other *idempotency.Store) {
+		var c charger
+		for range 2 {
+			if res, err := idempotency.Do(context.Background(), other, "order", c.charge(200), nil); err != nil || res.Replayed {
+				t.Fatalf("a later call under AllowAfterFailed: %+v %v; want it run", res, err)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		// later runs the other calls while the first call's resend waits.
+		later func(t *testing.T, other *idempotency.Store)
+		// afterHold: the first call's hold has ended by the resend.
+		afterHold bool
+		// left: a record is left afterwards.
+		left bool
+	}{
+		{"two takeovers", replaceTwice, false, true},
+		{"a takeover released", func(t *testing.T, other *idempotency.Store) {
+			failing := charger{err: errors.New("declined")}
+			if _, err := idempotency.Do(context.Background(), other, "order", failing.charge(200), nil); err == nil || err.Error() != "declined" {
+				t.Fatalf("a later call that fails: %v; want its error, the key released", err)
+			}
+		}, false, false},
+		{"two takeovers, the hold over", replaceTwice, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			o := &idempotency.Options{Policy: &allow}
+			r := newRig(t, o)
+			other := r.store(t, o)
+			applied, resend := make(chan struct{}), make(chan struct{})
+			h := r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply, After: func() {
+				close(applied)
+				<-resend
+			}})
+			var c charger
+			type outcome struct {
+				res idempotency.Result[receipt]
+				err error
+			}
+			done := make(chan outcome, 1)
+			go func() {
+				res, err := idempotency.Do(context.Background(), r.s, "order", c.charge(100), nil)
+				done <- outcome{res, err}
+			}()
+			<-applied // the first call's result is recorded; its reply is lost, the resend not sent yet
+			tc.later(t, other)
+			if tc.afterHold {
+				r.e.Advance(t, idempotency.DefaultHold+time.Second)
+			}
+			close(resend)
+			got := <-done
+			if h.Fired() != 1 {
+				t.Fatalf("the lost reply fired %d times", h.Fired())
+			}
+			if got.res.Value != (receipt{"ch_1", 100}) {
+				t.Fatalf("the first call returned %+v, want its own result", got.res.Value)
+			}
+			if tc.afterHold {
+				var nr *idempotency.NotRecordedError
+				if !errors.As(got.err, &nr) || !errors.Is(got.err, ledger.ErrCallTakenOver) ||
+					!strings.Contains(got.err.Error(), "either another call took the key and this outcome was not recorded, or this outcome was recorded (its reply lost) and later calls replaced or released it") {
+					t.Fatalf("the first call, met after its hold: %v; want a *NotRecordedError saying both", got.err)
+				}
+			} else if got.err != nil {
+				t.Fatalf("the first call, its result recorded before the others came: %+v %v; want its result, no error", got.res, got.err)
+			}
+			if left := r.item(t, got.res.KeyHash) != nil; left != tc.left {
+				t.Fatalf("a record left: %v, want %v", left, tc.left)
 			}
 		})
 	}

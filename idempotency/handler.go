@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 
-	jmespath "github.com/jmespath-community/go-jmespath"
+	"github.com/nexjob/nexjob-aws/metrics"
 )
 
 // HandlerOptions say where a handler's event keeps its key and the fields
@@ -17,88 +18,108 @@ type HandlerOptions[E, R any] struct {
 	// KeyPath is a JMESPath expression over the event as JSON (its json
 	// field names, as in Powertools): `headers."idempotency-key"`,
 	// `powertools_json(body).order_id`, `messageId`. A string result is
-	// the key; any other is its JSON. Used when Key is nil.
+	// the key; any other is its JSON, keyed apart from the strings. Used
+	// when Key is nil. In an HTTP event of aws-lambda-go (API Gateway
+	// REST, WebSocket and HTTP APIs, ALB, function URLs) header names are
+	// case-insensitive: `headers."Idempotency-Key"` finds the header
+	// whatever the case the client sent it in (both the event's names and
+	// the expression's names under headers and multiValueHeaders are
+	// lowered). A Key function reads the event as it came.
 	KeyPath string
 	// Payload returns the fields a repeat must match (CallOptions.Payload).
 	Payload func(E) any
 	// PayloadPath is a JMESPath expression for them, used when Payload is
 	// nil: `body`, `[amount, currency]`. Defaults to none (not validated).
 	PayloadPath string
-	// RunWithoutKey runs an event with no key without idempotency.
-	// Defaults to false: such an event gets ErrNoKey, and nothing runs.
+	// RunWithoutKey runs an event with no key without idempotency, as
+	// Powertools does, with a warning log (the function, never the event)
+	// and a CallWithoutKey metric. Defaults to false: such an event gets
+	// ErrNoKey, and nothing runs.
 	RunWithoutKey bool
 	// Replayed marks a replayed response (a header an API client can
-	// read, such as Idempotent-Replayed: true). Defaults to none.
+	// read, such as Idempotent-Replayed: true). It gets the recorded
+	// response as decoded from its JSON, each time afresh: a map the
+	// first response had none of (no headers) is nil, and writing into it
+	// panics; make one first. Defaults to none.
 	Replayed func(R) R
 }
 
 // extractor finds an event's key and payload.
 type extractor[E, R any] struct {
 	o       HandlerOptions[E, R]
-	key     jmespath.JMESPath
-	payload jmespath.JMESPath
-}
-
-// powertoolsJSON is Powertools' powertools_json(): a JSON string parsed,
-// so that an expression can reach into an API Gateway or SQS body.
-var powertoolsJSON = jmespath.FunctionEntry{
-	Name:      "powertools_json",
-	Arguments: []jmespath.ArgSpec{{Types: []jmespath.JpType{jmespath.JpString}}},
-	Handler: func(args []any) (any, error) {
-		var v any
-		if err := json.Unmarshal([]byte(args[0].(string)), &v); err != nil {
-			return nil, errors.New("powertools_json: the string is not JSON")
-		}
-		return v, nil
-	},
+	key     *expr
+	payload *expr
+	// folded: E is an HTTP event (isHTTPEvent): its header names are
+	// lowered in the event and in the expressions.
+	folded bool
 }
 
 func newExtractor[E, R any](o *HandlerOptions[E, R]) (*extractor[E, R], error) {
 	if o == nil || o.Key == nil && o.KeyPath == "" {
 		return nil, errors.New("nexjob: an idempotent handler needs HandlerOptions.Key or KeyPath")
 	}
-	x := &extractor[E, R]{o: *o}
+	x := &extractor[E, R]{o: *o, folded: isHTTPEvent[E]()}
 	var err error
 	if o.Key == nil {
-		if x.key, err = jmespath.Compile(o.KeyPath, powertoolsJSON); err != nil {
+		if x.key, err = compile(o.KeyPath, x.folded); err != nil {
 			return nil, fmt.Errorf("nexjob: idempotency KeyPath: %w", err)
 		}
 	}
 	if o.Payload == nil && o.PayloadPath != "" {
-		if x.payload, err = jmespath.Compile(o.PayloadPath, powertoolsJSON); err != nil {
+		if x.payload, err = compile(o.PayloadPath, x.folded); err != nil {
 			return nil, fmt.Errorf("nexjob: idempotency PayloadPath: %w", err)
 		}
 	}
 	return x, nil
 }
 
-// find returns the event's key and its payload to validate (nil: none).
-// An error here names no part of the event.
-func (x *extractor[E, R]) find(ev E) (string, any, error) {
+// eventKey is a key an event holds: a string, or the JSON of any other
+// value (json): hashed apart, so that the string "1" and the number 1 are
+// two keys, as Powertools hashes a key by its value's JSON.
+type eventKey struct {
+	text string
+	json bool
+}
+
+// hash is the key as stored: a string's as Do's (Store.KeyHash), another
+// value's JSON scoped apart from every string.
+func (k eventKey) hash(s *Store) string {
+	if k.json {
+		return s.ledger.HashKey(s.function + "\x01" + k.text)
+	}
+	return s.KeyHash(k.text)
+}
+
+// find returns the event's key ("" text: none) and its payload to
+// validate (nil: none). An error here names no part of the event.
+func (x *extractor[E, R]) find(ev E) (eventKey, any, error) {
 	var doc any
 	if x.key != nil || x.payload != nil {
 		b, err := json.Marshal(ev)
 		if err != nil {
-			return "", nil, fmt.Errorf("nexjob: idempotency: encode the event %T: %w", ev, err)
+			return eventKey{}, nil, fmt.Errorf("nexjob: idempotency: encode the event %T: %w", ev, err)
 		}
-		if err := json.Unmarshal(b, &doc); err != nil {
-			return "", nil, fmt.Errorf("nexjob: idempotency: decode the event %T: %w", ev, err)
+		if doc, err = decodeJSON(b); err != nil {
+			return eventKey{}, nil, fmt.Errorf("nexjob: idempotency: decode the event %T: %w", ev, err)
+		}
+		if x.folded {
+			foldHeaders(doc)
 		}
 	}
-	var key string
+	var key eventKey
 	if x.o.Key != nil {
 		k, err := x.o.Key(ev)
 		if err != nil {
-			return "", nil, err
+			return eventKey{}, nil, err
 		}
-		key = k
+		key.text = k
 	} else {
-		v, err := x.key.Search(doc)
+		v, err := x.key.search(doc)
 		if err != nil {
-			return "", nil, errors.New("nexjob: idempotency KeyPath failed on the event")
+			return eventKey{}, nil, errors.New("nexjob: idempotency KeyPath failed on the event")
 		}
 		if key, err = asKey(v); err != nil {
-			return "", nil, err
+			return eventKey{}, nil, err
 		}
 	}
 	var payload any
@@ -106,9 +127,9 @@ func (x *extractor[E, R]) find(ev E) (string, any, error) {
 	case x.o.Payload != nil:
 		payload = x.o.Payload(ev)
 	case x.payload != nil:
-		v, err := x.payload.Search(doc)
+		v, err := x.payload.search(doc)
 		if err != nil {
-			return "", nil, errors.New("nexjob: idempotency PayloadPath failed on the event")
+			return eventKey{}, nil, errors.New("nexjob: idempotency PayloadPath failed on the event")
 		}
 		payload = v
 	}
@@ -118,16 +139,17 @@ func (x *extractor[E, R]) find(ev E) (string, any, error) {
 // asKey makes an expression's result a key: a string as it is; nothing
 // ("", null, an empty list or object, a list of nulls: what a
 // multi-select finds in an event without the fields) as no key; anything
-// else its JSON.
-func asKey(v any) (string, error) {
+// else its JSON (objects' keys sorted, integers exact), hashed apart
+// from the strings.
+func asKey(v any) (eventKey, error) {
 	switch v := v.(type) {
 	case nil:
-		return "", nil
+		return eventKey{}, nil
 	case string:
-		return v, nil
+		return eventKey{text: v}, nil
 	case map[string]any:
 		if len(v) == 0 {
-			return "", nil
+			return eventKey{}, nil
 		}
 	case []any:
 		empty := true
@@ -135,14 +157,14 @@ func asKey(v any) (string, error) {
 			empty = empty && m == nil
 		}
 		if empty {
-			return "", nil
+			return eventKey{}, nil
 		}
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
-		return "", fmt.Errorf("nexjob: idempotency key: %w", err)
+		return eventKey{}, fmt.Errorf("nexjob: idempotency key: %w", err)
 	}
-	return string(b), nil
+	return eventKey{text: string(b), json: true}, nil
 }
 
 // Handler wraps a Lambda handler (any event and response types
@@ -164,13 +186,15 @@ func Handler[E, R any](s *Store, h func(context.Context, E) (R, error), o *Handl
 		if err != nil {
 			return zero, err
 		}
-		if key == "" {
+		if key.text == "" {
 			if x.o.RunWithoutKey {
+				s.count(metrics.CallWithoutKey, "")
+				s.log.LogAttrs(ctx, slog.LevelWarn, "nexjob: idempotency key missing; the event runs without idempotency", slog.String("function", s.function))
 				return h(ctx, ev)
 			}
 			return zero, ErrNoKey
 		}
-		res, err := Do(ctx, s, key, func(ctx context.Context) (R, error) { return h(ctx, ev) }, &CallOptions{Payload: payload})
+		res, err := call(ctx, s, key.hash(s), func(ctx context.Context) (R, error) { return h(ctx, ev) }, &CallOptions{Payload: payload})
 		if res.Replayed && err == nil && x.o.Replayed != nil {
 			return x.o.Replayed(res.Value), nil
 		}

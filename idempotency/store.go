@@ -14,6 +14,7 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/nexjob/nexjob-aws/internal/kinds"
+	"github.com/nexjob/nexjob-aws/internal/ssmparam"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
 )
@@ -63,16 +64,21 @@ type Options struct {
 	// nothing is read or written. NEXJOB_IDEMPOTENCY_DISABLED=true does
 	// the same. For unit tests of the function itself.
 	Disabled bool
-	// Ledger passes options to the ledger: the key secret (set it as the
-	// deployment's), a clock for tests.
+	// Ledger passes options to the ledger: the key secret, a clock for
+	// tests. Its KeySecret defaults to the deployment's, read as every
+	// role of it reads it (package settings): the SSM SecureString
+	// parameter NEXJOB_KEY_SECRET_PARAMETER names (the construct's
+	// Settings(settings.Idempotent) sets it; New makes one GetParameter),
+	// or NEXJOB_KEY_SECRET itself; neither set: none, and keys are hashed
+	// with plain SHA-256. Not read when the Store is disabled.
 	Ledger ledger.Options
 	// DynamoDB is the client. Defaults to one from the config.
 	DynamoDB ledger.DynamoDB
 	// Logger receives one record per outcome (the key's hash, never the
 	// key). Defaults to slog.Default().
 	Logger *slog.Logger
-	// Metrics records CallRun, CallReplayed, CallInProgress and
-	// CallMismatch by Function. Defaults to none.
+	// Metrics records CallRun, CallReplayed, CallInProgress, CallMismatch
+	// and CallWithoutKey by Function. Defaults to none.
 	Metrics *metrics.Recorder
 }
 
@@ -110,12 +116,39 @@ type Store struct {
 	metrics   *metrics.Recorder
 }
 
-// New returns a Store on the table (the deployment's nexjob table). opts
-// may be nil.
+// The deployment's variables New reads (package settings' names).
+const (
+	envTable              = "NEXJOB_TABLE"
+	envKeySecretParameter = "NEXJOB_KEY_SECRET_PARAMETER"
+	envKeySecret          = "NEXJOB_KEY_SECRET"
+)
+
+// keySecretTimeout bounds New's read of the key secret's parameter.
+const keySecretTimeout = 10 * time.Second
+
+// New returns a Store on the table (the deployment's nexjob table; ""
+// reads NEXJOB_TABLE, as settings.Load does). opts may be nil: the
+// defaults read the deployment's key secret (Options.Ledger). It fails
+// with no table, both key secret variables set, or the parameter not
+// read (the SSM error wrapped, naming the variable, never the value).
 func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
+	}
+	if table == "" {
+		if table = os.Getenv(envTable); table == "" {
+			return nil, fmt.Errorf("nexjob: idempotency needs the table: give it, or set %s", envTable)
+		}
+	}
+	disabled, _ := strconv.ParseBool(os.Getenv(EnvDisabled))
+	disabled = disabled || o.Disabled
+	if o.Ledger.KeySecret == nil && !disabled {
+		secret, err := keySecret(cfg)
+		if err != nil {
+			return nil, err
+		}
+		o.Ledger.KeySecret = secret
 	}
 	if o.Function == "" {
 		o.Function = os.Getenv("AWS_LAMBDA_FUNCTION_NAME")
@@ -168,15 +201,33 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 	if o.Ledger.Now != nil {
 		s.now = o.Ledger.Now
 	}
-	if d, _ := strconv.ParseBool(os.Getenv(EnvDisabled)); d || o.Disabled {
-		s.disabled = true
-	}
+	s.disabled = disabled
 	if o.CacheSize > 0 {
 		if s.cache, err = lru.New[string, ledger.Call](o.CacheSize); err != nil {
 			return nil, fmt.Errorf("nexjob: idempotency cache: %w", err)
 		}
 	}
 	return s, nil
+}
+
+// keySecret is the deployment's key secret, as settings.Load reads it
+// for the idempotent role (nil: none).
+func keySecret(cfg aws.Config) ([]byte, error) {
+	switch p, raw := os.Getenv(envKeySecretParameter), os.Getenv(envKeySecret); {
+	case p != "" && raw != "":
+		return nil, fmt.Errorf("nexjob: %s is invalid: set it or %s, not both", envKeySecret, envKeySecretParameter)
+	case p != "":
+		ctx, cancel := context.WithTimeout(context.Background(), keySecretTimeout)
+		defer cancel()
+		v, err := ssmparam.Get(ctx, cfg, p)
+		if err != nil {
+			return nil, fmt.Errorf("nexjob: read the key secret from SSM parameter %s (%s): %w", p, envKeySecretParameter, err)
+		}
+		return []byte(v), nil
+	case raw != "":
+		return []byte(raw), nil
+	}
+	return nil, nil
 }
 
 // KeyHash is what the Store writes and logs for key: the ledger's hash of

@@ -130,9 +130,10 @@ func TestCallLines(t *testing.T) {
 		r.Call(m, "charge-api", "3vq0n5yqzv6bq6x3")
 	}
 	r.Call(metrics.CallRun, "bad function\n", "h")
+	r.Call(metrics.CallWithoutKey, "charge-api", "") // no key: no KeyHash
 	lines := bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n"))
-	if len(lines) != 5 {
-		t.Fatalf("%d lines, want 5", len(lines))
+	if len(lines) != 6 {
+		t.Fatalf("%d lines, want 6", len(lines))
 	}
 	for i, line := range lines {
 		if err := checkEMF(line); err != nil {
@@ -147,6 +148,9 @@ func TestCallLines(t *testing.T) {
 	}
 	if !bytes.Contains(lines[4], []byte(`"Function":"invalid-kind"`)) {
 		t.Errorf("a bad function name was written as it was: %s", lines[4])
+	}
+	if !bytes.Contains(lines[5], []byte(`{"Function":"charge-api","CallWithoutKey":1,`)) {
+		t.Errorf("an event without a key: %s", lines[5])
 	}
 }
 

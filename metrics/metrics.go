@@ -67,11 +67,13 @@ const (
 
 	// Idempotent calls (package idempotency), by Function: a first call
 	// run, a repeat answered with its recorded outcome, a repeat refused
-	// while the first runs, a key re-used with a different payload.
+	// while the first runs, a key re-used with a different payload, an
+	// event with no key run without idempotency (RunWithoutKey).
 	CallRun        = "CallRun"
 	CallReplayed   = "CallReplayed"
 	CallInProgress = "CallInProgress"
 	CallMismatch   = "CallMismatch"
+	CallWithoutKey = "CallWithoutKey"
 )
 
 // DefaultNamespace is the CloudWatch namespace.
@@ -104,7 +106,7 @@ type Recorder struct {
 }
 
 // names lists the metrics in the order an EMF line declares them.
-var names = []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, Deferred, CallRun, CallReplayed, CallInProgress, CallMismatch, RunDuration}
+var names = []string{Enqueued, Deduplicated, Rejected, Succeeded, Failed, Retried, Expired, Orphaned, CutOff, Deferred, CallRun, CallReplayed, CallInProgress, CallMismatch, CallWithoutKey, RunDuration}
 
 // New returns a Recorder.
 func New(opts *Options) *Recorder {

@@ -3,7 +3,9 @@
 // its first line ("// jobs/jobs.go"), and the blocks of one page are one
 // module (example.com/myapp, the quick start's) built and vetted against
 // this checkout. The README's quick start is run too: its tests pass as
-// a new app's would.
+// a new app's would; and docs/idempotency.md's blocks run their happy
+// path and their repeat (TestIdempotencyBlocksRun, with the tests in
+// testdata/idempotency).
 package docs
 
 import (
