@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+
+	"github.com/nexjob/nexjob-aws/ledger"
 )
 
 // Signal sends the job jobID its signal name with payload (encoded as
@@ -27,7 +29,13 @@ func (c *Client) Signal(ctx context.Context, jobID, name string, payload any) er
 	if err != nil {
 		return &InputError{Field: "payload", Reason: "does not encode as JSON", Err: err}
 	}
-	rec, err := c.store.Signal(ctx, jobID, name, string(b))
+	return c.wake(ctx, jobID, name, func() (ledger.Record, error) { return c.store.Signal(ctx, jobID, name, string(b)) })
+}
+
+// wake records a signal by record, then wakes its job if it sleeps in the
+// wait for it.
+func (c *Client) wake(ctx context.Context, jobID, name string, record func() (ledger.Record, error)) error {
+	rec, err := record()
 	if err != nil {
 		return err
 	}
@@ -57,15 +65,20 @@ func (c *Client) SignalByKey(ctx context.Context, key, name string, payload any)
 
 // Complete completes the wait a callback token names (handler's
 // CallbackToken) with payload: Signal to its job and name, once the
-// token's MAC is checked under the key secret (a forged or altered token
-// is ledger.ErrBadCallbackToken; without a key secret,
-// ledger.ErrNoKeySecret). A completed token is refused
+// token's MAC is checked under the key secret and its job is found to hold
+// the token's nonce, which only a run of the job records (a forged,
+// altered or made-up token is ledger.ErrBadCallbackToken; without a key
+// secret, ledger.ErrNoKeySecret). A completed token is refused
 // (ledger.ErrSignalSent), an expired one (its wait timed out) too
 // (ledger.ErrSignalTooLate). Nothing is written when it is refused.
 func (c *Client) Complete(ctx context.Context, token string, payload any) error {
-	id, name, err := c.store.ParseCallbackToken(token)
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return &InputError{Field: "payload", Reason: "does not encode as JSON", Err: err}
+	}
+	id, name, _, err := c.store.ParseCallbackToken(token)
 	if err != nil {
 		return err
 	}
-	return c.Signal(ctx, id, name, payload)
+	return c.wake(ctx, id, name, func() (ledger.Record, error) { return c.store.Complete(ctx, token, string(b)) })
 }

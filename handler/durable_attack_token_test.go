@@ -77,7 +77,7 @@ func TestAttackCallbackTokenForgedFromAKeyHash(t *testing.T) {
 		t.Fatal(err)
 	}
 	mac := e.Get(t, oracle.ID).KeyHash
-	forged := "njcb1." + base64.RawURLEncoding.EncodeToString([]byte(victim.ID+"\x00bank")) + "." + mac
+	forged := "njcb2." + base64.RawURLEncoding.EncodeToString([]byte(victim.ID+"\x00bank\x00AAAAAAAAAAAAAAAAAAAA")) + "." + mac
 	err = e.Client.Complete(ctx, forged, approval{By: "mallory"})
 	e.Drain(t, h)
 	by, _ := got.Load(victim.ID)
@@ -103,14 +103,14 @@ func TestAttackCallbackTokenAltered(t *testing.T) {
 	e.Drain(t, h)
 	tok := <-tokens
 	dot := strings.LastIndexByte(tok, '.')
-	body, mac := tok[len("njcb1."):dot], tok[dot:]
+	body, mac := tok[len("njcb2."):dot], tok[dot:]
 	raw, _ := base64.RawURLEncoding.DecodeString(body)
 	if len(raw)%3 == 0 {
 		t.Skipf("the body (%d bytes) has no unused bits", len(raw))
 	}
 	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 	last := strings.IndexByte(alphabet, body[len(body)-1])
-	altered := "njcb1." + body[:len(body)-1] + string(alphabet[last^1]) + mac // flip the lowest (unused) bit
+	altered := "njcb2." + body[:len(body)-1] + string(alphabet[last^1]) + mac // flip the lowest (unused) bit
 	if altered == tok {
 		t.Fatal("not altered")
 	}

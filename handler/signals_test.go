@@ -310,7 +310,7 @@ func TestCallbackTokens(t *testing.T) {
 	}
 	e.Drain(t, h)
 	other := <-tokens
-	forged := []string{"", "njcb1.", tok + "x", tok[:len(tok)-2], strings.Replace(tok, "njcb1.", "njcb2.", 1),
+	forged := []string{"", "njcb1.", tok + "x", tok[:len(tok)-2], strings.Replace(tok, "njcb2.", "njcb3.", 1), strings.Replace(tok, "njcb2.", "njcb1.", 1),
 		tok[:strings.LastIndexByte(tok, '.')] + other[strings.LastIndexByte(other, '.'):]} // the first job's name, the second's MAC
 	for _, f := range forged {
 		if err := e.Client.Complete(ctx, f, approval{By: "mallory"}); !errors.Is(err, ledger.ErrBadCallbackToken) {
@@ -335,7 +335,7 @@ func TestCallbackTokens(t *testing.T) {
 	if rec := e.Get(t, second.ID); rec.State != ledger.Failed {
 		t.Fatalf("the job whose token expired: %s", rec.State)
 	}
-	if _, err := newSignals(t).e.Client.Store().CallbackToken(first.ID, "bank"); !errors.Is(err, ledger.ErrNoKeySecret) {
+	if _, err := newSignals(t).e.Client.Store().CallbackToken(first.ID, "bank", "n"); !errors.Is(err, ledger.ErrNoKeySecret) {
 		t.Fatalf("a token with no key secret: %v", err)
 	}
 }

@@ -2,8 +2,10 @@ package handler
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,7 +38,8 @@ func (s *steps) recorded(name string) (string, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.used[name] {
-		return "", false, fmt.Errorf("%w: %q", ErrStepRepeated, name)
+		// As deterministic as a size error: every run would repeat it.
+		return "", false, Permanent(fmt.Errorf("%w: %q", ErrStepRepeated, name))
 	}
 	if s.used == nil {
 		s.used = map[string]bool{} // made on a run's first step: most runs have none
@@ -49,13 +52,11 @@ func (s *steps) recorded(name string) (string, bool, error) {
 func (s *steps) record(ctx context.Context, name, result string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.store.RecordStep(ctx, s.rec, name, result); err != nil {
+	steps, err := s.store.RecordStep(ctx, s.rec, name, result)
+	if err != nil {
 		return err
 	}
-	if s.rec.Steps == nil {
-		s.rec.Steps = map[string]string{}
-	}
-	s.rec.Steps[name] = result
+	s.rec.Steps = steps // with the signals that landed since the claim
 	return nil
 }
 
@@ -89,7 +90,7 @@ func (s *steps) timeout(ctx context.Context, name string) (string, error) {
 // How it fails: fn's error is returned as it is (the run fails as the
 // worker returns it: retried, or ended by Permanent), and nothing is
 // recorded, so the next run calls fn again. A name used twice in one run
-// is ErrStepRepeated; a context not a run's, ErrNotInRun; a run whose
+// is ErrStepRepeated (permanent: every run would repeat it); a context not a run's, ErrNotInRun; a run whose
 // context ended returns its error before calling fn (a cancelled job
 // stops at its next step). A result that cannot be encoded, or is outside
 // the ledger's limits (ledger.MaxStepBytes and the others: a
@@ -391,5 +392,28 @@ func CallbackToken(ctx context.Context, name string) (string, error) {
 	if s == nil {
 		return "", ErrNotInRun
 	}
-	return s.store.CallbackToken(s.rec.ID, name)
+	if _, err := s.store.CallbackToken(s.rec.ID, name, "check"); err != nil {
+		return "", err // no key secret: nothing recorded
+	}
+	s.mu.Lock()
+	raw, issued := s.rec.Steps[ledger.TokenStep(name)]
+	s.mu.Unlock()
+	if issued { // by this run or one before it: the same token
+		var nonce string
+		if err := json.Unmarshal([]byte(raw), &nonce); err != nil {
+			return "", Permanent(fmt.Errorf("nexjob: callback token %q: its recorded nonce does not decode: %w", name, err))
+		}
+		return s.store.CallbackToken(s.rec.ID, name, nonce)
+	}
+	nonce, err := step(ctx, ledger.TokenStep(name), func(context.Context) (string, error) {
+		b := make([]byte, 15) // 120 bits
+		if _, err := rand.Read(b); err != nil {
+			return "", err
+		}
+		return base64.RawURLEncoding.EncodeToString(b), nil
+	})
+	if err != nil {
+		return "", err
+	}
+	return s.store.CallbackToken(s.rec.ID, name, nonce)
 }

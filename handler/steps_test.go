@@ -222,7 +222,7 @@ func TestStepOfAZombieIsFenced(t *testing.T) {
 	if _, err := st.Claim(ctx, id.ID, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.RecordStep(ctx, zombie, "charge", `{"chargeId":"ch_1"}`); !errors.Is(err, ledger.ErrFenced) {
+	if _, err := st.RecordStep(ctx, zombie, "charge", `{"chargeId":"ch_1"}`); !errors.Is(err, ledger.ErrFenced) {
 		t.Fatalf("the zombie's step: %v, want ErrFenced", err)
 	}
 	if rec := e.Get(t, id.ID); len(rec.Steps) != 0 {

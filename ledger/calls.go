@@ -72,9 +72,11 @@ func (c Call) Held(now time.Time) bool {
 	return c.State == Processing && now.Before(c.Until)
 }
 
-// ErrCallTakenOver: Record of a call whose key is no longer its (its hold
-// ran out and another call took the key, or the record expired).
-var ErrCallTakenOver = errors.New("nexjob: the call's key was taken over after its hold ran out")
+// ErrCallTakenOver: Record of a call whose key is no longer its: its hold
+// ran out and another call took the key, or the record expired, or (a
+// resend of its own applied write, its reply lost) later calls replaced or
+// released the outcome it recorded before the resend came.
+var ErrCallTakenOver = errors.New("nexjob: the call's key is no longer the call's (taken over, expired, or its recorded outcome since replaced)")
 
 // BeginCall takes an idempotency key for a call. The key is free when it
 // has no record, an expired one, or a hold whose until is more than skew

@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -20,7 +21,13 @@ const (
 	reservedStep = "nexjob:"
 	signalStep   = reservedStep + "signal:"
 	waitStep     = reservedStep + "wait:"
+	tokenStep    = reservedStep + "token:"
 )
+
+// TokenStep is the step name that keeps the nonce of the callback token a
+// run of the job issued for signal name (CallbackToken): a token is valid
+// only for the job that holds its nonce.
+func TokenStep(name string) string { return tokenStep + name }
 
 // SignalStep is the step name that keeps signal name's payload, and
 // WaitStep the one that keeps the end (Unix ms) of a wait for it.
@@ -66,8 +73,31 @@ func (e *SignalRefusedError) Unwrap() error { return e.Err }
 // lost) reads as the success it was. Name and payload are held to the
 // steps' limits (*StepError), the wait's own name (WaitStep) included.
 func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, error) {
+	return s.signal(ctx, id, name, "", payload)
+}
+
+// Complete records payload as the signal a callback token names
+// (CallbackToken), as Signal does, once the token's MAC holds under the
+// key secret and the job holds the token's nonce: a run of this job issued
+// it. A token that fails either is ErrBadCallbackToken, nothing written;
+// without a key secret, ErrNoKeySecret.
+func (s *Store) Complete(ctx context.Context, token, payload string) (Record, error) {
+	id, name, nonce, err := s.ParseCallbackToken(token)
+	if err != nil {
+		return Record{}, err
+	}
+	return s.signal(ctx, id, name, nonce, payload)
+}
+
+// signal is Signal, and with a nonce Complete: the job must hold it as its
+// token for name (TokenStep), read and in the write's condition.
+func (s *Store) signal(ctx context.Context, id, name, nonce, payload string) (Record, error) {
 	if err := CheckStep(Record{}, WaitStep(name), payload); err != nil {
 		return Record{}, err
+	}
+	if nonce != "" {
+		b, _ := json.Marshal(nonce) // as the run's step keeps it
+		nonce = string(b)
 	}
 	sig, wait := SignalStep(name), WaitStep(name)
 	steps := expression.Name(AttrSteps)
@@ -79,6 +109,9 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 		cur, err := s.Get(ctx, id)
 		if err != nil {
 			return Record{}, err
+		}
+		if nonce != "" && cur.Steps[TokenStep(name)] != nonce {
+			return Record{}, ErrBadCallbackToken // not a token this job's run issued
 		}
 		if done, err := s.signalRefused(cur, id, name, payload); done || err != nil {
 			return cur, err
@@ -95,6 +128,9 @@ func (s *Store) Signal(ctx context.Context, id, name, payload string) (Record, e
 			inTime = stepPath(wait).Equal(expression.Value(end))
 		}
 		cond := isJob(id).And(active).And(inTime)
+		if nonce != "" {
+			cond = cond.And(stepPath(TokenStep(name)).Equal(expression.Value(nonce)))
+		}
 		var upd expression.UpdateBuilder
 		if cur.Steps == nil {
 			cond = cond.And(steps.AttributeNotExists())
@@ -224,52 +260,59 @@ func (s *Store) Wake(ctx context.Context, rec Record) (Record, bool, error) {
 // made by anyone who knows the job's id.
 var ErrNoKeySecret = errors.New("nexjob: callback tokens need a key secret (NEXJOB_KEY_SECRET)")
 
-// ErrBadCallbackToken: a token that no worker of this deployment made
-// (malformed, or its MAC does not match under the key secret).
+// ErrBadCallbackToken: a token that no run of this deployment's jobs
+// issued (malformed, its MAC does not match under the key secret, or its
+// job does not hold its nonce).
 var ErrBadCallbackToken = errors.New("nexjob: not a callback token of this deployment")
 
-// callbackPrefix starts every callback token (its format's version).
-const callbackPrefix = "njcb1."
+// callbackPrefix starts every callback token (its format's version). A
+// token of the first version ("njcb1.", a MAC of the job and the name
+// alone, so anyone holding the key secret could make one for any job) is
+// refused.
+const callbackPrefix = "njcb2."
 
-// CallbackToken is the token of job id's signal name: the job and the
-// name, and their MAC under the key secret (HMAC-SHA256, 128 bits), so no
-// token can be made, or altered, without the secret. No secret:
-// ErrNoKeySecret.
-func (s *Store) CallbackToken(id, name string) (string, error) {
+// CallbackToken is the token of job id's signal name, for the nonce a run
+// of the job recorded as TokenStep(name): the job, the name and the nonce,
+// and their MAC under the key secret (HMAC-SHA256, 128 bits). No token can
+// be made without both the secret and the job's nonce, nor altered. No
+// secret: ErrNoKeySecret.
+func (s *Store) CallbackToken(id, name, nonce string) (string, error) {
 	if len(s.secret) == 0 {
 		return "", ErrNoKeySecret
 	}
-	return callbackPrefix + base64.RawURLEncoding.EncodeToString([]byte(id+"\x00"+name)) + "." + s.callbackMAC(id, name), nil
+	body := id + "\x00" + name + "\x00" + nonce
+	return callbackPrefix + base64.RawURLEncoding.EncodeToString([]byte(body)) + "." + s.callbackMAC(body), nil
 }
 
-// ParseCallbackToken checks token's MAC and returns its job and signal
-// name: ErrBadCallbackToken when it does not hold, ErrNoKeySecret with no
-// secret.
-func (s *Store) ParseCallbackToken(token string) (id, name string, err error) {
+// ParseCallbackToken checks token's MAC and returns its job, signal name
+// and nonce: ErrBadCallbackToken when it does not hold, ErrNoKeySecret
+// with no secret. Whether the job holds the nonce is Complete's to check.
+func (s *Store) ParseCallbackToken(token string) (id, name, nonce string, err error) {
 	if len(s.secret) == 0 {
-		return "", "", ErrNoKeySecret
+		return "", "", "", ErrNoKeySecret
 	}
 	rest, found := strings.CutPrefix(token, callbackPrefix)
 	body, mac, ok := strings.Cut(rest, ".")
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(body) // one text per token: no slack in the last bits
-	if !found || !ok || err != nil {
-		return "", "", ErrBadCallbackToken
+	if !found || !ok || err != nil || !hmac.Equal([]byte(s.callbackMAC(string(raw))), []byte(mac)) {
+		return "", "", "", ErrBadCallbackToken
 	}
-	id, name, ok = strings.Cut(string(raw), "\x00")
-	if !ok || !hmac.Equal([]byte(s.callbackMAC(id, name)), []byte(mac)) {
-		return "", "", ErrBadCallbackToken
+	id, rest, ok1 := strings.Cut(string(raw), "\x00") // an id and a nonce hold no NUL; a name may
+	i := strings.LastIndexByte(rest, 0)
+	if !ok1 || i < 0 || i == len(rest)-1 {
+		return "", "", "", ErrBadCallbackToken
 	}
-	return id, name, nil
+	return id, rest[:i], rest[i+1:], nil
 }
 
-// callbackMAC is the token's MAC: HMAC-SHA256 of the job and the name
-// under a key of its own, derived from the secret (HMAC(secret, its
-// label)), never under the secret itself: idempotency keys are hashed
-// under the secret and their hashes are shown (the dashboard, nexjob get),
-// so a MAC under the same key was a key hash anyone could have made be
-// shown (a job keyed "callback\x00<id>\x00<name>" forged the token).
-func (s *Store) callbackMAC(id, name string) string {
+// callbackMAC is the token's MAC: HMAC-SHA256 of its body under a key of
+// its own, derived from the secret (HMAC(secret, its label)), never under
+// the secret itself: idempotency keys are hashed under the secret and
+// their hashes are shown (the dashboard, nexjob get), so a MAC under the
+// same key was a key hash anyone could have made be shown (a job keyed
+// "callback\x00<id>\x00<name>" forged the token).
+func (s *Store) callbackMAC(body string) string {
 	k := hmac.New(sha256.New, s.secret)
-	k.Write([]byte("nexjob callback token key, v1"))
-	return hashKey(k.Sum(nil), id+"\x00"+name)
+	k.Write([]byte("nexjob callback token key, v2"))
+	return hashKey(k.Sum(nil), body)
 }

@@ -19,11 +19,23 @@ const AttrSteps = "steps"
 // DynamoDB's 400 KB item: a step is refused when its result would pass
 // MaxStepBytes, its job would pass MaxSteps steps or MaxStepsBytes in
 // all, or the record (its args included) would pass the item limit.
+//
+// A wait for a signal (WaitStep) reserves, while no signal answers it,
+// room for the signal it waits for (one step of MaxStepBytes): a signal
+// to an open wait always fits, and a job at its limit cannot begin a wait
+// no signal could complete. A signal that no wait has asked for yet (sent
+// early, or never waited for: anyone with the job's id may send one) is
+// held to a budget of its own, MaxEarlySignals signals and
+// MaxEarlySignalBytes in all, outside the steps' 100 and 64 KB: such
+// signals cannot take the room of the job's own steps. A wait recorded
+// for an early signal counts it with the steps from then on.
 const (
-	MaxStepName   = 128
-	MaxStepBytes  = 16 << 10
-	MaxSteps      = 100
-	MaxStepsBytes = 64 << 10
+	MaxStepName         = 128
+	MaxStepBytes        = 16 << 10
+	MaxSteps            = 100
+	MaxStepsBytes       = 64 << 10
+	MaxEarlySignals     = 8
+	MaxEarlySignalBytes = 48 << 10
 )
 
 // StepError refuses a step's record: its name or its result is outside
@@ -37,24 +49,64 @@ func (e *StepError) Error() string {
 	return fmt.Sprintf("nexjob: step %q not recorded: %s", e.Name, e.Reason)
 }
 
-// CheckStep says whether a step named name with a result of result's size
-// may be added to rec's steps (nil: it may).
-func CheckStep(rec Record, name, result string) error {
-	total := len(result) + len(name)
-	for n, r := range rec.Steps {
-		total += len(n) + len(r)
+// stepBudget is what a job's steps take of their limits: its own steps
+// (waits with the room they reserve, and the signals they took) and the
+// signals no wait has asked for, in steps and in bytes as the record keeps
+// them (stepKey).
+type stepBudget struct {
+	steps, bytes  int // the job's own
+	early, eBytes int // signals no wait asked for
+}
+
+func budgetOf(steps map[string]string) stepBudget {
+	var b stepBudget
+	for k, v := range steps {
+		size := len(stepKey(k)) + len(v)
+		if name, ok := strings.CutPrefix(k, signalStep); ok {
+			if _, waited := steps[WaitStep(name)]; !waited {
+				b.early++
+				b.eBytes += size
+				continue
+			}
+		}
+		b.steps++
+		b.bytes += size
+		if name, ok := strings.CutPrefix(k, waitStep); ok {
+			if _, answered := steps[SignalStep(name)]; !answered {
+				b.steps++ // the room its signal will take
+				b.bytes += len(stepKey(SignalStep(name))) + MaxStepBytes
+			}
+		}
 	}
+	return b
+}
+
+// CheckStep says whether a step named name with a result of result's size
+// may be added to rec's steps (nil: it may), by the limits above.
+func CheckStep(rec Record, name, result string) error {
 	switch {
 	case name == "" || len(name) > MaxStepName || !utf8.ValidString(name):
 		return &StepError{Name: truncate(name, MaxStepName), Reason: fmt.Sprintf("a step's name is 1 to %d bytes of UTF-8", MaxStepName)}
 	case len(result) > MaxStepBytes:
 		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d", len(result), MaxStepBytes)}
-	case len(rec.Steps) >= MaxSteps:
-		return &StepError{Name: name, Reason: fmt.Sprintf("the job has %d steps, the limit", MaxSteps)}
-	case total > MaxStepsBytes:
-		return &StepError{Name: name, Reason: fmt.Sprintf("the job's steps would be %d bytes, the limit is %d", total, MaxStepsBytes)}
-	case len(rec.Args)+total > MaxArgsBytes:
-		return &StepError{Name: name, Reason: fmt.Sprintf("the record would pass DynamoDB's item limit (args %d bytes, steps %d)", len(rec.Args), total)}
+	}
+	b := budgetOf(withStep(rec.Steps, name, result))
+	_, wasEarly := rec.Steps[name]
+	early := strings.HasPrefix(name, signalStep) && !wasEarly && b.early > budgetOf(rec.Steps).early
+	switch {
+	case early && b.early > MaxEarlySignals:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the job holds %d signals no wait asked for, the limit (ledger.MaxEarlySignals)", MaxEarlySignals)}
+	case early && b.eBytes > MaxEarlySignalBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("signals no wait asked for would be %d bytes, the limit is %d (ledger.MaxEarlySignalBytes)", b.eBytes, MaxEarlySignalBytes)}
+	case !early && b.steps > MaxSteps:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the job would have %d steps (a wait counts the signal it waits for), the limit is %d", b.steps, MaxSteps)}
+	case !early && b.bytes > MaxStepsBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the job's steps would be %d bytes (a wait reserves %d for its signal), the limit is %d", b.bytes, MaxStepBytes, MaxStepsBytes)}
+	case early && len(rec.Args)+max(b.bytes, MaxStepsBytes)+b.eBytes > MaxArgsBytes:
+		// Never the room the job's own steps may still take.
+		return &StepError{Name: name, Reason: fmt.Sprintf("the record keeps no room for a signal no wait asked for (args %d bytes, and the steps' %d)", len(rec.Args), MaxStepsBytes)}
+	case len(rec.Args)+b.bytes+b.eBytes > MaxArgsBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the record would pass DynamoDB's item limit (args %d bytes, steps %d, early signals %d)", len(rec.Args), b.bytes, b.eBytes)}
 	}
 	return nil
 }
@@ -62,50 +114,83 @@ func CheckStep(rec Record, name, result string) error {
 // RecordStep records the result of rec's step name, for the run that
 // claimed rec: one UpdateItem, conditional on the record still carrying
 // rec's fencing token and being Processing (a run whose lease a newer
-// claim took gets ErrFenced, as Finish does, and writes nothing). A
-// resend of an applied write (its reply lost) sets the same value again.
+// claim took gets ErrFenced, as Finish does, and writes nothing), and on
+// its steps being those of rec (their count: a run's steps are only ever
+// added to): a signal landed since makes it read the record the failed
+// condition returns, check the limits with what it now holds, and write
+// again. It returns the steps as recorded after its write, for the run's
+// next step. A resend of an applied write (its reply lost) reads as done.
 // A step outside the limits is a *StepError, nothing written.
 //
-// Cost: one request; its write units are the record's size after the
+// Cost: one request (one more per signal landed since the run's last
+// step); its write units are the record's size after the
 // write, in KB rounded up (one for a job whose args and steps are under
 // about 700 bytes), and every later write of the record (a claim, a
 // finish) pays for the steps it carries too.
-func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string) error {
-	if err := CheckStep(rec, name, result); err != nil {
-		return err
+func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string) (map[string]string, error) {
+	for {
+		if err := CheckStep(rec, name, result); err != nil {
+			return rec.Steps, err
+		}
+		upd := expression.Set(stepPath(name), expression.Value(result))
+		cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
+			And(expression.Name(AttrState).Equal(expression.Value(string(Processing)))).
+			And(expression.Name(AttrCancelReq).AttributeNotExists())
+		if len(rec.Steps) == 0 {
+			// The map may not exist yet: a path into a missing map fails.
+			upd = expression.Set(expression.Name(AttrSteps), expression.Value(stepsValue(map[string]string{name: result})))
+			cond = cond.And(expression.Name(AttrSteps).AttributeNotExists())
+		} else {
+			// The steps as the limits were checked with: a signal landed
+			// since makes the run look again.
+			cond = cond.And(expression.Size(expression.Name(AttrSteps)).Equal(expression.Value(len(rec.Steps))))
+		}
+		_, err := s.updateByID(ctx, rec.ID, cond, upd)
+		var nc *NotClaimableError
+		switch {
+		case err == nil:
+			return withStep(rec.Steps, name, result), nil
+		case !errors.As(err, &nc):
+			return rec.Steps, err
+		case nc.Current.Token == rec.Token && nc.Current.CancelReq != "":
+			return rec.Steps, fmt.Errorf("%w: %s", ErrCancelRequested, truncate(nc.Current.CancelReq, MaxLastError))
+		case nc.Current.Token == rec.Token && nc.Current.State == Processing && nc.Current.Steps[name] == result && added(nc.Current.Steps, withStep(rec.Steps, name, result)):
+			return nc.Current.Steps, nil // this very write, applied before (a resend after a lost reply)
+		case nc.Current.Token == rec.Token && nc.Current.State == Processing && added(nc.Current.Steps, rec.Steps):
+			// Signals landed since the run read its steps (a signal made
+			// the map of a run that had none, or added to it): add to the
+			// map as it is now, within the limits counted with what it
+			// holds. Counted with the run's stale view, two signals had
+			// taken the record past the steps' limit and its finish past
+			// DynamoDB's item.
+			rec.Steps = nc.Current.Steps
+		case nc.Current.Token == rec.Token && nc.Current.State == Processing:
+			return rec.Steps, fmt.Errorf("nexjob: record step %q of job %s: the record's steps changed under the run", truncate(name, MaxStepName), rec.ID)
+		default:
+			return rec.Steps, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
+		}
 	}
-	upd := expression.Set(stepPath(name), expression.Value(result))
-	if len(rec.Steps) == 0 {
-		// The map may not exist yet: a path into a missing map fails.
-		upd = expression.Set(expression.Name(AttrSteps), expression.Value(stepsValue(map[string]string{name: result})))
+}
+
+// withStep is steps with name's result added (a new map).
+func withStep(steps map[string]string, name, result string) map[string]string {
+	out := make(map[string]string, len(steps)+1)
+	for k, v := range steps {
+		out[k] = v
 	}
-	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
-		And(expression.Name(AttrState).Equal(expression.Value(string(Processing)))).
-		And(expression.Name(AttrCancelReq).AttributeNotExists())
-	if len(rec.Steps) == 0 {
-		cond = cond.And(expression.Name(AttrSteps).AttributeNotExists())
+	out[name] = result
+	return out
+}
+
+// added reports whether now holds every step of was, as it was: only
+// additions since (signals; a run's steps are written once).
+func added(now, was map[string]string) bool {
+	for k, v := range was {
+		if w, ok := now[k]; !ok || w != v {
+			return false
+		}
 	}
-	_, err := s.updateByID(ctx, rec.ID, cond, upd)
-	var nc *NotClaimableError
-	switch {
-	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.CancelReq != "":
-		return fmt.Errorf("%w: %s", ErrCancelRequested, truncate(nc.Current.CancelReq, MaxLastError))
-	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing && nc.Current.Steps[name] == result:
-		return nil // this very write, applied before (a resend after a lost reply)
-	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing && len(rec.Steps) == 0 && len(nc.Current.Steps) > 0:
-		// The run's first step, and a signal made the steps' map since the
-		// claim (the run's record had none): add to the map as it is now,
-		// within the limits counted with what it holds. Failing here failed
-		// a job signalled before its wait and ran its first step twice.
-		now := rec
-		now.Steps = nc.Current.Steps
-		return s.RecordStep(ctx, now, name, result)
-	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing:
-		return fmt.Errorf("nexjob: record step %q of job %s: the record's steps changed under the run", truncate(name, MaxStepName), rec.ID)
-	case errors.As(err, &nc):
-		return fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
-	}
-	return err
+	return true
 }
 
 // decodeSteps decodes Record.Steps, its keys back to the names they keep
