@@ -18,7 +18,11 @@ import (
 // a slot at most ThrottleWait away is waited for in the run's goroutine
 // (out of its lease), a later one reschedules the job to ThrottleWait
 // before it (its message is re-sent with that delay) and waits the rest
-// when it comes back. Keys are independent, so one busy key delays only its own jobs.
+// when it comes back. A slot beyond Options.FarAfter waits in a one-time
+// schedule, which fires onetime.Lead (two minutes) before that and is
+// carried the rest by an SQS delay: EventBridge Scheduler's precision of
+// a minute never makes the start late, so it never costs the slot. Keys
+// are independent, so one busy key delays only its own jobs.
 // A retry is a new start and takes a new slot; a redelivery of the same
 // attempt gets its slot back. A run starts at most slotTolerance after its
 // slot: one whose message comes back later takes a new slot, and one
@@ -167,8 +171,9 @@ func flowName(kind, key string) string {
 
 // slotTolerance is how late a run may start after its throttle slot. A
 // deferred job whose message comes back later than that (workers down,
-// the event source at its MaxConcurrency, a concurrency deferral) takes a
-// new slot instead of starting on a stale one, so a backlog of late
+// the event source at its MaxConcurrency, a concurrency deferral, a
+// schedule's firing more than onetime.Lead late) takes a new slot
+// instead of starting on a stale one, so a backlog of late
 // messages never starts together: the starts of one key keep the rate
 // within slotTolerance (any Limit+1 starts span at least Period less
 // slotTolerance).
