@@ -113,3 +113,19 @@ func TestMissingResources(t *testing.T) {
 		t.Fatalf("enqueue into a missing table: %v", err)
 	}
 }
+
+// A FarAfter shorter than enqueue.MinFarAfter is refused: a far message
+// fires onetime.Lead before its run time, and the worker's carry of it
+// from there must be an SQS delay, not a schedule again.
+func TestFarAfterBelowTheLeadIsRefused(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	_, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{FarAfter: time.Minute})
+	var in *enqueue.InputError
+	if !errors.As(err, &in) || in.Field != "ClientOptions.FarAfter" {
+		t.Fatalf("FarAfter 1m: %v, want an *InputError on ClientOptions.FarAfter", err)
+	}
+	if _, err := enqueue.New(e.Cfg, e.Table, e.QueueURL, &enqueue.ClientOptions{FarAfter: enqueue.MinFarAfter}); err != nil {
+		t.Fatalf("FarAfter %s: %v", enqueue.MinFarAfter, err)
+	}
+}

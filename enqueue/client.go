@@ -14,6 +14,7 @@ import (
 	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
+	"github.com/nexjob/nexjob-aws/onetime"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -56,6 +57,12 @@ const (
 	// MaxSQSDelay is SQS's limit on DelaySeconds. Longer schedules are
 	// carried forward by the worker in hops of at most this.
 	MaxSQSDelay = 900 * time.Second
+	// MinFarAfter is the least ClientOptions.FarAfter: a one-time
+	// schedule fires onetime.Lead before its run time, within a minute of
+	// that (Scheduler's precision), and the worker carries the message
+	// the rest of the way, which must be an SQS delay, not a schedule
+	// again (nor one whose time has passed).
+	MinFarAfter = 2 * onetime.Lead
 )
 
 // ClientOptions tune a Client. The zero value is ready to use.
@@ -104,11 +111,16 @@ type ClientOptions struct {
 	// Far carries a message due more than FarAfter ahead with one
 	// one-time schedule (package onetime) instead of SQS delay hops of
 	// MaxDelay: a job a year ahead costs one CreateSchedule, not 35,136
-	// hops. Such a message carries no trace attributes (Scheduler's SQS
-	// target cannot set them). Defaults to none: hops.
+	// hops. The schedule fires onetime.Lead (two minutes) before the run
+	// time, since Scheduler fires within a minute of a schedule's time, and
+	// the worker carries the message the rest of the way with an SQS delay
+	// (one send): a far run starts at its time as a near one does. Such a
+	// message carries no trace attributes (Scheduler's SQS target cannot
+	// set them). Defaults to none: hops.
 	Far FarScheduler
 	// FarAfter is the delay beyond which Far is used. Defaults to
-	// MaxSQSDelay (15 minutes): nearer delays stay SQS delays.
+	// MaxSQSDelay (15 minutes): nearer delays stay SQS delays. Less than
+	// MinFarAfter is an *InputError.
 	FarAfter time.Duration
 	// Queues names the named queues (name → queue URL) that Opts.Queue
 	// and a kind's Defaults.Queue may choose, each with its own worker
@@ -193,6 +205,9 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	farAfter := o.FarAfter
 	if farAfter <= 0 {
 		farAfter = MaxSQSDelay
+	}
+	if farAfter < MinFarAfter {
+		return nil, &InputError{Field: "ClientOptions.FarAfter", Reason: fmt.Sprintf("%s is less than %s: a far message comes %s before its run time and is carried by an SQS delay from there", farAfter, MinFarAfter, onetime.Lead)}
 	}
 	if o.MaxDelay <= 0 || o.MaxDelay > MaxSQSDelay {
 		o.MaxDelay = MaxSQSDelay

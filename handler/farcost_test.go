@@ -41,8 +41,9 @@ func (throttledHourly) Kind() string { return "throttled-hourly" }
 // A retry due beyond 15 minutes (DefaultBackoff's after the 6th attempt:
 // the 5th's is at most 13 min 34 s) waits in a one-time schedule, not in
 // SQS hops: the failed run's claim and finish, a CreateSchedule (1
-// firing), then the retry's claim and finish: 4 write units + 2 index,
-// no send of ours.
+// firing, two minutes before the retry's time), the worker's carry of
+// the firing to that time (one send), then the retry's claim and finish:
+// 4 write units + 2 index.
 func TestFarRetryTakesASchedule(t *testing.T) {
 	t.Parallel()
 	if handler.FloorBackoff(6) <= 15*time.Minute {
@@ -62,7 +63,7 @@ func TestFarRetryTakesASchedule(t *testing.T) {
 			}
 			return nil
 		}), &handler.KindOptions{Backoff: func(int) time.Duration { return handler.FloorBackoff(6) }})
-	})
+	}, func(o *handler.Options) { o.MaxDelay = time.Second })
 	ctx := context.Background()
 	step := meterStep(t, r.counter)
 	upd := "DynamoDB.UpdateItem"
@@ -77,11 +78,7 @@ func TestFarRetryTakesASchedule(t *testing.T) {
 	if rec := r.e.Get(t, res.ID); rec.State != ledger.Scheduled || len(r.schedulesFor(t, res.ID)) != 1 || r.e.QueueDepth(t, r.e.QueueURL) != 0 {
 		t.Fatalf("after the failure: %s, schedules %v, %d SQS messages; want Scheduled, one schedule, none", rec.State, r.schedulesFor(t, res.ID), r.e.QueueDepth(t, r.e.QueueURL))
 	}
-	r.clock.Advance(handler.FloorBackoff(6) + time.Second)
-	if n := r.fire(t); n != 1 {
-		t.Fatalf("%d firings, want 1", n)
-	}
-	step("the retry runs", []string{upd, upd}, awstest.Units{Write: 2, Index: 1}, func() { r.pollOne(t) })
+	r.fireLate(t, res.ID, 0, []string{upd, upd}, awstest.Units{Write: 2, Index: 1}) // the retry runs
 	if rec := r.e.Get(t, res.ID); rec.State != ledger.Succeeded || rec.Attempt != 2 {
 		t.Fatalf("the job: %s attempt %d", rec.State, rec.Attempt)
 	}
@@ -90,15 +87,16 @@ func TestFarRetryTakesASchedule(t *testing.T) {
 // A throttled start sent to a slot beyond 15 minutes (here an hour on)
 // waits in a one-time schedule, not one delayed send: the claim, the
 // rate log's read and its slot, the deferral and its CreateSchedule;
-// when the schedule fires (1 firing), a second claim, which finds its
-// slot on the record, and the finish.
+// when the schedule fires (1 firing, two minutes before the deferral's
+// run time), the worker's carry of it to that time (one send), then a
+// second claim, which finds its slot on the record, and the finish.
 func TestFarDeferralTakesASchedule(t *testing.T) {
 	t.Parallel()
 	r := newFarRigWith(t, false, func(reg *handler.Registry) {
 		handler.AddWorker(reg, handler.WorkFunc[throttledHourly](func(context.Context, *handler.Job[throttledHourly]) error { return nil }),
 			&handler.KindOptions{Throttle: &handler.Throttle{Limit: 1, Period: time.Hour}})
-	})
-	// The firing comes within ThrottleWait before the slot, and the claim
+	}, func(o *handler.Options) { o.MaxDelay = time.Second })
+	// The carried firing comes within ThrottleWait before the slot, and the claim
 	// honours the slot on the record within slotTolerance of it: on real
 	// time, a loaded machine took longer than that between the firing and
 	// the claim, and the start took a new slot an hour on (the five in a
@@ -124,17 +122,11 @@ func TestFarDeferralTakesASchedule(t *testing.T) {
 	if rec := r.e.Get(t, second); rec.State != ledger.Scheduled || len(r.schedulesFor(t, second)) != 1 || r.e.QueueDepth(t, r.e.QueueURL) != 0 {
 		t.Fatalf("deferred job: %s, schedules %v, %d SQS messages; want Scheduled, one schedule, none", rec.State, r.schedulesFor(t, second), r.e.QueueDepth(t, r.e.QueueURL))
 	}
-	// Scheduler fires at the deferral's run time (a second before the
-	// slot: the run waits the rest), rounded up to the second.
-	at := ledger.Millis(r.e.Get(t, second).RunAt)
-	if at.Truncate(time.Second) != at {
-		at = at.Truncate(time.Second).Add(time.Second)
-	}
-	r.clock.Advance(at.Sub(r.clock.Now()))
-	if n := r.fire(t); n != 1 {
-		t.Fatalf("%d firings, want 1", n)
-	}
-	step("the deferred start, at its slot (on the record)", []string{upd, upd}, awstest.Units{Write: 2, Index: 1}, func() { r.pollOne(t) })
+	// Scheduler fires at its schedule's time, two minutes before the
+	// deferral's run time (a second before the slot: the run waits the
+	// rest); the worker carries it to the run time. The deferred start,
+	// at its slot (on the record):
+	r.fireLate(t, second, 0, []string{upd, upd}, awstest.Units{Write: 2, Index: 1})
 	if rec := r.e.Get(t, second); rec.State != ledger.Succeeded || rec.Attempt != 1 {
 		t.Fatalf("the deferred job: %s attempt %d", rec.State, rec.Attempt)
 	}

@@ -54,9 +54,10 @@ func (r *farRig) schedulesFor(t *testing.T, jobID string) map[string]string {
 	return out
 }
 
-// atOf is the at(…) expression a schedule for the run time ms has.
+// atOf is the at(…) expression a schedule for the run time ms has:
+// onetime.Lead before it, rounded up to the second.
 func atOf(ms int64) string {
-	return "at(" + ledger.Millis(ms).UTC().Add(time.Second-1).Truncate(time.Second).Format("2006-01-02T15:04:05") + ")"
+	return "at(" + ledger.Millis(ms).UTC().Add(-onetime.Lead).Add(time.Second-1).Truncate(time.Second).Format("2006-01-02T15:04:05") + ")"
 }
 
 // Issue 27 item 20: an operator cancels a far job; the cancel's

@@ -18,13 +18,19 @@ import (
 // a slot at most ThrottleWait away is waited for in the run's goroutine
 // (out of its lease), a later one reschedules the job to ThrottleWait
 // before it (its message is re-sent with that delay) and waits the rest
-// when it comes back. Keys are independent, so one busy key delays only its own jobs.
+// when it comes back. A slot beyond Options.FarAfter waits in a one-time
+// schedule, which fires onetime.Lead (two minutes) before that and is
+// carried the rest by an SQS delay: EventBridge Scheduler's precision of
+// a minute never makes the start late, so it never costs the slot. Keys
+// are independent, so one busy key delays only its own jobs.
 // A retry is a new start and takes a new slot; a redelivery of the same
 // attempt gets its slot back. A run starts at most slotTolerance after its
 // slot: one whose message comes back later takes a new slot, and one
 // deferred for want of a concurrency slot gives its throttle slot up. A
-// slot beyond the longest schedule is reached in deferrals of at most
-// that (no message names a run further ahead).
+// job waiting in a Concurrency key's queue keeps its place there (its
+// ticket) through a throttle deferral (see Concurrency). A slot beyond
+// the longest schedule is reached in deferrals of at most that (no
+// message names a run further ahead).
 //
 // Cost: each start takes one consistent read and one conditional PutItem
 // of the key's item, under 1 KB at every accepted Limit: 1 read unit and
@@ -68,6 +74,16 @@ const ThrottleWait = time.Second
 // a slot found free with waiters queued is handed to them by any claim
 // of the key.
 //
+// Under a Throttle too, the throttle is asked first. A waiter that its
+// throttle defers keeps its ticket. One woken to a freed slot that its
+// throttle sends to a throttle slot at most one lease away keeps the
+// slot reserved until it comes back on its throttle slot, and starts
+// then: the queue waits for its first waiter, as long as its throttle
+// makes it wait (a Concurrency key shared by several Throttle keys: at
+// most a lease). One sent further gives the slot up at once to the next
+// waiter, and takes its turn again when it comes back: no slot waits a
+// lease for a job that cannot start in it.
+//
 // Cost: a run takes one consistent read and one conditional PutItem of
 // the key's item to take its slot and one UpdateItem to free it (the
 // item stays under 1 KB up to the largest Limit: 1 write unit each, so a
@@ -79,6 +95,9 @@ const ThrottleWait = time.Second
 // ticket's read, the job's update, a send), and its own messages come
 // back once or twice more to find the job done (a receive, a refused
 // claim, a delete each), whatever the length of the queue and the wait.
+// A waiter's throttle deferral adds a consistent read of the key's item,
+// and a put when a slot was reserved for it (the hold, or the hand-over
+// to the next waiter and its wake).
 type Concurrency struct {
 	// Key as for Throttle: nil limits the kind as a whole, "" leaves the
 	// job unlimited.
@@ -152,8 +171,9 @@ func flowName(kind, key string) string {
 
 // slotTolerance is how late a run may start after its throttle slot. A
 // deferred job whose message comes back later than that (workers down,
-// the event source at its MaxConcurrency, a concurrency deferral) takes a
-// new slot instead of starting on a stale one, so a backlog of late
+// the event source at its MaxConcurrency, a concurrency deferral, a
+// schedule's firing more than onetime.Lead late) takes a new slot
+// instead of starting on a stale one, so a backlog of late
 // messages never starts together: the starts of one key keep the rate
 // within slotTolerance (any Limit+1 starts span at least Period less
 // slotTolerance).
@@ -183,7 +203,7 @@ func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (a adm
 		}
 		if key != "" {
 			if a.deferTo, a.slot = h.throttle(ctx, t, key, rec); !a.deferTo.IsZero() {
-				return a, nil
+				return h.keepTurn(ctx, e.opts.Concurrency, rec, a)
 			}
 		}
 	}
@@ -241,6 +261,46 @@ func (h *Handler) concurrency(ctx context.Context, c *Concurrency, hash string, 
 		q.waiting(ctx, a.Ticket, rec.ID, deferTo)
 		q.wake(ctx, a.Wake)
 	}}
+}
+
+// keepTurn is a throttle deferral a of rec that holds a ticket of its
+// concurrency key (c): the deferral keeps the ticket, so the job keeps
+// its place in the key's queue. A waiter woken to a freed slot (the
+// slot reserved for its ticket) that its throttle sends to a throttle
+// slot within one lease keeps that slot reserved until it comes back on
+// its throttle slot, and starts then; one sent further gives the slot
+// up at once to the next waiter (no slot waits a lease for a job that
+// cannot start). Before, the deferral dropped the ticket: the reserved
+// slot stayed for no one until its reservation ended, a lease on, and
+// the waiters deferred each other meanwhile.
+func (h *Handler) keepTurn(ctx context.Context, c *Concurrency, rec ledger.Record, a admission) (admission, error) {
+	if c == nil || rec.Ticket == 0 {
+		return a, nil
+	}
+	key, err := flowKey(c.Key, rec)
+	if err != nil || key == "" {
+		return a, err
+	}
+	now := h.store.Now()
+	q := slotQueue{h: h, hash: h.store.HashKey(key), limit: c.Limit, grace: max(ledger.Millis(rec.LeaseUntil).Sub(now), minConcurrencyBackoff)}
+	ticket, id, slot, back := rec.Ticket, rec.ID, a.slot, a.deferTo
+	a.ticket = ticket
+	a.waiter = func() {
+		ctx := context.WithoutCancel(ctx)
+		if slot.Sub(now) <= q.grace {
+			if _, err := h.store.HoldReservation(ctx, q.hash, ticket, back.Add(q.grace)); err != nil {
+				// Its reservation ends by itself, and the slot passes on then.
+				h.log.WarnContext(ctx, "nexjob: holding a throttled waiter's concurrency slot failed", "job_id", id, "err", err)
+			}
+			return
+		}
+		wake, err := h.store.PassOn(ctx, q.hash, ticket, q.limit, q.grace)
+		if err != nil {
+			h.log.WarnContext(ctx, "nexjob: passing a throttled waiter's concurrency slot on failed", "job_id", id, "err", err)
+		}
+		q.wake(ctx, wake)
+	}
+	return a, nil
 }
 
 // slotQueue wakes the waiters of one concurrency key.

@@ -130,7 +130,8 @@ type Options struct {
 	XRay propagation.TextMapPropagator
 	// Far and FarAfter: retries and carried schedules due beyond FarAfter
 	// wait in one one-time schedule, not in SQS hops (see
-	// enqueue.ClientOptions.Far). A dispatch guard's check of a far job
+	// enqueue.ClientOptions.Far): it fires onetime.Lead before the run
+	// time and the worker carries it the rest by an SQS delay. A dispatch guard's check of a far job
 	// makes sure of the job's own schedule and ends (no schedule of its
 	// own); when Scheduler refuses, it hops through SQS. Defaults to
 	// none: hops.

@@ -200,3 +200,27 @@ func (s *Store) PassOn(ctx context.Context, keyHash string, ticket int64, limit 
 	})
 	return wake, err
 }
+
+// HoldReservation keeps the slot of keyHash reserved for ticket until
+// until, when one is reserved for it: a woken waiter that its throttle
+// sent to a later throttle slot keeps its turn until it comes back on
+// it. One consistent read and, when the reservation is there and ends
+// sooner, one conditional put; held is false when none is reserved for
+// ticket (not woken yet, or its reservation ended), and nothing is
+// written.
+func (s *Store) HoldReservation(ctx context.Context, keyHash string, ticket int64, until time.Time) (held bool, err error) {
+	err = s.versioned(ctx, concurrencyPrefix+keyHash, "concurrency slots", func(item map[string]types.AttributeValue, now time.Time) map[string]types.AttributeValue {
+		q := readSlots(item, now)
+		res := reservation(ticket)
+		av, ok := q.held[res]
+		if held = ok; !ok {
+			return nil
+		}
+		if end, err := num(av); err == nil && end >= until.UnixMilli() {
+			return nil
+		}
+		q.held[res] = millis(until)
+		return q.item(now)
+	})
+	return held, err
+}

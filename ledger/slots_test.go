@@ -118,3 +118,41 @@ func TestAcquireUnderFaults(t *testing.T) {
 		t.Fatalf("the throttled acquire holds a slot: ok %v err %v", ok, err)
 	}
 }
+
+// A reservation held for its waiter lasts to the time given, never less:
+// a waiter not woken has none to hold (nothing written), and a holder
+// taking the reserved slot after the reservation's own end finds it.
+func TestHoldReservation(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	ctx := context.Background()
+	start := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	s, clock := clockedStore(t, e.DB, e.Table, start)
+	key := s.HashKey("tenant-1")
+	if ok, _, err := s.Acquire(ctx, key, "a.1", 1, s.Now().Add(time.Minute)); err != nil || !ok {
+		t.Fatalf("a.1: ok %v err %v", ok, err)
+	}
+	w, err := s.AcquireQueued(ctx, key, "w.1", 1, s.Now().Add(time.Minute), ledger.Waiting{Grace: time.Minute})
+	if err != nil || w.OK {
+		t.Fatalf("a waiter: %+v err %v", w, err)
+	}
+	if held, err := s.HoldReservation(ctx, key, w.Ticket, s.Now().Add(5*time.Minute)); err != nil || held {
+		t.Fatalf("holding for a waiter not woken: held %v err %v, want false", held, err)
+	}
+	if wake, err := s.ReleaseSlot(ctx, key, "a.1", 1, time.Minute); err != nil || len(wake) != 1 {
+		t.Fatalf("release: wake %v err %v", wake, err)
+	}
+	if held, err := s.HoldReservation(ctx, key, w.Ticket, s.Now().Add(5*time.Minute)); err != nil || !held {
+		t.Fatalf("holding for the woken waiter: held %v err %v", held, err)
+	}
+	if held, err := s.HoldReservation(ctx, key, w.Ticket, s.Now().Add(2*time.Minute)); err != nil || !held {
+		t.Fatalf("holding it shorter: held %v err %v", held, err)
+	}
+	clock.Add(int64(4 * time.Minute)) // past the grace of the hand-over and the shorter hold
+	if ok, _, _ := s.Acquire(ctx, key, "x.1", 1, s.Now().Add(time.Minute)); ok {
+		t.Fatal("a newcomer took the slot held for the waiter")
+	}
+	if a, err := s.AcquireQueued(ctx, key, "w.1", 1, s.Now().Add(time.Minute), ledger.Waiting{Ticket: w.Ticket, Grace: time.Minute}); err != nil || !a.OK {
+		t.Fatalf("the waiter, 4 minutes on: %+v err %v", a, err)
+	}
+}

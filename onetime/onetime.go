@@ -1,14 +1,20 @@
 // Package onetime carries a far job's message to its run time with one
 // EventBridge Scheduler one-time schedule instead of SQS delay hops: a job
 // 30 days ahead made 2,880 hops of 900 s (receive, send, delete, a share of
-// an invocation each); with a schedule it costs one CreateSchedule, and
-// Scheduler's one SendMessage at the run time, whatever the distance.
+// an invocation each); with a schedule it costs one CreateSchedule,
+// Scheduler's one SendMessage two minutes before the run time (Lead) and
+// the worker's carry of it to the run time, whatever the distance.
 //
 // A schedule is named after the job and its run time, "nj-<job id>-<run
 // second>" (Name): one name per run of a job, never reused for another
-// time. It fires at(run time) with no flexible window, sends the message's
-// body to the job's queue through the construct's scheduler role, and
-// deletes itself after (ActionAfterCompletion DELETE). A send that SQS
+// time. It fires Lead (two minutes) before the run time, at(run time less
+// Lead), with no flexible window, sends the message's body (which names
+// the run time) to the job's queue through the construct's scheduler
+// role, and deletes itself after (ActionAfterCompletion DELETE). The
+// worker carries a message that comes before its run time the rest of
+// the way with an SQS delay, so a far run starts at its time, to the
+// second, as a near one does, although Scheduler fires within a minute of
+// a schedule's time, not on it (see Lead). A send that SQS
 // refuses is retried by Scheduler for 24 hours (RetryPolicy), then the
 // message goes to the dead-letter queue (Options.DeadLetterARN), whose
 // consumer sends the job back: without one Scheduler dropped it and
@@ -74,6 +80,24 @@ type Options struct {
 	DeadLetterARN string
 }
 
+// Lead is how long before its run time a schedule fires. EventBridge
+// Scheduler invokes targets with 60 second precision (its user guide,
+// "Schedule types": a schedule set for 1:00 invokes its target between
+// 1:00:00 and 1:00:59), so a schedule at the run time sent its message up
+// to a minute late, and work that must start on its time did not (a
+// throttled start whose message came more than a second after its slot
+// took a new slot an hour on, every hour while the firings stayed late;
+// a job whose deadline fell within that minute expired unrun). Two
+// minutes: the documented minute, and a minute more for Scheduler's send
+// to reach the queue and the worker's event source to receive it, and for
+// a firing later than documented. A firing up to Lead late comes by the
+// run time; the worker carries it the rest of the way with an SQS delay
+// (one send, no DynamoDB request). One later still (Scheduler retrying a
+// send SQS refused, an outage) is handled late, as a late SQS message is.
+// A schedule's run time must be more than Lead ahead when it is made
+// (enqueue.MinFarAfter).
+const Lead = 2 * time.Minute
+
 // RetryPolicy is every schedule target's: Scheduler retries a send SQS
 // refuses (throttling, an outage) for up to 24 hours and 185 times, then
 // puts the message in Options.DeadLetterARN.
@@ -111,9 +135,10 @@ func Name(jobID string, runAt time.Time) string {
 // second is t rounded up to the second: when an at() schedule fires.
 func second(t time.Time) time.Time { return t.UTC().Add(time.Second - 1).Truncate(time.Second) }
 
-// Schedule makes (or refreshes) the schedule name to send body at at
-// (rounded up to the second, UTC) to the named queue, "" the job queue.
-// The name should be Name(job, at): one schedule per run time.
+// Schedule makes (or refreshes) the schedule name to send body, the
+// message of a run at at, Lead before at (rounded up to the second, UTC)
+// to the named queue, "" the job queue. The name should be Name(job,
+// at): one schedule per run time.
 func (c *Client) Schedule(ctx context.Context, name string, at time.Time, queue, body string) error {
 	arn, err := c.queueARN(name, queue)
 	if err != nil {
@@ -150,7 +175,7 @@ func (c *Client) Schedule(ctx context.Context, name string, at time.Time, queue,
 	return nil
 }
 
-// Ensure makes the schedule name to send body at at, unless it exists:
+// Ensure makes the schedule name to send body Lead before at, unless it exists:
 // a create that meets the name is done, with no update. For the
 // dispatch guard's check of a far job: a name is one run of one job
 // (Name), so a schedule of that name already sends this run's message.
@@ -182,12 +207,13 @@ func (c *Client) queueARN(name, queue string) (string, error) {
 	return arn, nil
 }
 
-// createInput is the schedule name: at(at) in UTC, no flexible window,
-// sending body to the queue arn through the role, deleted once fired.
+// createInput is the schedule name: at(at less Lead) in UTC, no flexible
+// window, sending body to the queue arn through the role, deleted once
+// fired.
 func (c *Client) createInput(name string, at time.Time, arn, body string) *scheduler.CreateScheduleInput {
 	return &scheduler.CreateScheduleInput{
 		Name: aws.String(name), GroupName: aws.String(c.o.Group),
-		ScheduleExpression:         aws.String("at(" + second(at).Format("2006-01-02T15:04:05") + ")"),
+		ScheduleExpression:         aws.String("at(" + second(at.Add(-Lead)).Format("2006-01-02T15:04:05") + ")"),
 		ScheduleExpressionTimezone: aws.String("UTC"),
 		Target:                     c.target(arn, body),
 		FlexibleTimeWindow:         &types.FlexibleTimeWindow{Mode: types.FlexibleTimeWindowModeOff},

@@ -102,7 +102,7 @@ func TestFarCheckMakesTheJobsSchedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "at(" + runAt.Format("2006-01-02T15:04:05") + ")"
+	want := "at(" + runAt.Add(-onetime.Lead).Format("2006-01-02T15:04:05") + ")" // its run time carried in the message
 	msg, err := enqueue.DecodeMessage(aws.ToString(got.Target.Input))
 	if aws.ToString(got.ScheduleExpression) != want || err != nil || msg.Check || msg.ID != "far-job" || msg.RunAt != runAt.UnixMilli() {
 		t.Fatalf("the job's schedule: %s %q %v, want the job's message at %s", aws.ToString(got.ScheduleExpression), aws.ToString(got.Target.Input), err, want)

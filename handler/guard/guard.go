@@ -94,7 +94,8 @@ type Options struct {
 	Far enqueue.FarScheduler
 	// FarAfter is the producers' enqueue.ClientOptions.FarAfter: a run
 	// further ahead waits in a one-time schedule. Defaults to
-	// enqueue.MaxSQSDelay, as there.
+	// enqueue.MaxSQSDelay, as there; less than enqueue.MinFarAfter (which
+	// producers refuse) is taken as that.
 	FarAfter time.Duration
 	// Queues are the named queues (name → URL, enqueue's
 	// ClientOptions.Queues): a job's check goes to the job's queue. A
@@ -126,6 +127,7 @@ func New(client SQS, queueURL string, opts *Options) *Guard {
 	if o.FarAfter <= 0 {
 		o.FarAfter = enqueue.MaxSQSDelay
 	}
+	o.FarAfter = max(o.FarAfter, enqueue.MinFarAfter)
 	if o.Now == nil {
 		o.Now = time.Now
 	}
