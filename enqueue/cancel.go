@@ -20,7 +20,9 @@ import (
 // is acknowledged without a run. A running job (Processing) is asked to
 // stop at its next step: a *CancelRequestedError. An ended one gives a
 // *NotCancellableError and nothing is written; an unknown job,
-// ledger.ErrNotFound. Requeue runs a cancelled job after all.
+// ledger.ErrNotFound. A job whose run ends in a sleep or a retry while it
+// is cancelled is followed to its new state and withdrawn there
+// (TestCancelRacingASleepIsNotLost). Requeue runs a cancelled job after all.
 //
 // The record is kept, not deleted, so the operator's decision is visible
 // and the key stays held as by any Failed job (RejectIfFailed refuses it).
@@ -28,11 +30,25 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	rec, ok, err := c.store.Withdraw(ctx, jobID, reason, c.store.ExpiresAfter(retention))
-	if err != nil {
-		return ledger.Record{}, c.missing(err)
-	}
-	if !ok && rec.State == ledger.Processing {
+	var (
+		rec ledger.Record
+		ok  bool
+		err error
+	)
+	// The state is followed until Cancel can say which it did: a run that
+	// ends in a sleep or a retry between the withdrawal (it found the job
+	// Processing) and the request (it finds it Scheduled) is withdrawn on
+	// the next turn. It used to be reported not cancellable, and the job
+	// ran on when it woke. Each turn follows a change of the job's state
+	// by its own run; a run changes it a bounded number of times.
+	for range cancelTurns {
+		rec, ok, err = c.store.Withdraw(ctx, jobID, reason, c.store.ExpiresAfter(retention))
+		if err != nil {
+			return ledger.Record{}, c.missing(err)
+		}
+		if ok || rec.State != ledger.Processing {
+			break
+		}
 		// Running: it is asked to stop at its next step (handler.Step).
 		cur, asked, err := c.store.RequestCancel(ctx, jobID, reason)
 		if err != nil {
@@ -42,6 +58,12 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 			return cur, &CancelRequestedError{JobID: jobID}
 		}
 		rec = cur
+		if cur.State != ledger.Enqueued && cur.State != ledger.Scheduled {
+			break // ended meanwhile
+		}
+	}
+	if !ok && (rec.State == ledger.Enqueued || rec.State == ledger.Scheduled) {
+		return rec, fmt.Errorf("nexjob: cancel job %s: its runs moved it between running and waiting %d times while it was cancelled; nothing was cancelled, try again", jobID, cancelTurns)
 	}
 	if !ok {
 		return rec, &NotCancellableError{JobID: jobID, State: rec.State}
@@ -57,6 +79,10 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	}
 	return rec, err
 }
+
+// cancelTurns bounds Cancel's turns between a withdrawal and a request to
+// stop, each taken because the job's run moved it meanwhile.
+const cancelTurns = 8
 
 // unschedule removes the one-time schedule of a job's run at runAt (Unix
 // ms), if Far is set: best effort, as one that fires anyway finds the job
