@@ -32,7 +32,9 @@ func TestCancelRacingASleepIsNotLost(t *testing.T) {
 	e.Cfg = faults.Config(cfg, hft)
 	slept := make(chan struct{})
 	hft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Pass,
-		Match: func(b []byte) bool { return bytes.Contains(b, []byte(`"Scheduled"`)) && bytes.Contains(b, []byte(`defers`)) },
+		Match: func(b []byte) bool {
+			return bytes.Contains(b, []byte(`"Scheduled"`)) && bytes.Contains(b, []byte(`defers`))
+		},
 		After: func() { close(slept) }}) // the run's end in its sleep, applied
 	inRun, release := make(chan struct{}), make(chan struct{})
 	var shipped atomic.Int32
