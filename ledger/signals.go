@@ -67,7 +67,8 @@ func (e *SignalRefusedError) Unwrap() error { return e.Err }
 // KB took a record past DynamoDB's item limit. The first signal of a
 // name wins: a second with another payload is refused (ErrSignalSent; the
 // same payload, a caller's retry, reads as the success it was, nothing
-// written), as is one to a job that ended (ErrJobEnded) or whose wait for
+// written, even once the job took it and ended), as is one to a job that
+// ended (ErrJobEnded) or whose wait for
 // the name timed out (ErrSignalTooLate). A signal sent before the job
 // waits is kept for the wait. A resend of an applied write (its reply
 // lost) reads as the success it was. Name and payload are held to the
@@ -160,16 +161,19 @@ func (s *Store) signalRefused(cur Record, id, name, payload string) (done bool, 
 	sig, wait := SignalStep(name), WaitStep(name)
 	refused := &SignalRefusedError{JobID: id, Name: name, State: cur.State}
 	switch {
+	case cur.Steps[sig] == payload:
+		// The same signal again: a caller's retry after an error (its
+		// wake or send failed past the SDK's retries, or its reply was
+		// lost past them), or the SDK's resend of its applied write. It
+		// reads as the success it was, even once the job took it and
+		// ended (a webhook's retry is told its signal landed, not that
+		// the job ended without it), and the caller wakes the job if it
+		// still sleeps in the wait.
+		return true, nil
 	case cur.State.Terminal():
 		refused.Err = ErrJobEnded
 	case cur.Steps[sig] == TimedOut:
 		refused.Err = ErrSignalTooLate // the wait's run recorded its timeout first
-	case cur.Steps[sig] == payload:
-		// The same signal again: a caller's retry after an error (its
-		// wake or send failed past the SDK's retries, or its reply was
-		// lost past them). It reads as the success it was, and the caller
-		// wakes the job if it still sleeps in the wait.
-		return true, nil
 	case cur.Steps[sig] != "":
 		refused.Err = ErrSignalSent
 	case cur.Steps[wait] != "" && !s.before(cur.Steps[wait]):

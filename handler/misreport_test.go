@@ -1,0 +1,53 @@
+package handler_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/proof/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+)
+
+// A signal that landed is never reported refused (issue 38 item 7): its
+// write applied with the reply lost, the job took it and ended before the
+// SDK's resend, and the resend read the job's end as a refusal ("nothing
+// written"); a webhook's retry of an accepted signal got ErrJobEnded and
+// could not tell "mine landed" from "it ended without me".
+func TestALandedSignalIsNeverReportedRefused(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	id := s.enqueue(t, "")
+	s.e.Drain(t, s.h) // the job waits for "approval"
+	ctx := context.Background()
+	ft := faults.New(nil)
+	ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply,
+		Match: func(b []byte) bool { return bytes.Contains(b, []byte(`nexjob:signal:approval`)) && bytes.Contains(b, []byte(`ada`)) },
+		After: func() {
+			// Before the SDK resends: the same signal again wakes the job,
+			// which takes it and ends.
+			if err := s.e.Client.Signal(ctx, id, "approval", approval{By: "ada"}); err != nil {
+				t.Errorf("the wake: %v", err)
+			}
+			s.e.Drain(t, s.h)
+		}})
+	webhook, err := enqueue.New(faults.Config(s.e.Cfg, ft), s.e.Table, s.e.QueueURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := webhook.Signal(ctx, id, "approval", approval{By: "ada"}); err != nil {
+		t.Errorf("a signal whose write landed (reply lost), taken by the job, which ended: %v; want no error", err)
+	}
+	if rec := s.e.Get(t, id); rec.State != ledger.Succeeded {
+		t.Fatalf("the job: %s, want Succeeded with the signal", rec.State)
+	}
+	if err := s.e.Client.Signal(ctx, id, "approval", approval{By: "ada"}); err != nil {
+		t.Errorf("the webhook's retry of its accepted signal, the job ended: %v; want no error", err)
+	}
+	var refused *ledger.SignalRefusedError
+	if err := s.e.Client.Signal(ctx, id, "approval", approval{By: "bo"}); !errors.As(err, &refused) || !errors.Is(err, ledger.ErrJobEnded) {
+		t.Errorf("another payload to the ended job: %v, want ErrJobEnded", err)
+	}
+}
