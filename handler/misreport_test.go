@@ -24,7 +24,9 @@ func TestALandedSignalIsNeverReportedRefused(t *testing.T) {
 	ctx := context.Background()
 	ft := faults.New(nil)
 	ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.LostReply,
-		Match: func(b []byte) bool { return bytes.Contains(b, []byte(`nexjob:signal:approval`)) && bytes.Contains(b, []byte(`ada`)) },
+		Match: func(b []byte) bool {
+			return bytes.Contains(b, []byte(`nexjob:signal:approval`)) && bytes.Contains(b, []byte(`ada`))
+		},
 		After: func() {
 			// Before the SDK resends: the same signal again wakes the job,
 			// which takes it and ends.
