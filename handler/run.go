@@ -46,6 +46,14 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	// here as the ledger caps it, so no one error fills a log line (or
 	// carries 8 KB of someone's data) where the record would not.
 	result, err := safeRun(runCtx, e, rec)
+	if p := runOf(ctx).steps.pending(); p != nil && !errors.As(err, new(*sleepError)) {
+		// The worker met a sleep or a wait and did not return its error:
+		// the run ends in it all the same. What came after it (a success,
+		// or a failure of going on with a zero payload) is not the job's
+		// run: it runs again when the sleep ends.
+		h.log.WarnContext(ctx, "nexjob: the worker went on past a sleep or a wait without returning its error; the job sleeps as it asked (return the error of Sleep and WaitForSignal)", "job_id", rec.ID, "kind", rec.Kind, "step", p.name)
+		err, result = p, ""
+	}
 	err = redact.Capped(err, ledger.MaxLastError)
 	var sleep *sleepError
 	if err != nil && !errors.As(err, &sleep) {

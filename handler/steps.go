@@ -32,6 +32,30 @@ type steps struct {
 	mu    sync.Mutex
 	rec   ledger.Record // the claim's record, its Steps kept current
 	used  map[string]bool
+	// slept is the sleep (or wait) this run met and must end in: every
+	// later Step returns it again, fn not called, and a run that returns
+	// nil ends in it all the same (a worker that dropped Sleep's error).
+	slept *sleepError
+}
+
+// sleep notes that the run met e, and returns it.
+func (s *steps) sleep(e *sleepError) *sleepError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slept == nil {
+		s.slept = e
+	}
+	return e
+}
+
+// pending is the sleep the run met, nil if none.
+func (s *steps) pending() *sleepError {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slept
 }
 
 func (s *steps) recorded(name string) (string, bool, error) {
@@ -121,6 +145,9 @@ func step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	s := stepsOf(ctx)
 	if s == nil {
 		return zero, ErrNotInRun
+	}
+	if p := s.pending(); p != nil {
+		return zero, p // the run ends in its sleep: nothing after it runs
 	}
 	raw, done, err := s.recorded(name)
 	if err != nil {
@@ -213,7 +240,10 @@ func Sleep(ctx context.Context, name string, d time.Duration) error {
 // one-time schedule beyond FarAfter when far schedules are on), and its
 // next run replays the steps before the sleep, passes it, and goes on.
 // The worker must return its error: a non-nil one is the run's end, not a
-// failure. A run that comes back before t (a duplicate delivery) sleeps
+// failure. A worker that drops it sleeps all the same: every later Step
+// of the run returns the sleep's error again without calling its fn, and
+// whatever the run then returns (nil included) ends it in the sleep, with
+// a warning logged (TestADroppedSleepErrorStillSleeps). A run that comes back before t (a duplicate delivery) sleeps
 // again to the recorded t.
 //
 // Cost: the sleep's step (one UpdateItem), the run's end (one UpdateItem)
@@ -236,7 +266,7 @@ func SleepUntil(ctx context.Context, name string, t time.Time) error {
 		return err
 	}
 	if s.store.Now().UnixMilli() < until {
-		return &sleepError{name: name, until: ledger.Millis(until)}
+		return s.sleep(&sleepError{name: name, until: ledger.Millis(until)})
 	}
 	return nil
 }
@@ -339,7 +369,7 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 		}
 		return v, nil
 	}
-	return zero, &sleepError{name: name, until: ledger.Millis(at), signal: true}
+	return zero, s.sleep(&sleepError{name: name, until: ledger.Millis(at), signal: true})
 }
 
 // signalledMeanwhile wakes job id if its signal name came while the run
