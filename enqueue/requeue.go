@@ -15,7 +15,11 @@ import (
 // deduplicate to it; its old deadline is cleared. An active job gives a
 // *NotTerminalError; a job whose key a newer job took, ledger.ErrKeyReused;
 // a record of a message that was not a job, ledger.ErrDeadLetterRecord; an
-// unknown one, ledger.ErrNotFound.
+// unknown one, ledger.ErrNotFound. Its recorded steps are kept (the run
+// replays them; RequeueFresh drops them), but a wait that timed out opens
+// again (ledger.Store.ReopenTimedOutWaits, one more UpdateItem when there
+// is one): the requeued run waits afresh, for its full timeout, and a late
+// approver's signal is taken.
 //
 // Continuations, one rule for a single parent's and a fan-in child: a
 // continuation runs only after every parent of it Succeeded. Requeued
@@ -71,6 +75,14 @@ func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.St
 		return Result{}, c.missing(err)
 	}
 	res := Result{ID: rec.ID, Kind: rec.Kind, State: rec.State}
+	// Its waits that timed out open again, before it is sent: the
+	// requeued run waits afresh and a late approver's signal is taken.
+	// If this fails the run meets the old timeout again (the error says
+	// so; a Requeue once it ended again reopens them).
+	var reopenErr error
+	if rec, reopenErr = c.store.ReopenTimedOutWaits(ctx, rec); reopenErr != nil {
+		reopenErr = fmt.Errorf("nexjob: requeued job %s keeps its timed-out waits: %w", jobID, c.missing(reopenErr))
+	}
 	// Its children that its end ended without a run wait for it again,
 	// before it is sent: once it Succeeds it releases them. A crash here
 	// leaves it Enqueued unsent (the dispatch guard sends it) and those
@@ -80,7 +92,7 @@ func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.St
 		return res, &DispatchError{JobID: rec.ID, Err: c.missing(err)}
 	}
 	c.log.InfoContext(ctx, "nexjob: requeued", "job_id", rec.ID, "kind", rec.Kind)
-	return res, rewaitErr
+	return res, errors.Join(reopenErr, rewaitErr)
 }
 
 // notRequeued is the error of a requeue whose condition found cur.

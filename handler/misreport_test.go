@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
@@ -51,5 +52,37 @@ func TestALandedSignalIsNeverReportedRefused(t *testing.T) {
 	var refused *ledger.SignalRefusedError
 	if err := s.e.Client.Signal(ctx, id, "approval", approval{By: "bo"}); !errors.As(err, &refused) || !errors.Is(err, ledger.ErrJobEnded) {
 		t.Errorf("another payload to the ended job: %v, want ErrJobEnded", err)
+	}
+}
+
+// Requeue of a job whose wait timed out (issue 38 item 7): it kept the
+// timeout and failed again at once, and the late approver's signal was
+// refused as too late. Now the requeued run waits afresh, its steps
+// before the wait replayed, and the late approver's signal completes it.
+func TestRequeueReopensATimedOutWait(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	id := s.enqueue(t, "")
+	s.e.Drain(t, s.h)
+	s.e.Advance(t, 48*time.Hour+time.Minute)
+	s.e.Drain(t, s.h)
+	if rec := s.e.Get(t, id); rec.State != ledger.Failed {
+		t.Fatalf("after the timeout: %s, want Failed", rec.State)
+	}
+	ctx := context.Background()
+	if _, err := s.e.Client.Requeue(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	s.e.Drain(t, s.h)
+	if rec := s.e.Get(t, id); rec.State != ledger.Scheduled {
+		t.Fatalf("the requeued job: %s (%s), want Scheduled in its wait again", rec.State, rec.LastError)
+	}
+	if err := s.e.Client.Signal(ctx, id, "approval", approval{By: "late ada"}); err != nil {
+		t.Fatalf("the late approver's signal after the requeue: %v", err)
+	}
+	s.e.Drain(t, s.h)
+	rec := s.e.Get(t, id)
+	if prepared, by := s.seen(id); rec.State != ledger.Succeeded || prepared != 1 || by != "late ada" {
+		t.Fatalf("after the late signal: %s, prepared %d times, approved by %q; want Succeeded, prepared once, by the late approver", rec.State, prepared, by)
 	}
 }

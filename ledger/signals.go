@@ -197,6 +197,39 @@ func (s *Store) before(end string) bool {
 // after it is refused (ErrSignalTooLate).
 const TimedOut = "\x00timed out"
 
+// ReopenTimedOutWaits opens again the waits of rec, just requeued
+// (Enqueued, attempt 0), that timed out before: their end and their
+// TimedOut mark are removed, so the requeued run meets each wait afresh
+// (a new end, now plus its timeout) and a late approver's signal is taken.
+// Before, a requeued job kept the timeout and failed again at once. One
+// UpdateItem, conditional on the job not claimed since and each mark still
+// TimedOut, only when rec has such a wait; a job claimed meanwhile is left
+// as it is (no error).
+func (s *Store) ReopenTimedOutWaits(ctx context.Context, rec Record) (Record, error) {
+	var upd expression.UpdateBuilder
+	cond := isJob(rec.ID).And(expression.Name(AttrState).Equal(expression.Value(Enqueued))).
+		And(expression.Name(AttrAttempt).Equal(expression.Value(0)))
+	n := 0
+	for k, v := range rec.Steps {
+		name, ok := strings.CutPrefix(k, signalStep)
+		if !ok || v != TimedOut {
+			continue
+		}
+		upd = upd.Remove(stepPath(k)).Remove(stepPath(WaitStep(name)))
+		cond = cond.And(stepPath(k).Equal(expression.Value(TimedOut)))
+		n++
+	}
+	if n == 0 {
+		return rec, nil
+	}
+	out, err := s.updateByID(ctx, rec.ID, cond, upd)
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, nil // claimed, or reopened by our own resend
+	}
+	return out, err
+}
+
 // RecordTimeout decides a wait's timeout for the run that claimed rec, in
 // one conditional UpdateItem: it records TimedOut as signal name's slot
 // unless a signal is there (a signal in flight at the wait's end that
