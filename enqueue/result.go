@@ -132,8 +132,10 @@ const (
 // polls the record, one eventually consistent GetItem a read (half a read
 // unit per 4 KB of record; two reads for a keyed job whose key a newer
 // job holds): at once, then after Interval, doubling up to MaxInterval.
-// With the defaults a job that takes a minute costs 16 reads, and each
-// further minute 12. A job found missing is read once more, strongly
+// With the defaults a job that ends a minute after the first read is
+// found by the 17th (reads at 0, 0.25, 0.75, 1.75, 3.75 and 7.75 s, then
+// every 5 s: the 16th at 57.75 s, the 17th at 62.75 s), and each further
+// minute costs 12. A job found missing is read once more, strongly
 // consistent, before that counts (a job just enqueued may not be seen yet).
 //
 // The wait ends with the context: a *NotEndedError with the state last

@@ -380,7 +380,7 @@ func (napper) Kind() string { return "napper" }
 func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
 	t.Parallel()
 	var calls [2][]string
-	var units [2]awstest.Units
+	var units, woken [2]awstest.Units
 	for i, days := range []int{30, 365} {
 		e := nexjobtest.New(t, nil)
 		cfg := e.Cfg
@@ -437,7 +437,10 @@ func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
 			t.Fatalf("%d days, a day early: %s after %d runs past the sleep", days, rec.State, after)
 		}
 		e.RunNow(t, res.ID)
+		counter.Reset()
 		e.Drain(t, h)
+		woken[i] = counter.Units()
+		woken[i].Read, woken[i].Sends = 0, 0 // the kit's hops and reads, not the run's
 		rec = e.Get(t, res.ID)
 		mu.Lock()
 		if rec.State != ledger.Succeeded || rec.Attempt != 1 || before != 1 || after != 1 {
@@ -455,6 +458,14 @@ func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
 		if wantUnits := (awstest.Units{Write: 4, Index: 1, Sends: 1}); units[i] != wantUnits {
 			t.Errorf("the run that meets a %d-day sleep: %v, want %v", days, units[i], wantUnits)
 		}
+		// The woken run: its claim (the Scheduled entry left) and its end.
+		// So the sleep itself is its step, the end that sleeps and the
+		// woken run's claim: 3 write units + 2 index and one send, the
+		// figure docs/durable-jobs.md gives.
+		if wantUnits := (awstest.Units{Write: 2, Index: 1}); woken[i] != wantUnits {
+			t.Errorf("the run woken from a %d-day sleep: %v, want %v", days, woken[i], wantUnits)
+		}
+		t.Logf("the run woken from a %d-day sleep: %v", days, woken[i])
 	}
 }
 
