@@ -4,6 +4,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
 // FuzzKeyAndID: any key hashes to a fixed-length id suffix; ids made from
@@ -66,4 +69,32 @@ func FuzzStepKey(f *testing.F) {
 			t.Fatalf("stepName(stepKey(%q)) = %q", name, got)
 		}
 	})
+}
+
+// A Record read or written with attributevalue (a team's Scan, the test
+// kit's, the soak's) keeps the names its run gave: StepMap escapes and
+// reads them as the ledger's own decoder does.
+func TestStepMapThroughAttributeValue(t *testing.T) {
+	rec := Record{ID: "j", Steps: StepMap{"user.fetch": "1", "charge[0]": "2", "%2E": "3"}}
+	item, err := attributevalue.MarshalMap(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := item[AttrSteps].(*types.AttributeValueMemberM).Value
+	for _, k := range []string{"user%2Efetch", "charge%5B0%5D", "%252E"} {
+		if _, ok := keys[k]; !ok {
+			t.Errorf("the item's steps: %v, want the key %q", keys, k)
+		}
+	}
+	var back Record
+	if err := attributevalue.UnmarshalMap(item, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Steps) != 3 || back.Steps["user.fetch"] != "1" || back.Steps["charge[0]"] != "2" || back.Steps["%2E"] != "3" {
+		t.Errorf("read back with UnmarshalMap: %v", back.Steps)
+	}
+	own, err := decodeSteps(item[AttrSteps])
+	if err != nil || len(own) != 3 || own["user.fetch"] != "1" {
+		t.Errorf("the ledger's decoder: %v %v", own, err)
+	}
 }

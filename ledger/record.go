@@ -110,7 +110,7 @@ type Record struct {
 	// Steps are the job's completed steps, by name, each its result's
 	// JSON (RecordStep): every run of the job reads them from its claim.
 	// They stay across retries and requeues.
-	Steps map[string]string `dynamodbav:"steps,omitempty"`
+	Steps StepMap `dynamodbav:"steps,omitempty"`
 	// CancelReq is an operator's reason for stopping the running job
 	// (Store.RequestCancel): its next step's record is refused with
 	// ErrCancelRequested, and the run fails for good.

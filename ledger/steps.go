@@ -211,6 +211,32 @@ func decodeSteps(av types.AttributeValue) (map[string]string, error) {
 	return out, nil
 }
 
+// StepMap is a job's steps by name (Record.Steps). Stored, each name is
+// escaped (stepKey); this type reads and writes them so for
+// attributevalue's Marshal and Unmarshal too (a Scan decoded with
+// UnmarshalListOfMaps reads the names the run gave).
+type StepMap map[string]string
+
+// MarshalDynamoDBAttributeValue writes m as the record keeps it.
+func (m StepMap) MarshalDynamoDBAttributeValue() (types.AttributeValue, error) {
+	out := make(map[string]types.AttributeValue, len(m))
+	for k, v := range m {
+		out[stepKey(k)] = &types.AttributeValueMemberS{Value: v}
+	}
+	return &types.AttributeValueMemberM{Value: out}, nil
+}
+
+// UnmarshalDynamoDBAttributeValue reads m as the record keeps it.
+func (m *StepMap) UnmarshalDynamoDBAttributeValue(av types.AttributeValue) error {
+	if _, null := av.(*types.AttributeValueMemberNULL); null {
+		*m = nil
+		return nil
+	}
+	steps, err := decodeSteps(av)
+	*m = steps
+	return err
+}
+
 // stepKeys escapes a step's name into the key of the record's steps map
 // that keeps it, and stepNames reads it back. The expression builder reads
 // "." in a name as a path's separator and "[n]" as a list index, even in

@@ -2,11 +2,14 @@ package soak
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,8 +58,18 @@ type callLog struct {
 	calls []callMade
 }
 
-// callPayload is a key's own payload.
-func callPayload(key string) string { return "payload-of-" + key }
+// callBig is a key's order number: an integer beyond 2^53, where a
+// float64 cannot tell it from its neighbours.
+func callBig(key string) uint64 {
+	n, _ := strconv.Atoi(strings.TrimPrefix(key, "call-"))
+	return 12_345_678_901_234_567_000 + uint64(n)*2
+}
+
+// callPayload is a key's own payload: raw JSON with a large integer. A
+// call sends it as it is or with its keys in the other order (the same
+// payload); another payload is the same but for the integer's last digit
+// (one more: the same float64).
+func callPayload(key string) string { return fmt.Sprintf(`{"order":%d,"key":%q}`, callBig(key), key) }
 
 // runCalls makes n idempotent calls from two Stores over keys keys.
 func runCalls(ctx context.Context, stores [2]*idempotency.Store, n, keys int, rng *rand.Rand, log *callLog) {
@@ -66,6 +79,7 @@ func runCalls(ctx context.Context, stores [2]*idempotency.Store, n, keys int, rn
 	type job struct {
 		key      string
 		mismatch bool
+		reorder  bool // its payload's keys in the other order: the same payload
 		store    int
 		fail     bool
 		nap      time.Duration
@@ -75,8 +89,13 @@ func runCalls(ctx context.Context, stores [2]*idempotency.Store, n, keys int, rn
 		wg.Go(func() {
 			for j := range jobs {
 				payload := callPayload(j.key)
-				if j.mismatch {
-					payload = "another-payload"
+				sent := json.RawMessage(payload)
+				switch {
+				case j.mismatch:
+					payload = fmt.Sprintf(`{"order":%d,"key":%q}`, callBig(j.key)+1, j.key)
+					sent = json.RawMessage(payload)
+				case j.reorder:
+					sent = json.RawMessage(fmt.Sprintf(`{"key":%q,"order":%d}`, j.key, callBig(j.key)))
 				}
 				var mine int64
 				failed := false
@@ -93,7 +112,7 @@ func runCalls(ctx context.Context, stores [2]*idempotency.Store, n, keys int, rn
 						return 0, errors.New("the call's function failed")
 					}
 					return r.value, nil
-				}, &idempotency.CallOptions{Payload: payload})
+				}, &idempotency.CallOptions{Payload: sent})
 				c := callMade{key: j.key, mismatch: j.mismatch, value: res.Value, replayed: res.Replayed, err: err, ranValue: mine, ranFailed: failed, start: start, end: time.Now()}
 				if err == nil && !res.Replayed {
 					recorded.Store(j.key, true)
@@ -107,7 +126,7 @@ func runCalls(ctx context.Context, stores [2]*idempotency.Store, n, keys int, rn
 	for range n {
 		key := fmt.Sprintf("call-%d", rng.IntN(keys))
 		_, done := recorded.Load(key)
-		jobs <- job{key: key, mismatch: done && rng.IntN(5) == 0, store: rng.IntN(2), fail: rng.IntN(10) == 0, nap: time.Duration(rng.IntN(30)) * time.Millisecond}
+		jobs <- job{key: key, mismatch: done && rng.IntN(5) == 0, reorder: rng.IntN(2) == 0, store: rng.IntN(2), fail: rng.IntN(10) == 0, nap: time.Duration(rng.IntN(30)) * time.Millisecond}
 	}
 	close(jobs)
 	wg.Wait()

@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -47,7 +48,10 @@ type runs struct {
 	byJob map[string][]*run
 	dead  map[string][]int // the pids whose hook call it logged
 	steps map[string][]stepLine
-	dir   string
+	// argsChanged are the runs, by job, whose args were not those its
+	// first run recorded (their "argsChanged" lines).
+	argsChanged map[string][]string
+	dir         string
 }
 
 // laterIn reports whether another of rs started after r in r's process.
@@ -61,7 +65,7 @@ func laterIn(rs []*run, r *run) bool {
 }
 
 func readRuns(dir string) (runs, error) {
-	out := runs{byJob: map[string][]*run{}, dead: map[string][]int{}, steps: map[string][]stepLine{}, dir: dir}
+	out := runs{byJob: map[string][]*run{}, dead: map[string][]int{}, steps: map[string][]stepLine{}, argsChanged: map[string][]string{}, dir: dir}
 	files, err := filepath.Glob(filepath.Join(dir, "*.runs"))
 	if err != nil {
 		return out, err
@@ -79,6 +83,8 @@ func readRuns(dir string) (runs, error) {
 			case len(w) == 3 && w[0] == "dead":
 				pid, _ := strconv.Atoi(w[2])
 				out.dead[w[1]] = append(out.dead[w[1]], pid)
+			case len(w) == 6 && w[0] == "argsChanged":
+				out.argsChanged[w[1]] = append(out.argsChanged[w[1]], fmt.Sprintf("recorded N %s, ran with N %s (pid %s)", w[2], w[3], w[5]))
 			case len(w) == 6 && (w[0] == "step" || w[0] == "got"):
 				at, _ := strconv.ParseInt(w[4], 10, 64)
 				pid, _ := strconv.Atoi(w[5])
@@ -343,6 +349,16 @@ func checkEnds(_ context.Context, f *facts) []string {
 		case rec.ParentID != "":
 			if p, ok := f.byID[rec.ParentID]; ok && p.State == ledger.Succeeded && rec.State != ledger.Succeeded {
 				bad = append(bad, f.fail(rec.ID, "a continuation of a Succeeded parent ended %s", rec.State))
+			}
+		case rec.Kind == (Durable{}).Kind() && durableArgs(rec).WaitMs > handler.MaxWait.Milliseconds():
+			// A wait longer than the longest schedule: refused when the run
+			// meets it, the job failed for good, the wait never recorded.
+			// (Or it expired unrun, or ended an orphan out of attempts
+			// before its run met the wait, as kills allow.)
+			waited := rec.Steps[ledger.WaitStep("go"+durableArgs(rec).Sfx)] != ""
+			refused := rec.State == ledger.Failed && (strings.Contains(rec.LastError, "longer than the longest") || f.orphaned(rec))
+			if waited || rec.State == ledger.Succeeded || rec.State == ledger.Expired && len(jr) > 0 || rec.State == ledger.Failed && !refused {
+				bad = append(bad, f.fail(rec.ID, "a durable job waiting two years ended %s (%q) after %d runs, its wait recorded %v; want Failed at once, refused", rec.State, rec.LastError, len(jr), waited))
 			}
 		case rec.State == ledger.Expired:
 			if r := f.led.results[rec.ID]; r == nil || !r.mayExpire {

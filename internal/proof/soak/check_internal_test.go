@@ -163,8 +163,10 @@ func TestDurableCheck(t *testing.T) {
 	rec := ledger.Record{ID: "d1", Kind: "soak.durable", State: ledger.Succeeded,
 		Steps:  map[string]string{"draw": "7", "nap": "4000", "woke": "5000", "signal": "42"},
 		Result: `{"Draw":7,"Woke":5000,"Signal":42}`}
+	var changed map[string][]string // a run's args not its first run's
+	var misreports []string
 	run := func(lines []stepLine, rec ledger.Record, sig signalSent) []string {
-		f := &facts{led: &ledgerOf{signals: []signalSent{sig}}, rs: runs{steps: map[string][]stepLine{"d1": lines}},
+		f := &facts{led: &ledgerOf{signals: []signalSent{sig}, misreports: misreports}, rs: runs{steps: map[string][]stepLine{"d1": lines}, argsChanged: changed},
 			byID: map[string]ledger.Record{"d1": rec}, recs: []ledger.Record{rec}, c: Config{Skew: 2 * time.Second}}
 		return checkDurable(context.Background(), f)
 	}
@@ -197,6 +199,24 @@ func TestDurableCheck(t *testing.T) {
 		if len(bad) != 1 || !strings.Contains(bad[0], c.want) {
 			t.Errorf("%s: got %v, want one violation saying %q", c.name, bad, c.want)
 		}
+	}
+	// Names with a suffix: the record keeps them whole, the logs without.
+	sfx := rec
+	sfx.Args = `{"N":1,"Sfx":"a.b[1]"}`
+	sfx.Steps = map[string]string{}
+	for k, v := range rec.Steps {
+		sfx.Steps[k+"a.b[1]"] = v
+	}
+	if bad := run(good, sfx, sent); len(bad) != 0 {
+		t.Errorf("a job whose names end in a.b[1], that kept every promise: %v", bad)
+	}
+	changed = map[string][]string{"d1": {"recorded N 1, ran with N 2 (pid 3)"}}
+	if bad := run(good, rec, sent); len(bad) != 1 || !strings.Contains(bad[0], "args were not its first run's") {
+		t.Errorf("a fold into a job that ran: got %v, want one violation", bad)
+	}
+	changed, misreports = nil, []string{"job d1: Cancel reported nexjob: job d1 is Scheduled; only Enqueued or Scheduled jobs can be cancelled"}
+	if bad := run(good, rec, sent); len(bad) != 1 || !strings.Contains(bad[0], "Cancel reported") {
+		t.Errorf("a Cancel that reported an active job not cancellable: got %v, want one violation", bad)
 	}
 }
 

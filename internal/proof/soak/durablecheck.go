@@ -73,14 +73,15 @@ func checkDurable(ctx context.Context, f *facts) []string {
 		if !kept {
 			continue // its record is gone (nothing removes a Durable job's record before quiet: checkRecords says so)
 		}
+		sfx := durableArgs(rec).Sfx // the record's steps are named with it, the logs without
 		for name, v := range got {
-			if r, ok := rec.Steps[name]; !ok || r != v {
-				bad = append(bad, f.fail(id, "step %q returned %s, the record keeps %q", name, v, r))
+			if r, ok := rec.Steps[name+sfx]; !ok || r != v {
+				bad = append(bad, f.fail(id, "step %q returned %s, the record keeps %q", name+sfx, v, r))
 			}
 		}
 		if w, ok := got["woke"]; ok {
 			woke, _ := strconv.ParseInt(w, 10, 64)
-			nap, _ := strconv.ParseInt(rec.Steps["nap"], 10, 64)
+			nap, _ := strconv.ParseInt(rec.Steps["nap"+sfx], 10, 64)
 			if early := time.Duration(nap-woke) * time.Millisecond; early > f.c.Skew+wokeSlack {
 				bad = append(bad, f.fail(id, "woke %s before its nap's end", early))
 			}
@@ -109,6 +110,18 @@ func checkDurable(ctx context.Context, f *facts) []string {
 			}
 		}
 	}
+	// A fold joins only a job that never ran: no run of a job finds args
+	// other than those its first run recorded.
+	for _, id := range slices.Sorted(maps.Keys(f.rs.argsChanged)) {
+		for _, l := range f.rs.argsChanged[id] {
+			bad = append(bad, f.fail(id, "a run's args were not its first run's: %s", l))
+		}
+	}
+	// A call that said what did not happen (a Cancel that reported a job
+	// still active not cancellable: it lost a race with the job's run).
+	f.led.mu.Lock()
+	bad = append(bad, f.led.misreports...)
+	f.led.mu.Unlock()
 	// Every Durable job that Succeeded logged its steps.
 	for _, rec := range f.recs {
 		if rec.Kind == (Durable{}).Kind() && rec.State == ledger.Succeeded && len(f.rs.steps[rec.ID]) == 0 {
@@ -116,6 +129,14 @@ func checkDurable(ctx context.Context, f *facts) []string {
 		}
 	}
 	return bad
+}
+
+// durableArgs is rec's args as a Durable job (zero if they do not
+// decode).
+func durableArgs(rec ledger.Record) Durable {
+	var a Durable
+	_ = json.Unmarshal([]byte(rec.Args), &a)
+	return a
 }
 
 // durableResult reads rec's result as a user does, through the client

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,9 +48,22 @@ type (
 	// payload, or -1 after DurableWait, kept as the step "signal"); it
 	// fails its first Fails attempts after those, and its result is
 	// DurableResult. Each step's function and each step's return are
-	// logged (checkDurable).
-	Durable struct{ N, Fails, NapMs int }
+	// logged (checkDurable). Its step, sleep, wait and signal names end
+	// in Sfx (names with ".", "[n]", unicode, the longest: data, never
+	// a path); a first step "n" keeps N, and a run whose args are not the
+	// ones its first run recorded logs it (a fold into a job that ran).
+	// WaitMs, if set, is its wait's timeout (else DurableWait): one longer
+	// than handler.MaxWait must fail the job at once, nothing recorded.
+	Durable struct {
+		N, Fails, NapMs int
+		Sfx             string `json:",omitempty"`
+		WaitMs          int64  `json:",omitempty"`
+	}
 )
+
+// DurableSuffixes are the Durable jobs' name endings: every shape a path
+// parser trips on, unicode, and the longest a wait's signal name can be.
+var DurableSuffixes = []string{"", ".v2", "[0]", "a.b[1].c", "..", "]x[", "é.ü[ß]", "%2E", strings.Repeat("x.", 50)}
 
 // DurableResult is a Durable job's result: what its steps returned.
 type DurableResult struct {
@@ -206,16 +220,28 @@ func Registry(l *RunLog) *handler.Registry {
 func durable(ctx context.Context, l *RunLog, j *handler.Job[Durable]) (DurableResult, error) {
 	var r DurableResult
 	var err error
-	if r.Draw, err = loggedStep(ctx, l, j.ID, "draw", func() int64 { return time.Now().UnixNano() }); err != nil {
+	sfx := j.Args.Sfx
+	n, err := loggedStep(ctx, l, j.ID, "n", sfx, func() int { return j.Args.N })
+	if err != nil {
 		return r, err
 	}
-	if err := handler.Sleep(ctx, "nap", time.Duration(j.Args.NapMs)*time.Millisecond); err != nil {
+	if n != j.Args.N {
+		l.line("argsChanged %s %d %d %d %d", j.ID, n, j.Args.N, time.Now().UnixNano(), l.pid)
+	}
+	if r.Draw, err = loggedStep(ctx, l, j.ID, "draw", sfx, func() int64 { return time.Now().UnixNano() }); err != nil {
 		return r, err
 	}
-	if r.Woke, err = loggedStep(ctx, l, j.ID, "woke", func() int64 { return time.Now().UnixMilli() }); err != nil {
+	if err := handler.Sleep(ctx, "nap"+sfx, time.Duration(j.Args.NapMs)*time.Millisecond); err != nil {
 		return r, err
 	}
-	p, err := handler.WaitForSignal[int](ctx, "go", DurableWait)
+	if r.Woke, err = loggedStep(ctx, l, j.ID, "woke", sfx, func() int64 { return time.Now().UnixMilli() }); err != nil {
+		return r, err
+	}
+	wait := DurableWait
+	if j.Args.WaitMs != 0 {
+		wait = time.Duration(j.Args.WaitMs) * time.Millisecond
+	}
+	p, err := handler.WaitForSignal[int](ctx, "go"+sfx, wait)
 	var timeout *handler.SignalTimeoutError
 	switch {
 	case errors.As(err, &timeout):
@@ -223,7 +249,7 @@ func durable(ctx context.Context, l *RunLog, j *handler.Job[Durable]) (DurableRe
 	case err != nil:
 		return r, err
 	}
-	if r.Signal, err = loggedStep(ctx, l, j.ID, "signal", func() int { return p }); err != nil {
+	if r.Signal, err = loggedStep(ctx, l, j.ID, "signal", sfx, func() int { return p }); err != nil {
 		return r, err
 	}
 	if j.Attempt <= j.Args.Fails {
@@ -232,11 +258,12 @@ func durable(ctx context.Context, l *RunLog, j *handler.Job[Durable]) (DurableRe
 	return r, nil
 }
 
-// loggedStep is handler.Step of fn, logging "step ID NAME VALUE UNIXNANO
-// PID" when fn runs and "got ID NAME VALUE UNIXNANO PID" when the step
-// returns its result (recorded, or replayed).
-func loggedStep[V any](ctx context.Context, l *RunLog, id, name string, fn func() V) (V, error) {
-	v, err := handler.Step(ctx, name, func(context.Context) (V, error) {
+// loggedStep is handler.Step of fn under the name name+sfx, logging
+// "step ID NAME VALUE UNIXNANO PID" when fn runs and "got ID NAME VALUE
+// UNIXNANO PID" when the step returns its result (recorded, or replayed):
+// the log names it without its suffix (one word).
+func loggedStep[V any](ctx context.Context, l *RunLog, id, name, sfx string, fn func() V) (V, error) {
+	v, err := handler.Step(ctx, name+sfx, func(context.Context) (V, error) {
 		v := fn()
 		l.line("step %s %s %v %d %d", id, name, v, time.Now().UnixNano(), l.pid)
 		return v, nil

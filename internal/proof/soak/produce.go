@@ -2,10 +2,12 @@ package soak
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -55,6 +57,9 @@ type ledgerOf struct {
 	results map[string]*result // created jobs by id
 	n       int
 	signals []signalSent // the Signal calls to Durable jobs
+	// misreports are calls that said what did not happen (a Cancel that
+	// reported an active job not cancellable).
+	misreports []string
 }
 
 func (l *ledgerOf) add(r *result) {
@@ -254,25 +259,53 @@ func (p *producer) one(ctx context.Context, kind string, o *enqueue.Opts) {
 // durable enqueues a Durable job and signals it 0 to 3 s later, from
 // its own goroutine: before its wait began, during it, or (a signal call
 // that failed) never, and it times out.
+//
+// Its names end in one of DurableSuffixes. One in four has a Deadline
+// a second on (it may expire unrun, never once it ran: its sleep and wait
+// pass the deadline); one in five is debounced on a small key pool (a
+// fold joins only a job that never ran); one in fifty waits two years
+// (refused: it fails at once); one in four is also sent two 16 KB
+// signals no wait asks for, before or during its run (they never take
+// its steps' room).
 func (p *producer) durable(ctx context.Context) {
 	p.seq++
 	n := p.id*1_000_000 + p.seq
-	a := Durable{N: n, Fails: p.rng.IntN(2), NapMs: 300 + p.rng.IntN(1700)}
-	r := &result{call: "enqueue", kind: a.Kind(), flakyFail: a.Fails, at: time.Now()}
-	res, err := p.c.Enqueue(ctx, a, &enqueue.Opts{MaxAttempts: 4})
+	a := Durable{N: n, Fails: p.rng.IntN(2), NapMs: 300 + p.rng.IntN(1700), Sfx: DurableSuffixes[p.rng.IntN(len(DurableSuffixes))]}
+	if p.rng.IntN(50) == 0 {
+		a.WaitMs = (2 * 365 * 24 * time.Hour).Milliseconds()
+	}
+	o := &enqueue.Opts{MaxAttempts: 4}
+	r := &result{call: "enqueue", kind: a.Kind(), flakyFail: a.Fails}
+	switch p.rng.IntN(20) {
+	case 0, 1, 2, 3, 4:
+		o.Deadline, r.mayExpire = time.Now().Add(time.Second), true // past the producer clock's 300 ms lead
+	case 5, 6, 7, 8:
+		k := p.rng.IntN(3)
+		o.Debounce = &enqueue.Debounce{Key: fmt.Sprintf("ddb-%d", k), Period: time.Second}
+		a.Sfx = DurableSuffixes[k] // one per key: a fold's signal names the wait the job will make
+	}
+	junk := p.rng.IntN(4) == 0
+	r.at = time.Now()
+	res, err := p.c.Enqueue(ctx, a, o)
 	r.done = time.Now()
 	p.led.add(record(r, res, err))
-	if !r.created {
+	if !r.created && !r.folded {
 		return
 	}
 	after := time.Duration(p.rng.IntN(3000)) * time.Millisecond
 	p.signals.Go(func() {
+		if junk {
+			payload := strconv.Quote(strings.Repeat("j", ledger.MaxStepBytes-2))
+			for i := range 2 {
+				_ = p.c.Signal(ctx, r.id, fmt.Sprintf("junk-%d", i), json.RawMessage(payload)) // refused or kept: either way, never the job's room
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(after):
 		}
-		err := p.c.Signal(ctx, r.id, "go", n)
+		err := p.c.Signal(ctx, r.id, "go"+a.Sfx, n)
 		p.led.mu.Lock()
 		p.led.signals = append(p.led.signals, signalSent{id: r.id, payload: n, err: err})
 		p.led.mu.Unlock()
@@ -437,15 +470,24 @@ func operate(ctx context.Context, c *enqueue.Client, log *slog.Logger, led *ledg
 			continue
 		}
 		if rng.IntN(2) == 0 {
-			r := led.pick(rng, "soak.ok")
+			// A plain job, or a durable one: in its sleep or its wait, or
+			// running (asked to stop at its next step).
+			r := led.pick(rng, []string{"soak.ok", "soak.durable"}[rng.IntN(2)])
 			if r == nil {
 				continue
 			}
-			if _, err := c.Cancel(ctx, r.id, "soak: cancelled", 0); err == nil {
-				led.mu.Lock()
+			_, err := c.Cancel(ctx, r.id, "soak: cancelled", 0)
+			var nc *enqueue.NotCancellableError
+			led.mu.Lock()
+			switch {
+			case err == nil:
 				r.cancelled = true
-				led.mu.Unlock()
+			case errors.As(err, &nc) && !nc.State.Terminal():
+				// Cancel says it cannot cancel a job that is still active:
+				// it lost a race with the job's run (issue 38 item 6).
+				led.misreports = append(led.misreports, fmt.Sprintf("job %s: Cancel reported %v", r.id, err))
 			}
+			led.mu.Unlock()
 			continue
 		}
 		r := led.pick(rng, "soak.doomed")
