@@ -1,15 +1,19 @@
 package infra
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
 	"github.com/aws/jsii-runtime-go"
 
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/settings"
 )
 
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:
@@ -51,20 +55,39 @@ func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.grantFar(grantee) // a redriven far job is scheduled again; delete removes its schedule
 }
 
-// GrantIdempotency lets grantee use package idempotency on the table and
-// nothing else: GetItem, PutItem, UpdateItem and DeleteItem of call
-// records only (IAM's dynamodb:LeadingKeys limited to
-// ledger.CallKeyPrefix: the function can neither read nor write a job),
-// and the key secret, which hashes its keys. Give the function
-// q.Settings(settings.Idempotent). TestIdempotencyGrantsExactlyItsCalls
-// runs every path of the utility against this policy.
-func (q *JobQueue) GrantIdempotency(grantee awsiam.IGrantable) {
-	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+// GrantIdempotency lets fn use package idempotency on the table as the
+// function named function, and nothing else: GetItem, PutItem, UpdateItem
+// and DeleteItem of that function's call records only (IAM's
+// dynamodb:LeadingKeys limited to ledger.FunctionCallPrefix(function),
+// "i#<function>#*": it can read or write neither a job nor another
+// function's records), and the key secret, which hashes its keys. It
+// tells fn the name (settings.EnvIdempotencyFunction), which idempotency.New
+// takes and refuses to differ from. Give the function
+// q.Settings(settings.Idempotent) too. function must follow the kinds
+// rule (letters, digits, . _ - : /; never "#" or "*", which would widen
+// the prefix), and one function has one name: GrantIdempotency panics
+// otherwise (granting the same name again changes nothing).
+// TestIdempotencyGrantsExactlyItsCalls runs every path of the utility
+// against this policy.
+func (q *JobQueue) GrantIdempotency(fn awslambda.Function, function string) {
+	if !kinds.Valid(function) {
+		panic(fmt.Sprintf("nexjob infra: GrantIdempotency(%s, %q): the function's name must be %s", *fn.Node().Path(), function, kinds.Rule))
+	}
+	path := *fn.Node().Path()
+	if q.idempotent == nil {
+		q.idempotent = map[string]string{}
+	}
+	if was, ok := q.idempotent[path]; ok && was != function {
+		panic(fmt.Sprintf("nexjob infra: GrantIdempotency(%s, %q): the function was granted as %q; one function has one name (its records are under it)", path, function, was))
+	}
+	q.idempotent[path] = function
+	fn.AddEnvironment(jsii.String(settings.EnvIdempotencyFunction), jsii.String(function), nil)
+	fn.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Actions:    jsii.Strings("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
 		Resources:  jsii.Strings(*q.Table.TableArn()),
-		Conditions: &map[string]any{"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": []string{ledger.CallKeyPrefix + "*"}}},
+		Conditions: &map[string]any{"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": []string{ledger.FunctionCallPrefix(function) + "*"}}},
 	}))
-	q.grantKeySecret(grantee)
+	q.grantKeySecret(fn)
 }
 
 // OperatorDeniedAttributes are the record attributes GrantOperate's

@@ -81,7 +81,8 @@ type JobQueue struct {
 	keySecretKey       awskms.IKey
 	env                map[string]*string // every function's settings
 	guardAfter         string
-	eventBus           *string // the completion events' bus name (nil: the default bus)
+	eventBus           *string           // the completion events' bus name (nil: the default bus)
+	idempotent         map[string]string // GrantIdempotency's names, by the function's construct path
 }
 
 // Settings returns the environment a function of this role needs (see
