@@ -74,6 +74,7 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := s.view(r, "job "+rec.ID)
+	rec.Result = rec.SucceededResult() // a requeued job's item may keep its run before's
 	v.Job, v.ShowArgs, v.History, v.Actions = rec, r.URL.Query().Get("args") == "1", history(rec), actions(rec)
 	v.ShowResult = r.URL.Query().Get("result") == "1"
 	s.render(w, http.StatusOK, "job", v)

@@ -188,8 +188,9 @@ type NamedQueue struct {
 
 // WebDashboardProps configure the dashboard function.
 type WebDashboardProps struct {
-	// Write turns the requeue, cancel, delete and redrive actions on (and
-	// grants them). Defaults to false: read-only, read grants only.
+	// Write turns the requeue, cancel, delete, redrive and signal actions
+	// on (and grants them: GrantOperate and GrantSignal). Defaults to
+	// false: read-only, read grants only.
 	Write *bool
 	// Code runs lambdamain.Dashboard (or lambdamain.Serve). Defaults to
 	// JobQueueProps.Code, else CodeDir/dashboard.
