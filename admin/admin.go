@@ -10,10 +10,10 @@
 //
 // # Costs
 //
-// Find of an indexed state is a Query of the byState index; of any other
+// Find of an indexed state is a Query of the byState index, and Overview
+// one Scan of that index (its entries hold no args); Find of any other
 // state, Stats and JobsOnQueue (MoveQueue's listing), a Scan of the whole
-// table (billed for every record):
-// an operator's tool, not a hot path. DeadLetters receives up to ten DLQ
+// table (billed for every record): an operator's tool, not a hot path. DeadLetters receives up to ten DLQ
 // messages with a visibility timeout of 0 (package internal/sqszero: the
 // SDK would otherwise send none, and SQS would hide them for the queue's
 // own timeout), so a peek changes nothing a consumer sees; each peek
@@ -179,7 +179,14 @@ type Stats struct {
 	Queues []QueueStats
 	// EndedLastHour are the jobs that ended in the last hour, by state.
 	EndedLastHour map[ledger.State]int
+	// Counted are the states Jobs and EndedLastHour count: every state
+	// (Stats), or the ones the byState index holds (Overview). Another
+	// state's count is unknown, not zero.
+	Counted []ledger.State
 }
+
+// IsCounted reports whether st's jobs were counted.
+func (s Stats) IsCounted(st ledger.State) bool { return slices.Contains(s.Counted, st) }
 
 // QueueStats are one named queue's approximate counts, as Stats's own.
 type QueueStats struct {
@@ -196,18 +203,38 @@ func (s Stats) Total(st ledger.State) int {
 	return n
 }
 
-// Stats counts jobs (one Scan) and reads the queues' depths.
+// Stats counts jobs (one Scan of the whole table: billed for every
+// record, its args included) and reads the queues' depths.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 	counts, err := a.store.CountJobs(ctx, a.store.Now().Add(-time.Hour))
 	if err != nil {
 		return Stats{}, err
 	}
+	return a.stats(ctx, counts)
+}
+
+// Overview is Stats read from the byState index instead of the table
+// (ledger.Store.CountIndexed: one Scan of the index's entries, which hold
+// no args), what the dashboard's overview shows on every load: its read
+// units grow with the number of indexed jobs, never with their args. The
+// states the index does not hold (Enqueued, Processing and Succeeded,
+// unless IndexAllStates) are not counted: Stats.Counted says which are.
+func (a *Admin) Overview(ctx context.Context) (Stats, error) {
+	counts, err := a.store.CountIndexed(ctx, a.store.Now().Add(-time.Hour))
+	if err != nil {
+		return Stats{}, err
+	}
+	return a.stats(ctx, counts)
+}
+
+// stats are counts and the queues' depths.
+func (a *Admin) stats(ctx context.Context, counts ledger.JobCounts) (Stats, error) {
 	jobs := counts.ByState
 	main, err := a.queueStats(ctx, "", a.queueURL, a.dlqURL)
 	if err != nil {
 		return Stats{}, err
 	}
-	st := Stats{Jobs: jobs, Queued: main.Queued, InFlight: main.InFlight, DLQ: main.DLQ, EndedLastHour: counts.EndedSince}
+	st := Stats{Jobs: jobs, Queued: main.Queued, InFlight: main.InFlight, DLQ: main.DLQ, EndedLastHour: counts.EndedSince, Counted: counts.Counted}
 	for _, name := range slices.Sorted(maps.Keys(a.named)) {
 		q := a.named[name]
 		qs, err := a.queueStats(ctx, name, q.URL, q.DLQURL)

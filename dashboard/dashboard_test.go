@@ -25,6 +25,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
@@ -50,7 +51,14 @@ type rig struct {
 
 func newRig(t *testing.T, write bool) *rig {
 	t.Helper()
-	r := &rig{e: awstest.New(t, nil)}
+	return newRigOn(t, write, ledger.Options{})
+}
+
+// newRigOn is newRig on a deployment with these ledger options (every
+// process of it agrees on them, as the construct's settings make them).
+func newRigOn(t *testing.T, write bool, lo ledger.Options) *rig {
+	t.Helper()
+	r := &rig{e: &awstest.Env{Env: nexjobtest.New(t, &nexjobtest.Options{Ledger: lo})}}
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[invoice](func(ctx context.Context, j *handler.Job[invoice]) error {
 		if r.broken.Load() {
@@ -68,7 +76,7 @@ func newRig(t *testing.T, write bool) *rig {
 	r.e.Drain(t, r.h)
 	r.e.RequireState(t, r.failed, ledger.Failed)
 	r.broken.Store(false)
-	a, err := admin.New(settings.Settings{AWS: r.e.Cfg, Table: r.e.Table, QueueURL: r.e.QueueURL, DLQURL: r.e.DLQURL, Retention: handler.DefaultRetention})
+	a, err := admin.New(settings.Settings{AWS: r.e.Cfg, Table: r.e.Table, QueueURL: r.e.QueueURL, DLQURL: r.e.DLQURL, Retention: handler.DefaultRetention, IndexAllStates: lo.IndexAllStates})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,9 +346,12 @@ func TestJobPageShowsRuns(t *testing.T) {
 // TestOverviewRefreshesAndCountsEnds (issue 30, item 11): the overview
 // reloads itself, says how many jobs ended in the last hour by state, and
 // has no row for items that are not jobs (a blank kind of zeros headed
-// it: flow control's items counted as jobs).
+// it: flow control's items counted as jobs). The overview reads the
+// byState index (issue 38 item 18), so the deployment here indexes every
+// state, Succeeded included (IndexAllStates); without it Succeeded is
+// not counted on the overview (TestOverviewCostDoesNotGrowWithArgs).
 func TestOverviewRefreshesAndCountsEnds(t *testing.T) {
-	r := newRig(t, false)
+	r := newRigOn(t, false, ledger.Options{IndexAllStates: true})
 	ctx := context.Background()
 	if _, err := r.e.Client.Enqueue(ctx, invoice{Customer: "bob@example.com"}, &enqueue.Opts{
 		RateLimit: &enqueue.RateLimit{Key: "invoices", Limit: 5, Period: time.Minute}}); err != nil {

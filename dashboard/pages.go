@@ -16,14 +16,32 @@ import (
 // overviewRefresh is how often the overview reloads itself, in seconds.
 const overviewRefresh = 10
 
+// overview counts the jobs from the byState index (admin.Overview: its
+// entries hold no args, so a load costs the same whatever the args weigh)
+// and reloads itself. The states the index does not hold are counted only
+// when asked (?count=scan: admin.Stats, a Scan of the whole table billed
+// for every record, shown once, not reloaded).
 func (s *server) overview(w http.ResponseWriter, r *http.Request) {
-	st, err := s.a.Stats(r.Context())
+	scan := r.URL.Query().Get("count") == "scan"
+	count := s.a.Overview
+	if scan {
+		count = s.a.Stats
+	}
+	st, err := count(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	v := s.view(r, "jobs")
-	v.Stats, v.Refresh = st, overviewRefresh
+	v.Stats, v.Scanned = st, scan
+	if !scan {
+		v.Refresh = overviewRefresh
+	}
+	for _, state := range v.States {
+		if !st.IsCounted(state) {
+			v.NotCounted = append(v.NotCounted, state)
+		}
+	}
 	kinds := map[string]bool{}
 	for _, byKind := range st.Jobs {
 		for k := range byKind {
@@ -74,6 +92,7 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	v := s.view(r, "job "+rec.ID)
+	rec.Result = rec.SucceededResult() // a requeued job's item may keep its run before's
 	v.Job, v.ShowArgs, v.History, v.Actions = rec, r.URL.Query().Get("args") == "1", history(rec), actions(rec)
 	v.ShowResult = r.URL.Query().Get("result") == "1"
 	s.render(w, http.StatusOK, "job", v)

@@ -18,9 +18,10 @@ type view struct {
 	Refresh                                int // seconds: the page reloads itself (the overview); 0 never
 	now                                    time.Time
 
-	Stats  admin.Stats
-	States []ledger.State
-	Kinds  []string
+	Stats      admin.Stats
+	States     []ledger.State
+	Kinds      []string
+	NotCounted []ledger.State // states the overview did not count (not in the byState index)
 
 	State        ledger.State
 	Kind, Since  string

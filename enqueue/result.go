@@ -81,8 +81,8 @@ func endedOf(rec ledger.Record) (Ended, bool) {
 		return Ended{}, false
 	}
 	e := Ended{ID: rec.ID, State: rec.State, Cancelled: rec.Cancelled}
-	if rec.State == ledger.Succeeded && rec.Result != "" {
-		e.Result = json.RawMessage(rec.Result)
+	if r := rec.SucceededResult(); r != "" {
+		e.Result = json.RawMessage(r)
 	} else if rec.State != ledger.Succeeded {
 		e.LastError = rec.LastError
 	}

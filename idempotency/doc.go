@@ -52,7 +52,12 @@
 // deployment's key secret, which New reads as every role of the deployment
 // does, from NEXJOB_KEY_SECRET_PARAMETER's SSM parameter or
 // NEXJOB_KEY_SECRET; with neither, SHA-256), scoped to Options.Function:
-// two functions using one key hold two records. The payload is stored as
+// two functions using one key hold two records, each under its function's
+// partition key prefix "i#<function>#", which the construct's
+// GrantIdempotency limits that function's grant to (no function reads or
+// writes another's records); New refuses a Function other than the name
+// the deployment gives the function (NEXJOB_IDEMPOTENCY_FUNCTION) with a
+// *FunctionError. The payload is stored as
 // its hash: the hash of its JSON with every object's keys sorted (as
 // Powertools sorts them), so the same fields in another order are the same
 // payload. An event's JSON integers are kept exact for its key and

@@ -21,6 +21,21 @@ var (
 	ErrNotRecorded     = errors.New("nexjob: the call ran but its outcome was not recorded")
 )
 
+// FunctionError: New was given a function name it may not use: one
+// outside the kinds rule, or one that is not the name the deployment
+// gives the function (Deployed, from NEXJOB_IDEMPOTENCY_FUNCTION): a
+// function's records are reachable by its own grant only, so a store
+// naming another function would write where that function reads.
+type FunctionError struct {
+	Function string
+	Deployed string // "" unless the deployment names another
+	Reason   string
+}
+
+func (e *FunctionError) Error() string {
+	return fmt.Sprintf("nexjob: idempotency function name %q %s", e.Function, e.Reason)
+}
+
 // InProgressError: a repeat met the first call still holding the key.
 // Nothing ran; retry after Until (a call's hold ends by then).
 type InProgressError struct {

@@ -85,7 +85,7 @@ type eventKey struct {
 // value's JSON scoped apart from every string.
 func (k eventKey) hash(s *Store) string {
 	if k.json {
-		return s.ledger.HashKey(s.function + "\x01" + k.text)
+		return s.callKey(s.ledger.HashKey(s.function + "\x01" + k.text))
 	}
 	return s.KeyHash(k.text)
 }

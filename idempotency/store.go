@@ -22,8 +22,15 @@ import (
 // Options tune a Store. The zero value (or nil) takes every default.
 type Options struct {
 	// Function scopes the keys: one key used by two functions is two
-	// records. It is the metrics' Function dimension. Defaults to
-	// AWS_LAMBDA_FUNCTION_NAME, or "default" outside Lambda. Must be
+	// records, each function's under its own partition key prefix
+	// "i#<function>#", which the construct's GrantIdempotency(fn, name)
+	// limits the function's grant to (IAM's dynamodb:LeadingKeys): no
+	// function reads or writes another's records. It is the metrics'
+	// Function dimension. Defaults to the name the deployment gives the
+	// function (NEXJOB_IDEMPOTENCY_FUNCTION, set by GrantIdempotency),
+	// else AWS_LAMBDA_FUNCTION_NAME, else "default" outside Lambda. When
+	// the deployment names the function, any other name is refused (a
+	// *FunctionError): its records would be another function's. Must be
 	// kinds' rule (letters, digits, . _ - : /).
 	Function string
 	// Policy decides what a repeat does once the first call's outcome is
@@ -90,6 +97,11 @@ const (
 	DefaultMaxResultBytes = 64 << 10
 	// EnvDisabled turns every Store off when "true".
 	EnvDisabled = "NEXJOB_IDEMPOTENCY_DISABLED"
+	// EnvFunction is the function's name as its deployment gives it (the
+	// construct's GrantIdempotency sets it with the grant): Options.Function
+	// defaults to it and may not differ from it. (settings'
+	// EnvIdempotencyFunction: the same name.)
+	EnvFunction = "NEXJOB_IDEMPOTENCY_FUNCTION"
 )
 
 // recordTimeout bounds the writes after the function ran (its result, a
@@ -150,6 +162,15 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 		}
 		o.Ledger.KeySecret = secret
 	}
+	deployed := os.Getenv(EnvFunction)
+	switch {
+	case deployed != "" && !kinds.Valid(deployed):
+		return nil, &FunctionError{Function: deployed, Reason: "(" + EnvFunction + ") must be " + kinds.Rule}
+	case deployed != "" && o.Function != "" && o.Function != deployed:
+		return nil, &FunctionError{Function: o.Function, Deployed: deployed, Reason: "is not the name its deployment gives this function (" + EnvFunction + "=" + deployed + "): its records would be another function's"}
+	case o.Function == "":
+		o.Function = deployed
+	}
 	if o.Function == "" {
 		o.Function = os.Getenv("AWS_LAMBDA_FUNCTION_NAME")
 	}
@@ -157,7 +178,7 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 		o.Function = "default"
 	}
 	if !kinds.Valid(o.Function) {
-		return nil, fmt.Errorf("nexjob: idempotency function name %q: it must be %s", o.Function, kinds.Rule)
+		return nil, &FunctionError{Function: o.Function, Reason: "must be " + kinds.Rule}
 	}
 	policy := ledger.RejectAlways
 	if o.Policy != nil {
@@ -230,9 +251,15 @@ func keySecret(cfg aws.Config) ([]byte, error) {
 	return nil, nil
 }
 
-// KeyHash is what the Store writes and logs for key: the ledger's hash of
-// the key scoped to the Store's function.
-func (s *Store) KeyHash(key string) string { return s.ledger.HashKey(s.function + "\x00" + key) }
+// KeyHash is what the Store writes and logs for key: the Store's function
+// and the ledger's hash of the key scoped to it, "<function>#<hash>"
+// (ledger.CallKey; the record's partition key is "i#" and it).
+func (s *Store) KeyHash(key string) string {
+	return s.callKey(s.ledger.HashKey(s.function + "\x00" + key))
+}
+
+// callKey scopes a hash to the Store's function (ledger.CallKey).
+func (s *Store) callKey(hash string) string { return ledger.CallKey(s.function, hash) }
 
 // payloadHash fingerprints a payload's JSON under the same hash.
 func (s *Store) payloadHash(payload []byte) string {

@@ -1,15 +1,19 @@
 package infra
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
 	"github.com/aws/jsii-runtime-go"
 
+	"github.com/nexjob/nexjob-aws/internal/kinds"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/settings"
 )
 
 // GrantEnqueue lets grantee make every producer call of enqueue.Client:
@@ -28,48 +32,117 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 
 // GrantOperate lets grantee operate the jobs (the nexjob CLI, a
 // dashboard with write actions): everything GrantRead allows, and exactly
-// what the actions call: requeue and cancel (UpdateItem, and SendMessage
-// of a requeued job), delete (DeleteItem) and redrive (the DLQ's
-// DeleteMessage, once its job is back). Not PutItem, and an UpdateItem
-// that names a record's kind or args is denied (dynamodb:Attributes):
-// UpdateItem creates a missing item, and with SendMessage it made a job
-// of any kind and args that the worker ran. No operator action names
-// either (TestDashboardGrantsExactlyItsCalls checks the attributes too);
-// TestDashboardGrantsExactlyItsCalls runs every action through a
-// recording proxy against this policy.
+// what the actions call: requeue, cancel, delete, redrive and move-queue
+// (UpdateItem, DeleteItem, SendMessage of a job sent again, the DLQ's
+// DeleteMessage once its job is back, a far job's schedule). Not PutItem,
+// and UpdateItem only naming OperatorAttributes (IAM's
+// dynamodb:Attributes, an allow-list): an operator's update can change
+// whether and when a job runs, never what it is, what it did or what it
+// returned (its kind, args, steps, result, history, fencing token, key's
+// policy, attempt budget: an UpdateItem naming steps made the worker pay a
+// forged payee without running its lookup step, one naming result
+// changed what Client.Result returns). Signals are not in it: a signal is
+// kept in the job's steps (GrantSignal). TestOperatorWritesOnlyItsAttributes
+// runs every operator write against OperatorAttributes;
+// TestDashboardGrantsExactlyItsCalls runs the write dashboard's actions
+// against its policy.
 func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.GrantRead(grantee)
-	q.Table.Grant(grantee, jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
-	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Effect:     awsiam.Effect_DENY,
-		Actions:    jsii.Strings("dynamodb:UpdateItem"),
-		Resources:  jsii.Strings(*q.Table.TableArn()),
-		Conditions: &map[string]any{"ForAnyValue:StringEquals": map[string]any{"dynamodb:Attributes": OperatorDeniedAttributes}},
-	}))
+	q.grantUpdate(grantee, OperatorAttributes)
+	q.Table.Grant(grantee, jsii.String("dynamodb:DeleteItem"))
 	q.grantQueues(grantee, "sqs:SendMessage")
 	q.grantDLQs(grantee, "sqs:DeleteMessage")
 	q.grantFar(grantee) // a redriven far job is scheduled again; delete removes its schedule
 }
 
-// GrantIdempotency lets grantee use package idempotency on the table and
-// nothing else: GetItem, PutItem, UpdateItem and DeleteItem of call
-// records only (IAM's dynamodb:LeadingKeys limited to
-// ledger.CallKeyPrefix: the function can neither read nor write a job),
-// and the key secret, which hashes its keys. Give the function
-// q.Settings(settings.Idempotent). TestIdempotencyGrantsExactlyItsCalls
-// runs every path of the utility against this policy.
-func (q *JobQueue) GrantIdempotency(grantee awsiam.IGrantable) {
-	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-		Actions:    jsii.Strings("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
-		Resources:  jsii.Strings(*q.Table.TableArn()),
-		Conditions: &map[string]any{"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": []string{ledger.CallKeyPrefix + "*"}}},
-	}))
-	q.grantKeySecret(grantee)
+// GrantSignal lets grantee send signals to jobs waiting for them (nexjob
+// signal, enqueue.Client.Signal and SignalToken, the write dashboard's
+// signal action): GetItem, UpdateItem naming only SignalAttributes, and
+// SendMessage of the job it wakes. A signal is kept in the job's steps
+// (ledger.SignalStep), and IAM cannot tell one key of the steps map from
+// another: whoever may signal may write a job's steps. Grant it only to
+// who may decide a job's waits; GrantOperate does not include it.
+func (q *JobQueue) GrantSignal(grantee awsiam.IGrantable) {
+	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"))
+	q.grantUpdate(grantee, SignalAttributes)
+	q.grantQueues(grantee, "sqs:SendMessage")
+	q.grantKeySecret(grantee) // a callback token's MAC
 }
 
-// OperatorDeniedAttributes are the record attributes GrantOperate's
-// UpdateItem may not name: what makes a record a runnable job.
-var OperatorDeniedAttributes = []string{ledger.AttrKind, ledger.AttrArgs}
+// grantUpdate allows grantee UpdateItem on the table naming only attrs.
+func (q *JobQueue) grantUpdate(grantee awsiam.IGrantable, attrs []string) {
+	grantee.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:    jsii.Strings("dynamodb:UpdateItem"),
+		Resources:  jsii.Strings(*q.Table.TableArn()),
+		Conditions: &map[string]any{"ForAllValues:StringEquals": map[string]any{"dynamodb:Attributes": attrs}},
+	}))
+}
+
+// OperatorAttributes are the only attributes GrantOperate's UpdateItem
+// may name (IAM counts the key, the update's targets and, at most, the
+// condition's names): what the operator's writes name, no more. They
+// decide whether and when a job runs: its state and schedule (state,
+// attempt, runAt, deadline, leaseUntil, expiresAt, cancelled, cancelReq,
+// queue, undispatched, cutOffs and the DLQ's counters), its reason
+// (lastError, listErr), the byState index's keys (listState, listAt; IAM
+// wants every index key listed), the write nonces every update shifts
+// (nonce, nonce1, nonce2), and what the continuation paths name (parentId,
+// parents, children, released) with the conditions' id, keyHash and
+// nonJob. None of them lets an operator do more than its actions do
+// (cancel, delete, requeue, move a job): see docs/operating.md.
+var OperatorAttributes = []string{
+	ledger.AttrPK, ledger.AttrID, ledger.AttrState, ledger.AttrAttempt, ledger.AttrUpdatedAt,
+	ledger.AttrRunAt, ledger.AttrDeadline, ledger.AttrLeaseUntil, ledger.AttrExpiresAt,
+	ledger.AttrCancelled, ledger.AttrCancelReq, ledger.AttrQueue, ledger.AttrUndispatched, ledger.AttrCutOffs,
+	ledger.AttrReturns, ledger.AttrReturnOf, ledger.AttrReturnAt,
+	ledger.AttrLastError, ledger.AttrListErr, ledger.AttrListState, ledger.AttrListAt,
+	ledger.AttrNonce, ledger.AttrNonce1, ledger.AttrNonce2,
+	ledger.AttrParentID, ledger.AttrParents, ledger.AttrChildren, ledger.AttrReleased,
+	ledger.AttrKeyHash, ledger.AttrNonJob,
+}
+
+// SignalAttributes are the only attributes GrantSignal's UpdateItem may
+// name: a signal's write (the steps, conditional on the job's state) and
+// the wake of the job waiting for it (its run time).
+var SignalAttributes = []string{
+	ledger.AttrPK, ledger.AttrID, ledger.AttrState, ledger.AttrSteps, ledger.AttrRunAt, ledger.AttrUpdatedAt,
+	ledger.AttrNonce, ledger.AttrNonce1, ledger.AttrNonce2,
+}
+
+// GrantIdempotency lets fn use package idempotency on the table as the
+// function named function, and nothing else: GetItem, PutItem, UpdateItem
+// and DeleteItem of that function's call records only (IAM's
+// dynamodb:LeadingKeys limited to ledger.FunctionCallPrefix(function),
+// "i#<function>#*": it can read or write neither a job nor another
+// function's records), and the key secret, which hashes its keys. It
+// tells fn the name (settings.EnvIdempotencyFunction), which idempotency.New
+// takes and refuses to differ from. Give the function
+// q.Settings(settings.Idempotent) too. function must follow the kinds
+// rule (letters, digits, . _ - : /; never "#" or "*", which would widen
+// the prefix), and one function has one name: GrantIdempotency panics
+// otherwise (granting the same name again changes nothing).
+// TestIdempotencyGrantsExactlyItsCalls runs every path of the utility
+// against this policy.
+func (q *JobQueue) GrantIdempotency(fn awslambda.Function, function string) {
+	if !kinds.Valid(function) {
+		panic(fmt.Sprintf("nexjob infra: GrantIdempotency(%s, %q): the function's name must be %s", *fn.Node().Path(), function, kinds.Rule))
+	}
+	path := *fn.Node().Path()
+	if q.idempotent == nil {
+		q.idempotent = map[string]string{}
+	}
+	if was, ok := q.idempotent[path]; ok && was != function {
+		panic(fmt.Sprintf("nexjob infra: GrantIdempotency(%s, %q): the function was granted as %q; one function has one name (its records are under it)", path, function, was))
+	}
+	q.idempotent[path] = function
+	fn.AddEnvironment(jsii.String(settings.EnvIdempotencyFunction), jsii.String(function), nil)
+	fn.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:    jsii.Strings("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
+		Resources:  jsii.Strings(*q.Table.TableArn()),
+		Conditions: &map[string]any{"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": []string{ledger.FunctionCallPrefix(function) + "*"}}},
+	}))
+	q.grantKeySecret(fn)
+}
 
 // grantKeySecret lets grantee read the key secret's parameter: exactly
 // ssm:GetParameter on it (the CDK's GrantRead adds DescribeParameters,

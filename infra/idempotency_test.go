@@ -103,8 +103,8 @@ func TestIdempotencyGrantsExactlyItsCalls(t *testing.T) {
 	called := rec.calls("idempotent")
 	mu.Lock()
 	for _, k := range keys {
-		if !strings.HasPrefix(k, ledger.CallKeyPrefix) {
-			t.Errorf("a request on key %q, outside the call records", k)
+		if !strings.HasPrefix(k, ledger.FunctionCallPrefix("charge")) {
+			t.Errorf("a request on key %q, outside the function's call records", k)
 		}
 	}
 	mu.Unlock()
@@ -120,7 +120,7 @@ func TestIdempotencyGrantsExactlyItsCalls(t *testing.T) {
 		Runtime: awslambda.Runtime_PROVIDED_AL2023(), Handler: jsii.String("bootstrap"), Code: infra.BootstrapCode(code),
 		Environment: q.Settings(settings.Idempotent),
 	})
-	q.GrantIdempotency(fn)
+	q.GrantIdempotency(fn, "charge")
 	var doc map[string]any
 	b, _ := json.Marshal(assertions.Template_FromStack(stack, nil).ToJSON())
 	if err := json.Unmarshal(b, &doc); err != nil {
@@ -147,7 +147,7 @@ func TestIdempotencyGrantsExactlyItsCalls(t *testing.T) {
 		names = append(names, k)
 	}
 	slices.Sort(names)
-	if want := []string{settings.EnvKeySecretParameter, settings.EnvRole, settings.EnvTable}; !slices.Equal(names, want) {
+	if want := []string{settings.EnvIdempotencyFunction, settings.EnvKeySecretParameter, settings.EnvRole, settings.EnvTable}; !slices.Equal(names, want) {
 		t.Errorf("the function's environment: %v, want %v", names, want)
 	}
 	granted := policyOf(resources, role)
@@ -168,8 +168,8 @@ func TestIdempotencyGrantsExactlyItsCalls(t *testing.T) {
 		if !strings.HasPrefix(st.actions[0], "dynamodb:") {
 			continue
 		}
-		if !strings.Contains(st.condition, `"dynamodb:LeadingKeys":["`+ledger.CallKeyPrefix+`*"]`) {
-			t.Errorf("a DynamoDB grant not limited to call records: %v %s", st.actions, st.condition)
+		if !strings.Contains(st.condition, `"dynamodb:LeadingKeys":["`+ledger.FunctionCallPrefix("charge")+`*"]`) {
+			t.Errorf("a DynamoDB grant not limited to the function's call records: %v %s", st.actions, st.condition)
 		}
 	}
 }
@@ -203,4 +203,82 @@ func statementsOf(resources map[string]any, fnRole any) []statement {
 		}
 	}
 	return out
+}
+
+// TestIdempotencyGrantIsTheFunctionsOwn synthesises two idempotent
+// functions and reads each one's policy: every DynamoDB grant carries a
+// dynamodb:LeadingKeys condition naming that function's prefix alone
+// ("i#payments#*"), so one function can neither read nor write another's records (a second
+// store of another name recorded first, or rewrote a stored receipt with
+// one UpdateItem, when every function had "i#*"); the function is told
+// its name (NEXJOB_IDEMPOTENCY_FUNCTION), which its store keeps to; a
+// name that is no name (empty, or outside the kinds rule: "#" or "*"
+// would widen the prefix) or a second name for one function panics.
+func TestIdempotencyGrantIsTheFunctionsOwn(t *testing.T) {
+	code := t.TempDir()
+	if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+	stack := awscdk.NewStack(app, jsii.String("Idem"), nil)
+	q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{Code: infra.BootstrapCode(code)})
+	fn := func(id string) awslambda.Function {
+		return awslambda.NewFunction(stack, jsii.String(id), &awslambda.FunctionProps{
+			Runtime: awslambda.Runtime_PROVIDED_AL2023(), Handler: jsii.String("bootstrap"), Code: infra.BootstrapCode(code),
+			Environment: q.Settings(settings.Idempotent),
+		})
+	}
+	payments, refunds := fn("Payments"), fn("Refunds")
+	q.GrantIdempotency(payments, "payments")
+	q.GrantIdempotency(refunds, "refunds")
+	q.GrantIdempotency(refunds, "refunds") // again: the same grant
+	var doc map[string]any
+	b, _ := json.Marshal(assertions.Template_FromStack(stack, nil).ToJSON())
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	resources := doc["Resources"].(map[string]any)
+	for id, want := range map[string]string{
+		"Payments": `["i#payments#*"]`,
+		"Refunds":  `["i#refunds#*"]`,
+	} {
+		var role any
+		var env map[string]any
+		for rid, res := range resources {
+			r := res.(map[string]any)
+			if r["Type"] == "AWS::Lambda::Function" && strings.HasPrefix(rid, id) {
+				props := r["Properties"].(map[string]any)
+				role, env = props["Role"], props["Environment"].(map[string]any)["Variables"].(map[string]any)
+			}
+		}
+		if role == nil {
+			t.Fatalf("no function %s", id)
+		}
+		n := 0
+		for _, st := range statementsOf(resources, role) {
+			if !strings.HasPrefix(st.actions[0], "dynamodb:") {
+				continue
+			}
+			n++
+			var cond map[string]map[string]json.RawMessage
+			_ = json.Unmarshal([]byte(st.condition), &cond)
+			leading := string(cond["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+			if len(cond) != 1 || len(cond["ForAllValues:StringLike"]) != 1 || leading != want {
+				t.Errorf("%s's DynamoDB grant %v: condition %s; want dynamodb:LeadingKeys %s alone (the function's own records)", id, st.actions, st.condition, want)
+			}
+		}
+		if n == 0 {
+			t.Errorf("%s has no DynamoDB grant", id)
+		}
+		got, _ := json.Marshal(env[settings.EnvIdempotencyFunction])
+		if name := strings.ToLower(id); string(got) != `"`+name+`"` {
+			t.Errorf("%s's %s: %s; want %q, the name its grant names", id, settings.EnvIdempotencyFunction, got, name)
+		}
+	}
+	for _, name := range []string{"", "pay#ments", "pay*", "refunds"} {
+		msg := panics(func() { q.GrantIdempotency(payments, name) })
+		if msg == "" || !strings.Contains(msg, "GrantIdempotency") {
+			t.Errorf("GrantIdempotency(payments, %q): panic %q; want one naming GrantIdempotency", name, msg)
+		}
+	}
 }

@@ -69,6 +69,7 @@ type JobQueue struct {
 	GuardFailures      awssqs.Queue               // stream batches the guard gave up on (nil with NoGuard)
 	GuardFailureAlarm  awscloudwatch.Alarm        // on GuardFailures' depth
 	Events             awslambda.Function         // the completion events' publisher (nil without CompletionEvents)
+	EventBus           awsevents.IEventBus        // the bus it puts the ends on: the construct's own unless CompletionEvents.Bus names one
 	EventsFailures     awssqs.Queue               // stream batches it gave up on
 	EventsFailureAlarm awscloudwatch.Alarm        // on EventsFailures' depth
 	ScheduleGroup      awsscheduler.ScheduleGroup // recurring jobs' schedules; nil without the Recurring prop
@@ -81,7 +82,8 @@ type JobQueue struct {
 	keySecretKey       awskms.IKey
 	env                map[string]*string // every function's settings
 	guardAfter         string
-	eventBus           *string // the completion events' bus name (nil: the default bus)
+	eventBus           *string           // the completion events' bus name (nil: no completion events)
+	idempotent         map[string]string // GrantIdempotency's names, by the function's construct path
 }
 
 // Settings returns the environment a function of this role needs (see
@@ -371,19 +373,40 @@ func newFunction(scope constructs.Construct, p JobQueueProps, id string, code aw
 // role events on the table's stream (a second consumer beside the
 // guard's), its mapping filtered to a job's end (a MODIFY from an active
 // state to a terminal one: every other change never invokes it), granted
-// the stream's reads and events:PutEvents on the one bus. A batch that
+// the stream's reads and events:PutEvents on the one bus. The bus is the
+// construct's own unless the props name another: only the publisher may
+// put events on it (its resource policy denies every other principal,
+// whatever its IAM allows), and only its rules see the ends. A batch that
 // fails all its retries keeps its stream position in a queue of its own,
 // with an alarm, as the guard's does.
 func (q *JobQueue) completionEvents(c constructs.Construct, p JobQueueProps, env map[string]*string) {
 	bus := p.CompletionEvents.Bus
+	var own awsevents.EventBus
 	if bus == nil {
-		bus = awsevents.EventBus_FromEventBusName(c, jsii.String("DefaultBus"), jsii.String("default"))
+		own = awsevents.NewEventBus(c, jsii.String("CompletionBus"), &awsevents.EventBusProps{
+			Description: jsii.String("nexjob: each job's end (Succeeded, Failed, Expired), put by the construct's publisher alone"),
+		})
+		bus = own
 	}
+	q.EventBus = bus
 	q.eventBus = bus.EventBusName()
 	env[settings.EnvEventBus] = q.eventBus
 	q.Events = newFunction(c, p, "CompletionEvents", p.code(settings.Events), awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(128), env)
 	q.grantStream(q.Events)
 	bus.GrantPutEventsTo(q.Events, nil)
+	if own != nil {
+		// No one else puts events on it, an account admin's events:* on
+		// "*" included: a plain PutEvents would reach every rule with an
+		// end the ledger never held.
+		own.AddToResourcePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Sid:        jsii.String("OnlyTheNexjobPublisherPutsEvents"),
+			Effect:     awsiam.Effect_DENY,
+			Principals: &[]awsiam.IPrincipal{awsiam.NewAnyPrincipal()},
+			Actions:    jsii.Strings("events:PutEvents"),
+			Resources:  jsii.Strings(*own.EventBusArn()),
+			Conditions: &map[string]any{"ArnNotEquals": map[string]any{"aws:PrincipalArn": q.Events.Role().RoleArn()}},
+		}))
+	}
 	active := []*string{}
 	for _, st := range []ledger.State{ledger.Enqueued, ledger.Scheduled, ledger.Processing, ledger.AwaitingContinuation} {
 		active = append(active, jsii.String(string(st)))

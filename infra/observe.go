@@ -81,6 +81,7 @@ func (q *JobQueue) webDashboard(c constructs.Construct, p JobQueueProps, env map
 	q.WebDashboard = newFunction(c, p, "WebDashboard", code, awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(256), env)
 	if write {
 		q.GrantOperate(q.WebDashboard)
+		q.GrantSignal(q.WebDashboard) // its signal action
 	} else {
 		q.GrantRead(q.WebDashboard)
 	}

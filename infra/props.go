@@ -137,7 +137,9 @@ type JobQueueProps struct {
 	// CompletionEvents publishes each job's end (Succeeded, Failed,
 	// Expired) to an EventBridge bus (package completion): a function
 	// of role events on the table's stream, filtered to ends, granted
-	// events:PutEvents on that bus alone. Defaults to nil: none.
+	// events:PutEvents on that bus alone; the bus is the construct's own
+	// (JobQueue.EventBus) unless CompletionEventsProps.Bus names another.
+	// Defaults to nil: none.
 	CompletionEvents *CompletionEventsProps
 	// NoFarSchedules leaves out far jobs' one-time schedules: a job due
 	// more than 15 minutes ahead then hops through SQS delays of 900 s
@@ -188,8 +190,9 @@ type NamedQueue struct {
 
 // WebDashboardProps configure the dashboard function.
 type WebDashboardProps struct {
-	// Write turns the requeue, cancel, delete and redrive actions on (and
-	// grants them). Defaults to false: read-only, read grants only.
+	// Write turns the requeue, cancel, delete, redrive and signal actions
+	// on (and grants them: GrantOperate and GrantSignal). Defaults to
+	// false: read-only, read grants only.
 	Write *bool
 	// Code runs lambdamain.Dashboard (or lambdamain.Serve). Defaults to
 	// JobQueueProps.Code, else CodeDir/dashboard.
@@ -331,6 +334,14 @@ func formatSeconds(d awscdk.Duration) string {
 
 // CompletionEventsProps configure the completion events.
 type CompletionEventsProps struct {
-	// Bus receives the events. Defaults to the account's default bus.
+	// Bus receives the events. Defaults to a bus of the construct's own
+	// (JobQueue.EventBus): its resource policy denies events:PutEvents to
+	// every principal but the publisher's role, so no one else can put an
+	// end the ledger never held, and only rules made on it (grant
+	// events:PutRule on its rules to the teams that consume the ends) see
+	// the jobs' ends and errors. Another bus (the account's default one,
+	// a shared bus) takes the ends of whoever may PutEvents there, and
+	// every rule owner there reads them: consumers then confirm each
+	// event against the ledger (completion.Confirm, docs/writing-jobs.md).
 	Bus awsevents.IEventBus
 }

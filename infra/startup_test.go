@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -68,6 +69,10 @@ func allOptions(t *testing.T, param string) map[string]any {
 	})
 	producer := awsiam.NewRole(stack, jsii.String("Producer"), &awsiam.RoleProps{AssumedBy: awsiam.NewServicePrincipal(jsii.String("lambda.amazonaws.com"), nil)})
 	q.GrantEnqueue(producer)
+	operator := awsiam.NewRole(stack, jsii.String("Operator"), &awsiam.RoleProps{AssumedBy: awsiam.NewAccountRootPrincipal()})
+	q.GrantOperate(operator)
+	signaller := awsiam.NewRole(stack, jsii.String("Signaller"), &awsiam.RoleProps{AssumedBy: awsiam.NewAccountRootPrincipal()})
+	q.GrantSignal(signaller)
 	var doc map[string]any
 	b, _ := json.Marshal(assertions.Template_FromStack(stack, nil).ToJSON())
 	if err := json.Unmarshal(b, &doc); err != nil {
@@ -204,7 +209,7 @@ func policyOf(resources map[string]any, fnRole any) grants {
 		for _, st := range props["PolicyDocument"].(map[string]any)["Statement"].([]any) {
 			s := st.(map[string]any)
 			if s["Effect"] == "Deny" {
-				continue // denies grant nothing (deniesOf reads them)
+				continue // denies grant nothing
 			}
 			res, _ := json.Marshal(s["Resource"])
 			for _, a := range toStrings(s["Action"]) {
@@ -215,42 +220,17 @@ func policyOf(resources map[string]any, fnRole any) grants {
 	return g
 }
 
-// deniesOf collects the Deny statements attached to the role, each as
-// its action and its condition (JSON).
-func deniesOf(resources map[string]any, fnRole any) map[string]string {
-	roleID := fnRole.(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
-	out := map[string]string{}
-	for _, res := range resources {
-		r := res.(map[string]any)
-		if r["Type"] != "AWS::IAM::Policy" {
-			continue
-		}
-		props := r["Properties"].(map[string]any)
-		for _, ref := range props["Roles"].([]any) {
-			if ref.(map[string]any)["Ref"] != roleID {
-				continue
-			}
-			for _, st := range props["PolicyDocument"].(map[string]any)["Statement"].([]any) {
-				if s := st.(map[string]any); s["Effect"] == "Deny" {
-					cond, _ := json.Marshal(s["Condition"])
-					for _, a := range toStrings(s["Action"]) {
-						out[a] = string(cond)
-					}
-				}
-			}
-		}
-	}
-	return out
-}
-
 // recorder is a reverse proxy to the emulator that records the IAM action
-// of each request, per role (the path's first segment names the role),
-// and the attribute names each DynamoDB UpdateItem names.
+// of each request, per role (the path's first segment names the role):
+// a TransactWriteItems as the action of each of its items, as IAM
+// authorises it; and the attribute names and ReturnValues of each
+// UpdateItem (a transaction's Updates too).
 type recorder struct {
 	srv     *httptest.Server
 	mu      sync.Mutex
 	got     map[string][]string
 	updated map[string]map[string]bool // role → attribute names its UpdateItems named
+	returns map[string]map[string]bool // role → its UpdateItems' ReturnValues ("" for none)
 }
 
 func newRecorder(t *testing.T, backend string) *recorder {
@@ -258,25 +238,38 @@ func newRecorder(t *testing.T, backend string) *recorder {
 	if err != nil || backend == "" {
 		t.Fatalf("no emulator endpoint: %q", backend)
 	}
-	r := &recorder{got: map[string][]string{}, updated: map[string]map[string]bool{}}
+	r := &recorder{got: map[string][]string{}, updated: map[string]map[string]bool{}, returns: map[string]map[string]bool{}}
 	proxy := httputil.NewSingleHostReverseProxy(u)
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		role, rest, _ := strings.Cut(strings.TrimPrefix(req.URL.Path, "/"), "/")
 		req.URL.Path = "/" + rest
 		act := action(req)
-		var names []string
-		if act == "dynamodb:UpdateItem" {
+		acts := []string{act}
+		var ws []itemWrite
+		if act == "dynamodb:UpdateItem" || act == "dynamodb:TransactWriteItems" {
 			body, _ := io.ReadAll(req.Body)
 			req.Body = io.NopCloser(bytes.NewReader(body))
-			names = attributeNames(body)
+			ws = itemWrites(act, body)
+			if act == "dynamodb:TransactWriteItems" {
+				acts = nil
+				for _, w := range ws {
+					acts = append(acts, w.action)
+				}
+			}
 		}
 		r.mu.Lock()
-		r.got[role] = append(r.got[role], act)
+		r.got[role] = append(r.got[role], acts...)
 		if r.updated[role] == nil {
-			r.updated[role] = map[string]bool{}
+			r.updated[role], r.returns[role] = map[string]bool{}, map[string]bool{}
 		}
-		for _, n := range names {
-			r.updated[role][n] = true
+		for _, w := range ws {
+			if w.action != "dynamodb:UpdateItem" {
+				continue
+			}
+			r.returns[role][w.returnValues] = true
+			for _, n := range w.names {
+				r.updated[role][n] = true
+			}
 		}
 		r.mu.Unlock()
 		proxy.ServeHTTP(w, req)
@@ -285,34 +278,93 @@ func newRecorder(t *testing.T, backend string) *recorder {
 	return r
 }
 
-// attributeNames are the attribute names an UpdateItem request names, as
-// IAM's dynamodb:Attributes sees them at most: its key, the names behind
-// its placeholders, and any bare word of its expressions.
-func attributeNames(body []byte) []string {
+// itemWrite is one item's write in a request, as IAM authorises it: its
+// action, the attribute names it names, its ReturnValues.
+type itemWrite struct {
+	action       string
+	names        []string
+	returnValues string
+}
+
+// expression is the part of an item write that names attributes.
+type expression struct {
+	Key                      map[string]any
+	Item                     map[string]any
+	ExpressionAttributeNames map[string]string
+	UpdateExpression         string
+	ConditionExpression      string
+	ReturnValues             string
+}
+
+// itemWrites are the item writes of an UpdateItem or TransactWriteItems
+// request body.
+func itemWrites(act string, body []byte) []itemWrite {
+	if act == "dynamodb:UpdateItem" {
+		var in expression
+		_ = json.Unmarshal(body, &in)
+		return []itemWrite{{action: act, names: attributeNames(in), returnValues: in.ReturnValues}}
+	}
 	var in struct {
-		Key                      map[string]any
-		ExpressionAttributeNames map[string]string
-		UpdateExpression         string
-		ConditionExpression      string
+		TransactItems []struct{ Update, Put, Delete, ConditionCheck *expression }
 	}
 	_ = json.Unmarshal(body, &in)
-	var out []string
-	for k := range in.Key {
-		out = append(out, k)
-	}
-	for _, n := range in.ExpressionAttributeNames {
-		out = append(out, n)
-	}
-	name := func(r rune) bool {
-		return r == '_' || r == '#' || r == ':' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
-	}
-	for _, w := range strings.FieldsFunc(in.UpdateExpression+" "+in.ConditionExpression, func(r rune) bool { return !name(r) }) {
-		if !strings.HasPrefix(w, "#") && !strings.HasPrefix(w, ":") {
-			out = append(out, w) // a bare name (or a keyword or function: harmless here)
+	var out []itemWrite
+	for _, it := range in.TransactItems {
+		switch {
+		case it.Update != nil:
+			out = append(out, itemWrite{action: "dynamodb:UpdateItem", names: attributeNames(*it.Update)})
+		case it.Put != nil:
+			out = append(out, itemWrite{action: "dynamodb:PutItem", names: attributeNames(*it.Put)})
+		case it.Delete != nil:
+			out = append(out, itemWrite{action: "dynamodb:DeleteItem", names: attributeNames(*it.Delete)})
+		case it.ConditionCheck != nil:
+			out = append(out, itemWrite{action: "dynamodb:ConditionCheckItem", names: attributeNames(*it.ConditionCheck)})
 		}
 	}
 	return out
 }
+
+// expressionWords are the words of DynamoDB's expressions that name no
+// attribute.
+var expressionWords = map[string]bool{
+	"SET": true, "REMOVE": true, "ADD": true, "DELETE": true, "AND": true, "OR": true, "NOT": true, "IN": true, "BETWEEN": true,
+	"attribute_exists": true, "attribute_not_exists": true, "attribute_type": true, "begins_with": true, "contains": true,
+	"size": true, "if_not_exists": true, "list_append": true,
+}
+
+// attributeNames are the top-level attribute names an item write names,
+// as IAM's dynamodb:Attributes sees them at most: its key (a put's item),
+// and the first name of every document path of its update and condition
+// expressions (the condition's too: IAM may count them), a placeholder
+// read through ExpressionAttributeNames. A name after a "." is a map's
+// key (a step's name), not an attribute.
+func attributeNames(in expression) []string {
+	var out []string
+	for k := range in.Key {
+		out = append(out, k)
+	}
+	for k := range in.Item {
+		out = append(out, k)
+	}
+	for _, expr := range []string{in.UpdateExpression, in.ConditionExpression} {
+		for _, m := range pathRE.FindAllStringSubmatchIndex(expr, -1) {
+			word := expr[m[2]:m[3]]
+			if before := strings.TrimRight(expr[:m[0]], " "); strings.HasSuffix(before, ".") || strings.HasPrefix(word, ":") {
+				continue // a nested name, or a value
+			}
+			switch {
+			case strings.HasPrefix(word, "#"):
+				out = append(out, in.ExpressionAttributeNames[word])
+			case !expressionWords[word] && (word[0] < '0' || word[0] > '9'):
+				out = append(out, word) // a bare name
+			}
+		}
+	}
+	return out
+}
+
+// pathRE finds the words of an expression: names, placeholders, values.
+var pathRE = regexp.MustCompile(`([#:]?[A-Za-z0-9_]+)`)
 
 // url is the endpoint one role's process is given. The SDK signs the
 // path it is given, and the proxy strips the role before forwarding; the

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -16,8 +17,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 )
 
-// A call's record (pk "i#<hash>") holds an idempotency key of a function
-// call (not a job): in progress while the first call runs, then its
+// A call's record (pk "i#<function>#<hash>") holds an idempotency key of
+// a function call (not a job): in progress while the first call runs, then its
 // recorded outcome. Its attributes are named apart from a job's (no
 // "state"), so no stream consumer of jobs (the dispatch guard, completion
 // events) and no listing ever sees one.
@@ -37,6 +38,19 @@ const (
 const CallKeyPrefix = callPrefix
 
 const callPrefix = "i#"
+
+// CallKey is the key hash a call record of function is kept under (the
+// keyHash of BeginCall, GetCall and Call): "<function>#<hash>", its
+// partition key "i#<function>#<hash>", under FunctionCallPrefix(function).
+// function must not hold "#" (package idempotency's names follow the
+// kinds rule); hash is the key's hash (Store.HashKey).
+func CallKey(function, hash string) string { return function + "#" + hash }
+
+// FunctionCallPrefix begins the partition key of every call record of
+// function: a grant limited to it (IAM's dynamodb:LeadingKeys
+// "i#<function>#*") reaches that function's records and no other's, nor
+// any job.
+func FunctionCallPrefix(function string) string { return callPrefix + function + "#" }
 
 // MaxCallResultBytes bounds a call's recorded result and error together,
 // leaving the rest of the 400 KB item for its fixed fields.
@@ -72,6 +86,10 @@ func (c Call) Held(now time.Time) bool {
 	return c.State == Processing && now.Before(c.Until)
 }
 
+// ErrCallKeyUnscoped: BeginCall of a key hash that names no function
+// (not made by CallKey): its record would be under no function's prefix.
+var ErrCallKeyUnscoped = errors.New("nexjob: a call's key hash must name its function (ledger.CallKey)")
+
 // ErrCallTakenOver: Record of a call whose key is no longer its: its hold
 // ran out and another call took the key, or the record expired, or (a
 // resend of its own applied write, its reply lost) later calls replaced or
@@ -98,6 +116,9 @@ var ErrCallTakenOver = errors.New("nexjob: the call's key is no longer the call'
 func (s *Store) BeginCall(ctx context.Context, keyHash, payloadHash string, policy DuplicatePolicy, until time.Time, skew, retention time.Duration) (Call, bool, error) {
 	if !policy.Valid() {
 		return Call{}, false, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
+	}
+	if fn, h, ok := strings.Cut(keyHash, "#"); !ok || fn == "" || h == "" {
+		return Call{}, false, fmt.Errorf("%w: %q", ErrCallKeyUnscoped, keyHash)
 	}
 	c := Call{KeyHash: keyHash, State: Processing, Until: until, PayloadHash: payloadHash, Policy: policy, Token: NewNonce(), ExpiresAt: time.Unix(until.Add(retention).Unix(), 0)}
 	now := s.now()

@@ -130,14 +130,18 @@ func (s *Store) transition(ctx context.Context, id string, cond expression.Condi
 var ErrKeyReused = errors.New("nexjob: the job's idempotency key belongs to a newer job")
 
 // Requeue moves a terminal job back to Enqueued with a fresh attempt budget
-// (attempt 0, no TTL, no deadline, no result, last error kept): one update
+// (attempt 0, no TTL, no deadline, last error kept): one update
 // conditional on the job still being terminal. A job that is active gives a
 // *NotClaimableError with its record; one whose key was re-used,
 // ErrKeyReused; a DeadLetterKind record (a message that was not a job),
 // ErrDeadLetterRecord. Nothing is written in those cases.
 //
 // The deadline is cleared: it bounded the job's first start, and a job
-// requeued by hand is started again on purpose.
+// requeued by hand is started again on purpose. The result of the run
+// before is not written (an operator's update may not name it, see
+// infra.OperatorAttributes): it stays in the item, and no reader takes it
+// (a record's result counts only while it is Succeeded); the next run's
+// Finish replaces or removes it.
 func (s *Store) Requeue(ctx context.Context, id string) (Record, error) {
 	return s.RequeueFrom(ctx, id, Succeeded, Failed, Expired)
 }
@@ -188,7 +192,7 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	upd := expression.Set(st, expression.Value(Enqueued)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
 		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
-	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrReturnOf, AttrReturnAt, AttrUndispatched, AttrCancelled, AttrResult, AttrCancelReq} {
+	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrReturnOf, AttrReturnAt, AttrUndispatched, AttrCancelled, AttrCancelReq} {
 		upd = upd.Remove(expression.Name(a))
 	}
 	upd = s.withIndex(upd, Enqueued, id, nowMs)

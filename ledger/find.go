@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -316,13 +317,17 @@ func (s *Store) Counts(ctx context.Context) (map[State]map[string]int, error) {
 	return c.ByState, err
 }
 
-// JobCounts are CountJobs's counts.
+// JobCounts are CountJobs's and CountIndexed's counts.
 type JobCounts struct {
 	ByState map[State]map[string]int // jobs by state and kind
 	// EndedSince are the jobs by end state (Succeeded, Failed, Expired)
 	// whose record last changed at or after the time asked (an end, or an
 	// operator's cancel).
 	EndedSince map[State]int
+	// Counted are the states counted, in State order: every state for
+	// CountJobs, the indexed ones (Indexed) for CountIndexed. A state not
+	// in it is not zero: it is unknown.
+	Counted []State
 }
 
 // CountJobs counts the jobs by state and kind, and those that ended since
@@ -336,7 +341,7 @@ func (s *Store) CountJobs(ctx context.Context, since time.Time) (JobCounts, erro
 	if err != nil {
 		return JobCounts{}, fmt.Errorf("nexjob: build scan: %w", err)
 	}
-	c := JobCounts{ByState: map[State]map[string]int{}, EndedSince: map[State]int{}}
+	c := JobCounts{ByState: map[State]map[string]int{}, EndedSince: map[State]int{}, Counted: append(slices.Clone(ActiveStates), TerminalStates...)}
 	p := dynamodb.NewScanPaginator(s.db, &dynamodb.ScanInput{
 		TableName:                aws.String(s.table),
 		ProjectionExpression:     expr.Projection(),

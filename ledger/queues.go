@@ -56,7 +56,9 @@ func (s *Store) FindOnQueue(ctx context.Context, queue string, states []State, c
 
 // MoveQueue moves the job seen (as read) to the named queue to ("" the
 // job queue): one conditional update of its queue, on the job being still
-// as seen (its state and fencing token) and still on seen.Queue. Its
+// as seen (its state and its last write's nonce, which every write
+// changes: a claim too; not the fencing token, which an operator's update
+// may not name, see infra.OperatorAttributes) and still on seen.Queue. Its
 // state, run time and attempt stay; UpdatedAt moves. A Processing job
 // moves only once its lease has run out (an orphan): a live run is never
 // touched. moved=false, with the current record, means the job moved on
@@ -70,7 +72,7 @@ func (s *Store) MoveQueue(ctx context.Context, seen Record, to string) (Record, 
 	if seen.Queue == "" {
 		on = expression.AttributeNotExists(q)
 	}
-	cond := seenCond(seen).And(on)
+	cond := isJob(seen.ID).And(expression.Name(AttrState).Equal(expression.Value(seen.State))).And(lastWrite(seen)).And(on)
 	if seen.State == Processing {
 		cond = cond.And(expression.Name(AttrLeaseUntil).LessThanEqual(expression.Value(now)))
 	}
@@ -86,4 +88,13 @@ func (s *Store) MoveQueue(ctx context.Context, seen Record, to string) (Record, 
 		return nc.Current, false, nil
 	}
 	return rec, err == nil, err
+}
+
+// lastWrite holds a write to the record's version seen: its last write's
+// nonce (none on a record no update has touched yet).
+func lastWrite(seen Record) expression.ConditionBuilder {
+	if seen.Nonce == "" {
+		return expression.AttributeNotExists(expression.Name(AttrNonce))
+	}
+	return expression.Name(AttrNonce).Equal(expression.Value(seen.Nonce))
 }

@@ -33,7 +33,7 @@ type Record struct {
 	LeaseUntil  int64    `dynamodbav:"leaseUntil,omitempty"`
 	Token       int64    `dynamodbav:"token"`
 	LastError   string   `dynamodbav:"lastError,omitempty"`
-	Result      string   `dynamodbav:"result,omitempty"` // a Succeeded run's JSON result (handler.AddWorkerResult), at most ResultRoom bytes
+	Result      string   `dynamodbav:"result,omitempty"` // a Succeeded run's JSON result (handler.AddWorkerResult), at most ResultRoom bytes; read it through SucceededResult
 	ExpiresAt   int64    `dynamodbav:"expiresAt,omitempty"`
 	ParentID    string   `dynamodbav:"parentId,omitempty"`
 	Children    []string `dynamodbav:"children,stringset,omitempty"` // continuations waiting on this job
@@ -365,4 +365,15 @@ func (r Retention) For(st State) time.Duration {
 		return r.Expired
 	}
 	return 0
+}
+
+// SucceededResult is the job's result while it is Succeeded, else "": a
+// requeued job's item keeps the result of its run before until its next
+// run ends (a requeue, an operator's write, may not name the result: see
+// infra.OperatorAttributes), and that result is no longer the job's.
+func (r Record) SucceededResult() string {
+	if r.State != Succeeded {
+		return ""
+	}
+	return r.Result
 }

@@ -286,6 +286,8 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 	}
 	if k.result {
 		e.assign(AttrResult, e.s(":result", f.Result))
+	} else {
+		e.drop(AttrResult) // a run before a requeue's, which the requeue left
 	}
 	if k.cancelled {
 		e.values[":cancelled"] = &types.AttributeValueMemberBOOL{Value: true}

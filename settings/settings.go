@@ -98,6 +98,11 @@ const (
 	EnvScheduleDLQARN     = "NEXJOB_SCHEDULE_DLQ_ARN"
 	EnvQueues             = "NEXJOB_QUEUES"
 	EnvEventBus           = "NEXJOB_EVENT_BUS"
+	// EnvIdempotencyFunction is an idempotent function's name, set by the
+	// construct's GrantIdempotency with its grant (not by Settings: each
+	// function has its own); package idempotency reads it
+	// (idempotency.EnvFunction).
+	EnvIdempotencyFunction = "NEXJOB_IDEMPOTENCY_FUNCTION"
 )
 
 // Role is what the process is: each reads the variables it needs.

@@ -196,12 +196,12 @@ func (o *ops) get(ctx context.Context, id string, showArgs, showResult bool) err
 	} else {
 		row("args", fmt.Sprintf("%d bytes (--show-args prints them)", len(rec.Args)))
 	}
-	switch {
-	case rec.Result == "":
+	switch result := rec.SucceededResult(); {
+	case result == "":
 	case showResult:
-		row("result", rec.Result)
+		row("result", result)
 	default:
-		row("result", fmt.Sprintf("%d bytes (--show-result prints it)", len(rec.Result)))
+		row("result", fmt.Sprintf("%d bytes (--show-result prints it)", len(result)))
 	}
 	return tw.Flush()
 }

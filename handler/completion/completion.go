@@ -19,6 +19,20 @@
 // construct's KeySecretParameter) a guessable key cannot be found from it;
 // without one it can, by hashing guesses.
 //
+// # Trusting an event
+//
+// An event carries no proof of its origin: EventBridge delivers whatever
+// a principal allowed events:PutEvents on the bus puts there. The
+// construct's CompletionEvents put the ends on a bus of their own, whose
+// resource policy denies PutEvents to every principal but the publisher's
+// role, so its ends are the ledger's. On another bus (the account's
+// default one, where any principal with events:PutEvents can put a
+// "refund Succeeded" for a job the ledger holds Failed, and every rule
+// owner reads every job's end and error), a consumer that acts on an end
+// confirms it: it reads the job by id (strongly consistent) and calls
+// Confirm, which holds the job's kind, state and last change to the
+// event's.
+//
 // # How it fails
 //
 // Delivery is at least once. PutEvents entries that EventBridge refuses
@@ -47,6 +61,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -93,7 +108,8 @@ type EventBridge interface {
 // Options tune a Publisher. The zero value takes every default.
 type Options struct {
 	// Bus is the event bus's name or ARN. Defaults to "default", the
-	// account's default bus.
+	// account's default bus; the construct gives its publisher a bus of
+	// its own (NEXJOB_EVENT_BUS).
 	Bus string
 	// Retries is how often entries EventBridge refused are sent again
 	// before the batch fails. Defaults to 3.
@@ -201,6 +217,53 @@ func EventOf(c guard.Change) Event {
 		EventID: c.ID + "@" + strconv.FormatInt(c.UpdatedAt, 10) + "." + c.Nonce, ID: c.ID, Kind: c.Kind, State: c.State,
 		Attempt: c.Attempt, MaxAttempts: c.MaxAttempts, Queue: c.Queue, Error: c.ListErr, EndedAt: at.UTC(),
 	}
+}
+
+// ErrNotConfirmed matches every *NotConfirmedError.
+var ErrNotConfirmed = errors.New("nexjob completion: the ledger does not hold this end")
+
+// NotConfirmedError: an event whose end the job's record does not hold.
+type NotConfirmedError struct {
+	JobID string
+	Why   string
+}
+
+func (e *NotConfirmedError) Error() string {
+	return fmt.Sprintf("nexjob completion: the event of job %s is not confirmed by the ledger: %s", e.JobID, e.Why)
+}
+
+// Is matches ErrNotConfirmed.
+func (e *NotConfirmedError) Is(target error) bool { return target == ErrNotConfirmed }
+
+// Confirm checks the event e against rec, the job's record as the ledger
+// holds it now, read by e.ID strongly consistent (enqueue's
+// Client.Store().Get, `nexjob get ID`; on AWS GetItem, GrantRead or
+// GrantEnqueue): the same job and kind, ended in e's state, its last
+// change not before e's end. An event of an end the job never had (put by
+// anyone allowed events:PutEvents on the bus: on the account's default
+// bus, any principal with events:PutEvents) or of an end since undone (the
+// job was requeued, and runs again or ended otherwise) is a
+// *NotConfirmedError; nil means the ledger holds that end. A consumer
+// that acts on an end (a refund paid, an order shipped) confirms it so,
+// unless the ends come from the construct's own bus, on which only its
+// publisher may put events.
+func Confirm(rec ledger.Record, e Event) error {
+	why := ""
+	switch {
+	case rec.ID != e.ID:
+		why = fmt.Sprintf("the record read is job %s's", rec.ID)
+	case rec.Kind != e.Kind:
+		why = fmt.Sprintf("the job is of kind %q, the event says %q", rec.Kind, e.Kind)
+	case !e.State.Terminal():
+		why = fmt.Sprintf("the event's state %q is not an end", e.State)
+	case rec.State != e.State:
+		why = fmt.Sprintf("the job is %s, the event says %s", rec.State, e.State)
+	case rec.UpdatedAt < e.EndedAt.UnixMilli():
+		why = fmt.Sprintf("the job last changed at %s, before the event's end at %s", ledger.Millis(rec.UpdatedAt).UTC().Format(time.RFC3339Nano), e.EndedAt.UTC().Format(time.RFC3339Nano))
+	default:
+		return nil
+	}
+	return &NotConfirmedError{JobID: e.ID, Why: why}
 }
 
 // put sends entries, again for those refused, Retries times at most.

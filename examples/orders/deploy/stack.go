@@ -52,7 +52,7 @@ func Stack(app awscdk.App, name string, dirs Dirs) awscdk.Stack {
 		Timeout:      awscdk.Duration_Seconds(jsii.Number(10)), // the hold ends with the invocation: a timed-out charge's retry runs right after
 		Environment:  q.Settings(settings.Idempotent),
 	})
-	q.GrantIdempotency(payments)
+	q.GrantIdempotency(payments, "payments") // its records: i#payments#* only
 	url := payments.AddFunctionUrl(&awslambda.FunctionUrlOptions{AuthType: awslambda.FunctionUrlAuthType_AWS_IAM})
 	awscdk.NewCfnOutput(stack, jsii.String("PaymentsURL"), &awscdk.CfnOutputProps{Value: url.Url()})
 	return stack

@@ -48,11 +48,29 @@ func (u Units) String() string {
 }
 
 // Meter is a Counter that also counts the Units of the requests
-// (GetItem, TransactGetItems and the writes; not Query nor Scan).
+// (GetItem, TransactGetItems and the writes; Query and Scan once asked:
+// Queries).
 type Meter struct {
 	*Counter
-	db    *dynamodb.Client // uncounted: reads the items before and after each write
-	units Units
+	db      *dynamodb.Client // uncounted: reads the items before and after each write
+	units   Units
+	queries bool
+}
+
+// Queries makes m count the read units of Query and Scan requests too
+// (in Units.Read), as DynamoDB bills them: the items each request
+// evaluated (before its filter; whole items, whatever its projection;
+// an index's entries by their projection plus 100 bytes each), summed
+// and rounded up to 4 KB, half a unit per 4 KB eventually consistent, a
+// unit consistent. It reads them again through the uncounted client
+// after the request (its key condition, start key and limit, no filter
+// or projection), so the figures hold for reads that no writer races. Off
+// by default (the cost tests of the write paths pin Units without them).
+func (m *Meter) Queries() *Meter {
+	m.mu.Lock()
+	m.queries = true
+	m.mu.Unlock()
+	return m
 }
 
 // Meter installs a Meter on cfg, which must reach this Env's backend (see
@@ -73,6 +91,12 @@ func NewMeter(cfg *aws.Config, db *dynamodb.Client) *Meter {
 				out, md, err := next.HandleInitialize(ctx, in)
 				after := m.items(ctx, writes)
 				u := m.unitsOf(writes, before, after)
+				m.mu.Lock()
+				queries := m.queries
+				m.mu.Unlock()
+				if queries && err == nil {
+					u.Read += m.queryUnits(ctx, in.Parameters)
+				}
 				m.mu.Lock()
 				m.units = m.units.Add(u)
 				m.mu.Unlock()
@@ -225,4 +249,92 @@ func countCalls(calls []string) (sends, schedules int) {
 		}
 	}
 	return sends, schedules
+}
+
+// queryUnits are the read units of a Query or Scan (see Queries); 0 for
+// any other request.
+func (m *Meter) queryUnits(ctx context.Context, params any) float64 {
+	var items []map[string]types.AttributeValue
+	var index bool
+	var consistent bool
+	switch in := params.(type) {
+	case *dynamodb.ScanInput:
+		out, err := m.db.Scan(ctx, &dynamodb.ScanInput{
+			TableName: in.TableName, IndexName: in.IndexName, ExclusiveStartKey: in.ExclusiveStartKey, Limit: in.Limit,
+			ConsistentRead: in.ConsistentRead, Segment: in.Segment, TotalSegments: in.TotalSegments,
+		})
+		if err != nil {
+			return 0
+		}
+		items, index, consistent = out.Items, in.IndexName != nil, aws.ToBool(in.ConsistentRead)
+	case *dynamodb.QueryInput:
+		names, values := usedIn(aws.ToString(in.KeyConditionExpression), in.ExpressionAttributeNames, in.ExpressionAttributeValues)
+		out, err := m.db.Query(ctx, &dynamodb.QueryInput{
+			TableName: in.TableName, IndexName: in.IndexName, KeyConditionExpression: in.KeyConditionExpression,
+			ExpressionAttributeNames: names, ExpressionAttributeValues: values, ExclusiveStartKey: in.ExclusiveStartKey,
+			Limit: in.Limit, ConsistentRead: in.ConsistentRead, ScanIndexForward: in.ScanIndexForward,
+		})
+		if err != nil {
+			return 0
+		}
+		items, index, consistent = out.Items, in.IndexName != nil, aws.ToBool(in.ConsistentRead)
+	default:
+		return 0
+	}
+	size := 0
+	for _, it := range items {
+		if index {
+			size += ItemSize(indexEntry(it)) + 100 // an index entry's overhead
+		} else {
+			size += ItemSize(it)
+		}
+	}
+	per := 0.5
+	if consistent {
+		per = 1
+	}
+	return per * float64(kb(size, 4096))
+}
+
+// usedIn keeps the names and values expr uses (DynamoDB refuses unused
+// ones).
+func usedIn(expr string, names map[string]string, values map[string]types.AttributeValue) (map[string]string, map[string]types.AttributeValue) {
+	n, v := map[string]string{}, map[string]types.AttributeValue{}
+	for k, x := range names {
+		if usesToken(expr, k) {
+			n[k] = x
+		}
+	}
+	for k, x := range values {
+		if usesToken(expr, k) {
+			v[k] = x
+		}
+	}
+	if len(n) == 0 {
+		n = nil
+	}
+	if len(v) == 0 {
+		v = nil
+	}
+	return n, v
+}
+
+// usesToken reports whether expr holds the placeholder tok as a whole
+// word ("#1" is not in "#10").
+func usesToken(expr, tok string) bool {
+	for i := 0; ; {
+		j := strings.Index(expr[i:], tok)
+		if j < 0 {
+			return false
+		}
+		end := i + j + len(tok)
+		if end == len(expr) || !isWordByte(expr[end]) {
+			return true
+		}
+		i = end
+	}
+}
+
+func isWordByte(c byte) bool {
+	return c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }

@@ -1,8 +1,9 @@
 // deploy/payments_run_test.go: written beside docs/idempotency.md's own
 // deploy/payments.go by TestIdempotencyBlocksRun (internal/proof/docs):
 // Wire, run on a synthesised stack, gives the function what
-// idempotency.New reads (the table and the key secret's parameter) and
-// a grant on call records only; wiring it again changes nothing.
+// idempotency.New reads (the table, the key secret's parameter and its
+// name) and a grant on its own call records only; wiring it again changes
+// nothing.
 package deploy
 
 import (
@@ -56,8 +57,8 @@ func TestWireGivesTheSettingsAndTheGrant(t *testing.T) {
 			env, roleID = vars, props["Role"].(map[string]any)["Fn::GetAtt"].([]any)[0].(string)
 		}
 	}
-	if env == nil || env[settings.EnvTable] == nil || env[settings.EnvKeySecretParameter] != "/nexjob/payments/key-secret" {
-		t.Fatalf("the wired function's environment: %v; want the table and the key secret's parameter", env)
+	if env == nil || env[settings.EnvTable] == nil || env[settings.EnvKeySecretParameter] != "/nexjob/payments/key-secret" || env["NEXJOB_IDEMPOTENCY_FUNCTION"] != "payments" {
+		t.Fatalf("the wired function's environment: %v; want the table, the key secret's parameter and its name", env)
 	}
 	leading := false
 	for _, res := range resources {
@@ -66,12 +67,12 @@ func TestWireGivesTheSettingsAndTheGrant(t *testing.T) {
 			continue
 		}
 		b, _ := json.Marshal(r["Properties"])
-		if strings.Contains(string(b), `"Ref":"`+roleID+`"`) && strings.Contains(string(b), `"dynamodb:LeadingKeys":["i#*"]`) {
+		if strings.Contains(string(b), `"Ref":"`+roleID+`"`) && strings.Contains(string(b), `"dynamodb:LeadingKeys":["i#payments#*"]`) {
 			leading = true
 		}
 	}
 	if !leading {
-		t.Fatal("no grant on call records (i#*) for the wired function")
+		t.Fatal("no grant on the function's own call records (i#payments#*) for the wired function")
 	}
 	Wire(q, fn) // the repeat: the same environment; the grant's statements are merged
 	again, _ := json.Marshal(template())
