@@ -17,9 +17,10 @@ import (
 // a record of a message that was not a job, ledger.ErrDeadLetterRecord; an
 // unknown one, ledger.ErrNotFound. Its recorded steps are kept (the run
 // replays them; RequeueFresh drops them), but a wait that timed out opens
-// again (ledger.Store.ReopenTimedOutWaits, one more UpdateItem when there
-// is one): the requeued run waits afresh, for its full timeout, and a late
-// approver's signal is taken.
+// again (ledger.Store.MarkReopen here, one more UpdateItem when there is
+// one, and ReopenTimedOutWaits by the worker's next run, one more): the
+// requeued run waits afresh, for its full timeout, and a late approver's
+// signal is taken.
 //
 // Continuations, one rule for a single parent's and a fan-in child: a
 // continuation runs only after every parent of it Succeeded. Requeued
@@ -80,7 +81,7 @@ func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.St
 	// If this fails the run meets the old timeout again (the error says
 	// so; a Requeue once it ended again reopens them).
 	var reopenErr error
-	if rec, reopenErr = c.store.ReopenTimedOutWaits(ctx, rec); reopenErr != nil {
+	if rec, reopenErr = c.store.MarkReopen(ctx, rec); reopenErr != nil {
 		reopenErr = fmt.Errorf("nexjob: requeued job %s keeps its timed-out waits: %w", jobID, c.missing(reopenErr))
 	}
 	// Its children that its end ended without a run wait for it again,

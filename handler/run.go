@@ -37,6 +37,16 @@ var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
 
 func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
 	span := trace.SpanFromContext(ctx) // process's consumer span; tracing off: the producer's, not recording here
+	if rec.ReopenWaits {
+		// A requeue asked this run to wait afresh where the job's waits
+		// timed out: the worker's write (an operator may not write steps).
+		out, err := h.store.ReopenTimedOutWaits(ctx, rec)
+		if err != nil {
+			h.log.WarnContext(ctx, "nexjob: opening a requeued job's timed-out waits failed; its run is put off, no attempt spent", "job_id", rec.ID, "err", err)
+			return h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: h.store.Now().Add(minConcurrencyBackoff), Deferred: true}, nil)
+		}
+		rec = out
+	}
 	start := time.Now()
 	ctx = withRun(ctx, h.log, rec, start) // the job's logger, for the worker and for what follows the run
 	runOf(ctx).steps = &steps{store: h.store, rec: rec}

@@ -98,7 +98,7 @@ var OperatorAttributes = []string{
 	ledger.AttrLastError, ledger.AttrListErr, ledger.AttrListState, ledger.AttrListAt,
 	ledger.AttrNonce, ledger.AttrNonce1, ledger.AttrNonce2,
 	ledger.AttrParentID, ledger.AttrParents, ledger.AttrChildren, ledger.AttrReleased,
-	ledger.AttrKeyHash, ledger.AttrNonJob,
+	ledger.AttrKeyHash, ledger.AttrNonJob, ledger.AttrReopenWaits,
 }
 
 // SignalAttributes are the only attributes GrantSignal's UpdateItem may

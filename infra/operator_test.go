@@ -163,8 +163,20 @@ func (r *operatorRig) run() (roles []string) {
 	r.end(c3, ledger.Failed)
 	_, err = r.e.Client.Requeue(ctx, p3) // its parent active again (a producer's requeue)
 	must("requeue parent", err)
+	// A job whose wait timed out (a worker's writes): its requeue asks
+	// the next run to wait afresh (Record.ReopenWaits).
+	timedOut := r.job(9, nil)
+	store := r.e.Client.Store()
+	claimed, err := store.Claim(ctx, timedOut, time.Minute)
+	must("claim", err)
+	claimed.Steps, err = store.RecordStep(ctx, claimed, ledger.WaitStep("approval"), "1")
+	must("the wait's end", err)
+	_, err = store.RecordTimeout(ctx, claimed, "approval")
+	must("the wait's timeout", err)
+	_, err = store.Finish(ctx, claimed, ledger.Finish{State: ledger.Failed, LastError: "no approval"})
+	must("fail", err)
 	a := r.admin("requeue")
-	for _, id := range []string{failed, keyed, c1, p2, c3} {
+	for _, id := range []string{failed, keyed, c1, p2, c3, timedOut} {
 		_, err := a.Requeue(ctx, id)
 		must("requeue "+id, err)
 	}

@@ -123,6 +123,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.CancelReq, err = str(av)
 		case AttrByCheck:
 			r.ByCheck, err = boolean(av)
+		case AttrReopenWaits:
+			r.ReopenWaits, err = boolean(av)
 		case AttrNonJob:
 			r.NonJob, err = boolean(av)
 		}

@@ -63,6 +63,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.b(AttrNonJob, r.NonJob)
 	e.s(AttrQueue, r.Queue, true)
 	e.s(AttrCancelReq, r.CancelReq, true)
+	e.b(AttrReopenWaits, r.ReopenWaits)
 	if len(r.Steps) > 0 {
 		m := make(map[string]types.AttributeValue, len(r.Steps))
 		for k, v := range r.Steps {

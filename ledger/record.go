@@ -115,6 +115,10 @@ type Record struct {
 	// (Store.RequestCancel): its next step's record is refused with
 	// ErrCancelRequested, and the run fails for good.
 	CancelReq string `dynamodbav:"cancelReq,omitempty"`
+	// ReopenWaits: a requeue of a job whose waits timed out asks its next
+	// run to open them again (ReopenTimedOutWaits, the worker's write: an
+	// operator may not write a job's steps).
+	ReopenWaits bool `dynamodbav:"reopenWaits,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's

@@ -52,6 +52,7 @@ const (
 	AttrDefers       = "defers"      // runs deferred in a row by flow control (Record.Defers)
 	AttrSlot         = "slot"        // unix ms: the throttle slot a deferred run holds (Record.Slot)
 	AttrCancelReq    = "cancelReq"   // an operator's reason, asking a running job to stop at its next step (Record.CancelReq)
+	AttrReopenWaits  = "reopenWaits" // a requeue asks the next run to open its timed-out waits again (Record.ReopenWaits)
 	AttrTicket       = "ticket"      // a deferred run's place in its concurrency key's queue (Record.Ticket)
 	AttrParents      = "parents"     // string set: a fan-in continuation's parents (Record.Parents)
 	AttrReleased     = "released"    // string set: the parents that released it (Record.Released)

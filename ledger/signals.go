@@ -197,35 +197,58 @@ func (s *Store) before(end string) bool {
 // after it is refused (ErrSignalTooLate).
 const TimedOut = "\x00timed out"
 
-// ReopenTimedOutWaits opens again the waits of rec, just requeued
-// (Enqueued, attempt 0), that timed out before: their end and their
-// TimedOut mark are removed, so the requeued run meets each wait afresh
-// (a new end, now plus its timeout) and a late approver's signal is taken.
-// Before, a requeued job kept the timeout and failed again at once. One
-// UpdateItem, conditional on the job not claimed since and each mark still
-// TimedOut, only when rec has such a wait; a job claimed meanwhile is left
-// as it is (no error).
-func (s *Store) ReopenTimedOutWaits(ctx context.Context, rec Record) (Record, error) {
-	var upd expression.UpdateBuilder
+// timedOutWaits are the names of rec's waits that timed out.
+func timedOutWaits(rec Record) []string {
+	var out []string
+	for k, v := range rec.Steps {
+		if name, ok := strings.CutPrefix(k, signalStep); ok && v == TimedOut {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// MarkReopen asks the next run of rec, just requeued (Enqueued, attempt
+// 0), to open its timed-out waits again (Record.ReopenWaits), when it has
+// any: one UpdateItem of an attribute an operator may write, conditional
+// on the job not claimed since. A job claimed meanwhile is left as it is.
+// Before, a requeued job kept its timeouts and failed again at once, and
+// a late approver's signal was refused as too late.
+func (s *Store) MarkReopen(ctx context.Context, rec Record) (Record, error) {
+	if len(timedOutWaits(rec)) == 0 {
+		return rec, nil
+	}
 	cond := isJob(rec.ID).And(expression.Name(AttrState).Equal(expression.Value(Enqueued))).
 		And(expression.Name(AttrAttempt).Equal(expression.Value(0)))
-	n := 0
-	for k, v := range rec.Steps {
-		name, ok := strings.CutPrefix(k, signalStep)
-		if !ok || v != TimedOut {
-			continue
-		}
-		upd = upd.Remove(stepPath(k)).Remove(stepPath(WaitStep(name)))
-		cond = cond.And(stepPath(k).Equal(expression.Value(TimedOut)))
-		n++
+	out, err := s.updateByID(ctx, rec.ID, cond, expression.Set(expression.Name(AttrReopenWaits), expression.Value(true)))
+	var nc *NotClaimableError
+	if errors.As(err, &nc) {
+		return nc.Current, nil // claimed already, or marked by our own resend
 	}
-	if n == 0 {
-		return rec, nil
+	return out, err
+}
+
+// ReopenTimedOutWaits opens again, for the run that claimed rec (marked
+// ReopenWaits by a requeue), the waits that timed out before: their ends
+// and TimedOut marks are removed with the mark, so the run meets each wait
+// afresh (a new end, now plus its timeout) and a late approver's signal
+// is taken. One UpdateItem fenced as a step's record is; a resend of an
+// applied write reads as done.
+func (s *Store) ReopenTimedOutWaits(ctx context.Context, rec Record) (Record, error) {
+	upd := expression.Remove(expression.Name(AttrReopenWaits))
+	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
+		And(expression.Name(AttrState).Equal(expression.Value(string(Processing))))
+	for _, name := range timedOutWaits(rec) {
+		upd = upd.Remove(stepPath(SignalStep(name))).Remove(stepPath(WaitStep(name)))
+		cond = cond.And(stepPath(SignalStep(name)).Equal(expression.Value(TimedOut)))
 	}
 	out, err := s.updateByID(ctx, rec.ID, cond, upd)
 	var nc *NotClaimableError
-	if errors.As(err, &nc) {
-		return nc.Current, nil // claimed, or reopened by our own resend
+	switch {
+	case errors.As(err, &nc) && nc.Current.Token == rec.Token && nc.Current.State == Processing && !nc.Current.ReopenWaits:
+		return nc.Current, nil // this very write, applied before
+	case errors.As(err, &nc):
+		return Record{}, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
 	}
 	return out, err
 }
