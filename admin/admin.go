@@ -138,9 +138,6 @@ func (a *Admin) Holder(ctx context.Context, key string) (ledger.Record, error) {
 	return a.store.GetByKey(ctx, key)
 }
 
-// HashKey is the key's stored hash, to show instead of the key.
-func (a *Admin) HashKey(key string) string { return a.store.HashKey(key) }
-
 // Signal sends job id its signal name with a JSON payload (raw, as typed
 // by an operator: it must be valid JSON): see enqueue.Client.Signal.
 func (a *Admin) Signal(ctx context.Context, id, name, payload string) error {

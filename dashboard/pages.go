@@ -254,7 +254,9 @@ func (s *server) key(w http.ResponseWriter, r *http.Request) {
 	rec, err := s.a.Holder(r.Context(), key)
 	if errors.Is(err, ledger.ErrNotFound) {
 		v := s.view(r, "key")
-		v.Title = "No job holds that key (hash " + s.a.HashKey(key) + "): an enqueue with it would be new"
+		// Not the key's hash: shown for any string typed here, it was the
+		// key secret's HMAC of anything a reader chose (issue 38 item 14).
+		v.Title = "No job holds that key: an enqueue with it would be new"
 		s.render(w, http.StatusOK, "problem", v)
 		return
 	}

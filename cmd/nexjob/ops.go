@@ -211,7 +211,9 @@ func (o *ops) get(ctx context.Context, id string, showArgs, showResult bool) err
 func (o *ops) holder(ctx context.Context, key string, showArgs, showResult bool) error {
 	rec, err := o.a.Holder(ctx, key)
 	if errors.Is(err, ledger.ErrNotFound) {
-		_, err = fmt.Fprintf(o.stdout, "no job holds the key (hash %s): an enqueue with it makes a new job\n", o.a.HashKey(key))
+		// Not the key's hash: printed for any string, it was the key
+		// secret's HMAC of anything a reader chose (issue 38 item 14).
+		_, err = fmt.Fprintln(o.stdout, "no job holds the key: an enqueue with it makes a new job")
 		return err
 	}
 	if err != nil {
