@@ -67,7 +67,14 @@ type Admin struct {
 	retention handler.Retention
 	cfg       aws.Config
 	named     map[string]settings.NamedQueue
+	withheld  bool // the key secret is withheld (settings.KeySecretWithheld)
 }
+
+// ErrKeySecretWithheld: a lookup by idempotency key in a process the
+// deployment's key secret is withheld from (a read-only dashboard or
+// CLI): a key's hash cannot be made without it, and one made without it
+// would say no job holds a key that one does.
+var ErrKeySecretWithheld = errors.New("nexjob: looking up a job by its key needs the deployment's key secret, which read-only roles are not given (look it up by id, or as an operator)")
 
 // New returns an Admin for the deployment the settings name (role
 // settings.Operator: table and queue required, DLQ optional).
@@ -79,7 +86,7 @@ func New(s settings.Settings) (*Admin, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Admin{client: c, store: c.Store(), sqs: q, queueURL: s.QueueURL, dlqURL: s.DLQURL, retention: s.Retention, schedules: s.Schedules, cfg: s.AWS, named: s.Queues}, nil
+	return &Admin{client: c, store: c.Store(), sqs: q, queueURL: s.QueueURL, dlqURL: s.DLQURL, retention: s.Retention, schedules: s.Schedules, cfg: s.AWS, named: s.Queues, withheld: s.KeySecretWithheld}, nil
 }
 
 // ErrNoSchedules: the settings name no schedule group
@@ -133,8 +140,12 @@ func (a *Admin) Get(ctx context.Context, id string) (ledger.Record, error) {
 
 // Holder returns the job that holds the idempotency key (looked up by the
 // key's hash; the key itself is neither stored nor logged);
-// ledger.ErrNotFound if the key is free.
+// ledger.ErrNotFound if the key is free; ErrKeySecretWithheld in a
+// read-only process with no key secret.
 func (a *Admin) Holder(ctx context.Context, key string) (ledger.Record, error) {
+	if a.withheld {
+		return ledger.Record{}, ErrKeySecretWithheld
+	}
 	return a.store.GetByKey(ctx, key)
 }
 

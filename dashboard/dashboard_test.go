@@ -402,3 +402,27 @@ func TestSchedulesPage(t *testing.T) {
 		t.Fatalf("with no group:\n%s", page)
 	}
 }
+
+// A read-only dashboard is not given the key secret (issue 38 item 14):
+// its lookup by key is refused, saying why, rather than answered with a
+// hash made without the secret ("no job holds that key" for a held key).
+func TestKeyLookupWithTheSecretWithheld(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, false)
+	a, err := admin.New(settings.Settings{AWS: r.e.Cfg, Table: r.e.Table, QueueURL: r.e.QueueURL, DLQURL: r.e.DLQURL, Retention: handler.DefaultRetention, KeySecretWithheld: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet}))
+	t.Cleanup(srv.Close)
+	c := client(t)
+	_, page := get(t, c, srv.URL+"/")
+	tok := tokenRE.FindStringSubmatch(page)[1]
+	code, page := post(t, c, srv.URL+"/key", url.Values{"csrf": {tok}, "key": {"invoice-2026-11-ada"}}, nil)
+	if code != http.StatusForbidden || !strings.Contains(page, "key secret") || strings.Contains(page, "No job holds that key") {
+		t.Fatalf("a lookup by key with the secret withheld: %d\n%s\nwant 403 saying the key secret is needed", code, page)
+	}
+	if code, _ := get(t, c, srv.URL+"/jobs/"+r.failed); code != http.StatusOK {
+		t.Fatalf("the job by its id: %d", code)
+	}
+}

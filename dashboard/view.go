@@ -172,7 +172,7 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status = http.StatusBadRequest
 	case errors.As(err, &nt), errors.As(err, &nc), errors.Is(err, ledger.ErrKeyReused), errors.Is(err, ledger.ErrDeadLetterRecord):
 		status = http.StatusConflict
-	case errors.Is(err, errReadOnly):
+	case errors.Is(err, errReadOnly), errors.Is(err, admin.ErrKeySecretWithheld):
 		status = http.StatusForbidden
 	}
 	v.Title = http.StatusText(status)

@@ -48,6 +48,7 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 // against its policy.
 func (q *JobQueue) GrantOperate(grantee awsiam.IGrantable) {
 	q.GrantRead(grantee)
+	q.grantKeySecret(grantee) // lookups by key (nexjob holder, the dashboard's)
 	q.grantUpdate(grantee, OperatorAttributes)
 	q.Table.Grant(grantee, jsii.String("dynamodb:DeleteItem"))
 	q.grantQueues(grantee, "sqs:SendMessage")
@@ -184,7 +185,9 @@ func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
 	q.grantQueues(grantee, "sqs:GetQueueAttributes")
 	q.grantDLQs(grantee, "sqs:ReceiveMessage", "sqs:GetQueueAttributes")
-	q.grantKeySecret(grantee)
+	// Not the key secret: a reader holding it and the table could mint
+	// what it guards. Its processes run with NEXJOB_KEY_SECRET_WITHHELD
+	// (lookups by key refused: admin.ErrKeySecretWithheld).
 }
 
 // grantQueues grants actions on the job queue and every named queue.

@@ -517,3 +517,52 @@ func TestWorkerScalingProps(t *testing.T) {
 		"EventSourceArn":          map[string]any{"Fn::GetAtt": []any{assertions.Match_StringLikeRegexp(jsii.String("JobsQueue")), "Arn"}},
 	})
 }
+
+// TestReadOnlyRolesGetNoKeySecret (issue 38 item 14): a read-only role
+// (GrantRead, the read-only web dashboard) is not given the key secret:
+// with it and the table, a reader could mint what the secret guards. Its
+// function runs with NEXJOB_KEY_SECRET_WITHHELD; a write dashboard, an
+// operator, keeps the secret for lookups by key.
+func TestReadOnlyRolesGetNoKeySecret(t *testing.T) {
+	for _, write := range []bool{false, true} {
+		code := t.TempDir()
+		if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("placeholder"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		app := awscdk.NewApp(&awscdk.AppProps{Outdir: jsii.String(t.TempDir())})
+		stack := awscdk.NewStack(app, jsii.String(fmt.Sprintf("Secret%v", write)), nil)
+		reader := awsiam.NewRole(stack, jsii.String("Reader"), &awsiam.RoleProps{AssumedBy: awsiam.NewAccountRootPrincipal()})
+		q := infra.NewJobQueue(stack, "Jobs", &infra.JobQueueProps{Code: infra.BootstrapCode(code), KeySecretParameter: jsii.String("/app/key-secret"),
+			WebDashboard: &infra.WebDashboardProps{Write: jsii.Bool(write)}})
+		q.GrantRead(reader)
+		b, _ := json.Marshal(assertions.Template_FromStack(stack, nil).ToJSON())
+		var doc map[string]any
+		_ = json.Unmarshal(b, &doc)
+		ssmOf := func(role string) bool {
+			for _, res := range doc["Resources"].(map[string]any) {
+				r := res.(map[string]any)
+				if r["Type"] == "AWS::IAM::Policy" && strings.Contains(fmt.Sprint(r["Properties"].(map[string]any)["Roles"]), role) &&
+					strings.Contains(fmt.Sprint(r["Properties"]), "ssm:GetParameter") {
+					return true
+				}
+			}
+			return false
+		}
+		if ssmOf("Reader") {
+			t.Errorf("GrantRead gave the key secret's parameter")
+		}
+		if got := ssmOf("JobsWebDashboardRole"); got != write {
+			t.Errorf("write=%v: the dashboard may read the key secret: %v", write, got)
+		}
+		for _, res := range doc["Resources"].(map[string]any) {
+			r := res.(map[string]any)
+			vars := fmt.Sprint(r["Properties"])
+			if r["Type"] != "AWS::Lambda::Function" || !strings.Contains(vars, "NEXJOB_ROLE:dashboard") {
+				continue
+			}
+			if withheld := strings.Contains(vars, "NEXJOB_KEY_SECRET_WITHHELD:true"); withheld == write || strings.Contains(vars, "NEXJOB_KEY_SECRET_PARAMETER") == !write {
+				t.Errorf("write=%v: the dashboard's environment: %s", write, vars)
+			}
+		}
+	}
+}

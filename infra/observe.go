@@ -78,6 +78,12 @@ func (q *JobQueue) webDashboard(c constructs.Construct, p JobQueueProps, env map
 	}
 	write := wp.Write != nil && *wp.Write
 	env[settings.EnvDashboardWrite] = jsii.String(strconv.FormatBool(write))
+	if !write && env[settings.EnvKeySecretParameter] != nil {
+		// A read-only role is not given the key secret (GrantRead): with
+		// it and the table, a reader could mint what the secret guards.
+		delete(env, settings.EnvKeySecretParameter)
+		env[settings.EnvKeySecretWithheld] = jsii.String("true")
+	}
 	q.WebDashboard = newFunction(c, p, "WebDashboard", code, awscdk.Duration_Seconds(jsii.Number(30)), jsii.Number(256), env)
 	if write {
 		q.GrantOperate(q.WebDashboard)

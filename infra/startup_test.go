@@ -134,7 +134,11 @@ func TestEveryRoleStartsWithItsGrants(t *testing.T) {
 					t.Errorf("%s: SSM grant beyond GetParameter on the key secret: %s on %v", role, a, res)
 				}
 			}
-			if settings.NeedsKeySecret(settings.Role(role)) {
+			if vars[settings.EnvKeySecretWithheld] == "true" {
+				if _, ok := vars[settings.EnvKeySecretParameter]; ok || granted.allows("ssm:GetParameter") || slices.Contains(rec.calls(role), "ssm:GetParameter") {
+					t.Errorf("%s: the key secret is withheld, yet given (env %v, grant %v)", role, ok, granted.allows("ssm:GetParameter"))
+				}
+			} else if settings.NeedsKeySecret(settings.Role(role)) {
 				if !slices.Contains(rec.calls(role), "ssm:GetParameter") {
 					t.Errorf("%s: did not read the key secret at start: %v", role, rec.calls(role))
 				}

@@ -87,17 +87,23 @@ const (
 	EnvIndexShards        = "NEXJOB_INDEX_SHARDS"
 	EnvKeySecretParameter = "NEXJOB_KEY_SECRET_PARAMETER"
 	EnvKeySecret          = "NEXJOB_KEY_SECRET"
-	EnvGuardAfter         = "NEXJOB_GUARD_AFTER"
-	EnvDashboardWrite     = "NEXJOB_DASHBOARD_WRITE"
-	EnvScheduleGroup      = "NEXJOB_SCHEDULE_GROUP"
-	EnvFarScheduleGroup   = "NEXJOB_FAR_SCHEDULE_GROUP"
-	EnvScheduleTarget     = "NEXJOB_SCHEDULE_TARGET_ARN"
-	EnvSchedulerRole      = "NEXJOB_SCHEDULER_ROLE_ARN"
-	EnvFarRole            = "NEXJOB_FAR_ROLE_ARN"
-	EnvQueueARN           = "NEXJOB_QUEUE_ARN"
-	EnvScheduleDLQARN     = "NEXJOB_SCHEDULE_DLQ_ARN"
-	EnvQueues             = "NEXJOB_QUEUES"
-	EnvEventBus           = "NEXJOB_EVENT_BUS"
+	// EnvKeySecretWithheld "true": the deployment has a key secret and
+	// this process is not given it (a read-only dashboard, a read-only
+	// operator's CLI): it hashes no key, and a lookup by key is refused
+	// (admin.ErrKeySecretWithheld) rather than answered with a hash made
+	// without the secret.
+	EnvKeySecretWithheld = "NEXJOB_KEY_SECRET_WITHHELD"
+	EnvGuardAfter        = "NEXJOB_GUARD_AFTER"
+	EnvDashboardWrite    = "NEXJOB_DASHBOARD_WRITE"
+	EnvScheduleGroup     = "NEXJOB_SCHEDULE_GROUP"
+	EnvFarScheduleGroup  = "NEXJOB_FAR_SCHEDULE_GROUP"
+	EnvScheduleTarget    = "NEXJOB_SCHEDULE_TARGET_ARN"
+	EnvSchedulerRole     = "NEXJOB_SCHEDULER_ROLE_ARN"
+	EnvFarRole           = "NEXJOB_FAR_ROLE_ARN"
+	EnvQueueARN          = "NEXJOB_QUEUE_ARN"
+	EnvScheduleDLQARN    = "NEXJOB_SCHEDULE_DLQ_ARN"
+	EnvQueues            = "NEXJOB_QUEUES"
+	EnvEventBus          = "NEXJOB_EVENT_BUS"
 	// EnvIdempotencyFunction is an idempotent function's name, set by the
 	// construct's GrantIdempotency with its grant (not by Settings: each
 	// function has its own); package idempotency reads it
@@ -169,6 +175,9 @@ type Settings struct {
 	IndexAllStates bool
 	IndexShards    int
 	KeySecret      []byte
+	// KeySecretWithheld: the deployment has a key secret this process is
+	// not given (EnvKeySecretWithheld); KeySecret is nil.
+	KeySecretWithheld bool
 	// GuardAfter is guard.Options.After; zero takes its default.
 	GuardAfter time.Duration
 	// EventBus is the completion events' bus (name or ARN).
@@ -351,7 +360,14 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 	if !NeedsKeySecret(role) {
 		return s, nil
 	}
+	if v := getenv(EnvKeySecretWithheld); v != "" {
+		if s.KeySecretWithheld, err = strconv.ParseBool(v); err != nil {
+			return Settings{}, &InvalidError{Var: EnvKeySecretWithheld, Reason: "want true or false"}
+		}
+	}
 	switch p, raw := getenv(EnvKeySecretParameter), getenv(EnvKeySecret); {
+	case s.KeySecretWithheld && (p != "" || raw != ""):
+		return Settings{}, &InvalidError{Var: EnvKeySecretWithheld, Reason: "the key secret is withheld, yet " + EnvKeySecretParameter + " or " + EnvKeySecret + " is set"}
 	case p != "" && raw != "":
 		return Settings{}, &InvalidError{Var: EnvKeySecret, Reason: "set it or " + EnvKeySecretParameter + ", not both"}
 	case p != "":

@@ -224,3 +224,24 @@ func TestFarSchedulesHaveTheirOwnGroup(t *testing.T) {
 		t.Fatalf("%+v %v", s, err)
 	}
 }
+
+// A read-only process the key secret is withheld from reads none (no
+// SSM call: region only, no endpoint) and says so; a secret given to it
+// anyway is a contradiction, refused.
+func TestKeySecretWithheld(t *testing.T) {
+	base := map[string]string{settings.EnvTable: "jobs", settings.EnvQueueURL: "q", settings.EnvKeySecretWithheld: "true"}
+	s, err := settings.FromEnv(context.Background(), region, settings.Dashboard, env(base))
+	if err != nil || !s.KeySecretWithheld || s.KeySecret != nil {
+		t.Fatalf("withheld: %+v %v", s, err)
+	}
+	for _, v := range []string{settings.EnvKeySecret, settings.EnvKeySecretParameter} {
+		e := map[string]string{v: "/x"}
+		for k, x := range base {
+			e[k] = x
+		}
+		var inv *settings.InvalidError
+		if _, err := settings.FromEnv(context.Background(), region, settings.Dashboard, env(e)); !errors.As(err, &inv) || inv.Var != settings.EnvKeySecretWithheld {
+			t.Errorf("withheld with %s set: %v, want an *InvalidError on %s", v, err, settings.EnvKeySecretWithheld)
+		}
+	}
+}
