@@ -141,6 +141,11 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 // step is Step without the check of the name: the package's own steps
 // (a wait's end) use it.
 func step[T any](ctx context.Context, name string, fn func(ctx context.Context) (T, error)) (T, error) {
+	return stepWith(ctx, name, nil, fn)
+}
+
+// stepWith is step with a step's own retries (o nil: one call of fn).
+func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(ctx context.Context) (T, error)) (T, error) {
 	var zero T
 	s := stepsOf(ctx)
 	if s == nil {
@@ -163,7 +168,7 @@ func step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 	if err := context.Cause(ctx); err != nil {
 		return zero, err
 	}
-	v, err := fn(ctx)
+	v, err := callStep(ctx, s, name, o, fn)
 	if err != nil {
 		return zero, err
 	}
@@ -252,11 +257,20 @@ func Sleep(ctx context.Context, name string, d time.Duration) error {
 // schedules off, a message further than SQS's 15 minutes hops forward
 // every 15 minutes (a receive, a send and a delete, no DynamoDB request).
 func SleepUntil(ctx context.Context, name string, t time.Time) error {
+	if strings.HasPrefix(name, "nexjob:") {
+		return Permanent(&ledger.StepError{Name: name, Reason: `names beginning "nexjob:" are the package's own (signals, waits)`})
+	}
+	return sleepUntil(ctx, name, t)
+}
+
+// sleepUntil is SleepUntil without the check of the name: the package's
+// own sleeps (a step's retry) use it.
+func sleepUntil(ctx context.Context, name string, t time.Time) error {
 	s := stepsOf(ctx)
 	if s == nil {
 		return ErrNotInRun
 	}
-	until, err := Step(ctx, name, func(context.Context) (int64, error) {
+	until, err := step(ctx, name, func(context.Context) (int64, error) {
 		if d := t.Sub(s.store.Now()); d > MaxWait {
 			return 0, Permanent(&WaitTooLongError{Name: name, Wait: d})
 		}
