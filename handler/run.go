@@ -86,8 +86,8 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 		// Not a failure: the job sleeps until its time, no attempt spent.
 		h.runLog(ctx, slog.LevelInfo, "nexjob: job sleeping", rec, start, slog.Time("until", sleep.until))
 		done := h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: sleep.until, Deferred: true}, nil)
-		if done && sleep.signal {
-			return h.signalledMeanwhile(ctx, rec.ID, sleep.name) // not done: the message comes back and wakes it
+		if done && len(sleep.signals) > 0 {
+			return h.signalledMeanwhile(ctx, rec.ID, sleep.signals) // not done: the message comes back and wakes it
 		}
 		return done
 	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:

@@ -210,9 +210,9 @@ func stepsOf(ctx context.Context) *steps {
 
 // sleepError ends a run that sleeps: the job is Scheduled for until.
 type sleepError struct {
-	name   string
-	until  time.Time
-	signal bool // a wait for signal name
+	name    string
+	until   time.Time
+	signals []string // a wait for these signals (WaitForSignal's one, WaitForAny's)
 }
 
 func (e *sleepError) Error() string {
@@ -383,22 +383,27 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 		}
 		return v, nil
 	}
-	return zero, s.sleep(&sleepError{name: name, until: ledger.Millis(at), signal: true})
+	return zero, s.sleep(&sleepError{name: name, until: ledger.Millis(at), signals: []string{name}})
 }
 
 // signalledMeanwhile wakes job id if its signal name came while the run
 // that began to wait for it was ending (the signal found it Processing and
 // woke no one): one read, and the wake when it did.
-func (h *Handler) signalledMeanwhile(ctx context.Context, id, name string) bool {
+func (h *Handler) signalledMeanwhile(ctx context.Context, id string, names []string) bool {
 	cur, err := h.store.Get(ctx, id)
 	if err != nil {
 		h.log.WarnContext(ctx, "nexjob: reading a job that began to wait failed; its message comes back to look again", "job_id", id, "err", err)
 		return false
 	}
-	if cur.State != ledger.Scheduled || cur.Steps[ledger.SignalStep(name)] == "" {
-		return true // no signal yet: it wakes the job when it comes
+	if cur.State != ledger.Scheduled {
+		return true
 	}
-	return h.wakeSignalled(ctx, cur)
+	for _, name := range names {
+		if cur.Steps[ledger.SignalStep(name)] != "" {
+			return h.wakeSignalled(ctx, cur)
+		}
+	}
+	return true // no signal yet: it wakes the job when it comes
 }
 
 // wakeSignalled wakes cur, asleep in a wait whose signal is recorded: the

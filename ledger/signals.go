@@ -279,6 +279,43 @@ func (s *Store) RecordTimeout(ctx context.Context, rec Record, name string) (pay
 	return "", err
 }
 
+// RecordTimeouts is RecordTimeout of a wait for any of names (a
+// WaitForAny's end): one UpdateItem recording TimedOut in every name's
+// signal slot, conditional on none holding a signal. landed is the
+// signals (by name) that landed first, none when the timeout won; the
+// slots decide for every sender as RecordTimeout's slot does. A run that
+// lost its claim gets ErrFenced; a resend of an applied write reads as
+// the timeout it recorded.
+func (s *Store) RecordTimeouts(ctx context.Context, rec Record, names []string) (landed map[string]string, err error) {
+	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).
+		And(expression.Name(AttrState).Equal(expression.Value(string(Processing)))).
+		And(expression.Name(AttrSteps).AttributeExists())
+	var upd expression.UpdateBuilder
+	for _, name := range names {
+		sig := stepPath(SignalStep(name))
+		cond = cond.And(sig.AttributeNotExists())
+		upd = upd.Set(sig, expression.Value(TimedOut))
+	}
+	_, err = s.updateByID(ctx, rec.ID, cond, upd)
+	var nc *NotClaimableError
+	if !errors.As(err, &nc) {
+		return nil, err
+	}
+	if nc.Current.Token != rec.Token {
+		return nil, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
+	}
+	landed = map[string]string{}
+	for _, name := range names {
+		if p := nc.Current.Steps[SignalStep(name)]; p != "" && p != TimedOut {
+			landed[name] = p
+		}
+	}
+	if len(landed) == 0 && nc.Current.Steps[SignalStep(names[0])] != TimedOut {
+		return nil, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
+	}
+	return landed, nil // the signals that landed first, or this very write applied before
+}
+
 // Waiting reports whether rec sleeps in a wait for signal name: Scheduled
 // for the wait's end, still ahead; or already made due by a wake whose
 // send may have failed (a caller's retry sends it). Not a job Scheduled
