@@ -48,31 +48,24 @@ func TestADroppedSleepErrorStillSleeps(t *testing.T) {
 	}), nil)
 	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
 	ctx := context.Background()
-	slept, err := e.Client.Enqueue(ctx, careless{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	waited, err := e.Client.Enqueue(ctx, careless{Wait: true}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	slept, waited := enqueueOne(t, e.Client, careless{}, nil), enqueueOne(t, e.Client, careless{Wait: true}, nil)
 	e.Drain(t, h)
 	mu.Lock()
-	before := map[string]int{slept.ID: len(shipped[slept.ID]), waited.ID: len(shipped[waited.ID])}
+	before := map[string]int{slept: len(shipped[slept]), waited: len(shipped[waited])}
 	mu.Unlock()
 	for id, n := range before {
 		if rec := e.Get(t, id); rec.State != ledger.Scheduled || n != 0 {
 			t.Errorf("job %s after a run that dropped its sleep's error: %s, shipped %d times; want Scheduled in its sleep, not shipped", id, rec.State, n)
 		}
 	}
-	if err := e.Client.Signal(ctx, waited.ID, "approval", approval{By: "ada"}); err != nil {
+	if err := e.Client.Signal(ctx, waited, "approval", approval{By: "ada"}); err != nil {
 		t.Fatal(err)
 	}
 	e.Advance(t, time.Hour+time.Minute)
 	e.Drain(t, h)
 	mu.Lock()
 	defer mu.Unlock()
-	for id, want := range map[string]string{slept.ID: "", waited.ID: "ada"} {
+	for id, want := range map[string]string{slept: "", waited: "ada"} {
 		rec := e.Get(t, id)
 		if rec.State != ledger.Succeeded || len(shipped[id]) != 1 || shipped[id][0] != want {
 			t.Errorf("job %s: %s, shipments %q; want Succeeded, shipped once (approved by %q)", id, rec.State, shipped[id], want)

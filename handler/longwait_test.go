@@ -51,13 +51,7 @@ func TestWaitsLongerThanTheLongestScheduleAreRefused(t *testing.T) {
 	}), nil)
 	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
 	ctx := context.Background()
-	enq := func(a longWait) string {
-		res, err := e.Client.Enqueue(ctx, a, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res.ID
-	}
+	enq := func(a longWait) string { return enqueueOne(t, e.Client, a, nil) }
 	year := enq(longWait{Wait: 365 * 24 * time.Hour})
 	twoYears := enq(longWait{Wait: 2 * 365 * 24 * time.Hour})
 	forever := enq(longWait{Wait: math.MaxInt64})

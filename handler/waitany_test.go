@@ -54,13 +54,7 @@ func TestWaitForAnyOfTwoSignalsAndATimer(t *testing.T) {
 	}), &handler.KindOptions{Backoff: func(int) time.Duration { return time.Second }})
 	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
 	ctx := context.Background()
-	enq := func(a selecting) string {
-		res, err := e.Client.Enqueue(ctx, a, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return res.ID
-	}
+	enq := func(a selecting) string { return enqueueOne(t, e.Client, a, nil) }
 	signal := func(id, name, by string) error { return e.Client.Signal(ctx, id, name, approval{By: by}) }
 	rejected, early, timedOut, replayed := enq(selecting{}), enq(selecting{}), enq(selecting{}), enq(selecting{FailOnce: true})
 	// Both sent before the wait: the first of the names, in their order.
