@@ -306,7 +306,7 @@ func (d *dashboardClient) act(path string, form url.Values) {
 		d.t.Fatal(err)
 	}
 	page, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	m := csrfRE.FindSubmatch(page)
 	if resp.StatusCode != http.StatusOK || m == nil {
 		d.t.Fatalf("GET %s: %d\n%s", path, resp.StatusCode, page)
@@ -323,7 +323,7 @@ func (d *dashboardClient) act(path string, form url.Values) {
 		d.t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusSeeOther {
 		d.t.Fatalf("POST %s: %d\n%s", path, resp.StatusCode, body)
 	}
