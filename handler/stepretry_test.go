@@ -10,6 +10,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
@@ -33,6 +34,7 @@ var errDeclined = errors.New("card declined")
 
 type retryRig struct {
 	e     *nexjobtest.Env
+	meter *awstest.Meter
 	h     *handler.Handler
 	mu    sync.Mutex
 	calls map[string]int
@@ -41,6 +43,9 @@ type retryRig struct {
 func newRetryRig(t *testing.T) *retryRig {
 	t.Helper()
 	r := &retryRig{e: nexjobtest.New(t, nil), calls: map[string]int{}}
+	cfg := r.e.Cfg
+	r.meter = awstest.NewMeter(&cfg, r.e.DB)
+	r.e.Cfg = cfg
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[retried](func(ctx context.Context, j *handler.Job[retried]) error {
 		o := &handler.StepOptions{MaxAttempts: j.Args.Tries, Backoff: func(int) time.Duration { return j.Args.Pause },
@@ -99,7 +104,12 @@ func TestStepRetriesInTheRun(t *testing.T) {
 	t.Parallel()
 	r := newRetryRig(t)
 	id := r.enqueue(t, retried{Fails: 2, Tries: 3, Pause: 10 * time.Millisecond}, 1)
+	r.meter.Reset()
 	r.e.DrainNow(t, r.h)
+	// Cost (docs/durable-jobs.md): Step's, and one UpdateItem per retry.
+	if got, want := strings.Join(dynamoAndSQS(r.meter), " "), "DynamoDB.UpdateItem DynamoDB.UpdateItem DynamoDB.UpdateItem DynamoDB.UpdateItem DynamoDB.UpdateItem"; got != want {
+		t.Errorf("the run: %s, want %s (its claim, 2 failures, the step, its end)", got, want)
+	}
 	rec := r.e.Get(t, id)
 	if rec.State != ledger.Succeeded || rec.Attempt != 1 || r.count(id) != 3 || tries(rec) != 2 {
 		t.Fatalf("a step failing twice under 3 tries: %s at attempt %d (%s), %d calls, %d failures recorded; want Succeeded at the job's first attempt, 3 calls, 2 recorded", rec.State, rec.Attempt, rec.LastError, r.count(id), tries(rec))

@@ -3,11 +3,13 @@ package handler_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
@@ -25,6 +27,9 @@ func (selecting) Kind() string { return "selecting" }
 func TestWaitForAnyOfTwoSignalsAndATimer(t *testing.T) {
 	t.Parallel()
 	e := nexjobtest.New(t, nil)
+	cfg := e.Cfg
+	meter := awstest.NewMeter(&cfg, e.DB)
+	e.Cfg = cfg
 	var mu sync.Mutex
 	outcome := map[string][]string{} // job id: the outcome each run saw
 	reg := handler.NewRegistry()
@@ -64,7 +69,18 @@ func TestWaitForAnyOfTwoSignalsAndATimer(t *testing.T) {
 	if err := signal(early, "approved", "ada"); err != nil {
 		t.Fatal(err)
 	}
-	e.Drain(t, h) // the others wait, asleep
+	meter.Reset()
+	e.DrainNow(t, h) // the others wait, asleep
+	// Cost (docs/durable-jobs.md): a run that begins to wait is its claim,
+	// one UpdateItem per name, its end, a send and one read; the early
+	// job's run, its claim, the choice and its end.
+	calls := strings.Join(dynamoAndSQS(meter), " ")
+	if n := strings.Count(calls, "UpdateItem"); n != 3*4+3 {
+		t.Errorf("three runs that begin to wait and one that chooses at once: %d UpdateItems (%s), want 15", n, calls)
+	}
+	if n := strings.Count(calls, "GetItem"); n != 3 {
+		t.Errorf("three runs that begin to wait: %d reads, want 3 (one each: a signal meanwhile)", n)
+	}
 	for _, id := range []string{rejected, timedOut, replayed} {
 		if rec := e.Get(t, id); rec.State != ledger.Scheduled || rec.Attempt != 0 {
 			t.Fatalf("job %s in its wait: %s attempt %d, want Scheduled, no attempt spent", id, rec.State, rec.Attempt)
