@@ -482,9 +482,11 @@ func operate(ctx context.Context, c *enqueue.Client, log *slog.Logger, led *ledg
 			switch {
 			case err == nil:
 				r.cancelled = true
-			case errors.As(err, &nc) && !nc.State.Terminal():
-				// Cancel says it cannot cancel a job that is still active:
-				// it lost a race with the job's run (issue 38 item 6).
+			case errors.As(err, &nc) && (nc.State == ledger.Enqueued || nc.State == ledger.Scheduled):
+				// Cancel says it cannot cancel a job it cancels (it
+				// withdraws Enqueued and Scheduled ones; a continuation
+				// waiting for its parent is not its to cancel): it lost a
+				// race with the job's run (issue 38 item 6).
 				led.misreports = append(led.misreports, fmt.Sprintf("job %s: Cancel reported %v", r.id, err))
 			}
 			led.mu.Unlock()
