@@ -241,6 +241,7 @@ type finishShape struct {
 	lastError, deferred, runAt, hook, hookLease bool
 	expires, cutOff, dropDefers, slot, dropSlot bool
 	ticket, dropTicket, result, cancelled       bool
+	dropResult                                  bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -252,6 +253,7 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		slot: f.Deferred && !f.Slot.IsZero(), dropSlot: rec.Slot != 0,
 		ticket: f.Deferred && f.Ticket != 0, dropTicket: rec.Ticket != 0,
 		result: f.State == Succeeded && f.Result != "", cancelled: f.State == Failed && f.Cancelled,
+		dropResult: rec.Result != "" && (f.State != Succeeded || f.Result == ""),
 	}
 	e := s.finishes.start(k, 20, 14, 512) // a Finish: up to 19 names, 13 values, about 480 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
@@ -286,8 +288,8 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 	}
 	if k.result {
 		e.assign(AttrResult, e.s(":result", f.Result))
-	} else {
-		e.drop(AttrResult) // a run before a requeue's, which the requeue left
+	} else if k.dropResult {
+		e.drop(AttrResult) // a run before a requeue's, which the requeue left (only then: no name in every finish)
 	}
 	if k.cancelled {
 		e.values[":cancelled"] = &types.AttributeValueMemberBOOL{Value: true}
