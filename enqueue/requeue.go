@@ -17,10 +17,11 @@ import (
 // a record of a message that was not a job, ledger.ErrDeadLetterRecord; an
 // unknown one, ledger.ErrNotFound. Its recorded steps are kept (the run
 // replays them; RequeueFresh drops them), but a wait that timed out opens
-// again (ledger.Store.MarkReopen here, one more UpdateItem when there is
-// one, and ReopenTimedOutWaits by the worker's next run, one more): the
-// requeued run waits afresh, for its full timeout, and a late approver's
-// signal is taken.
+// again: the requeue's own update marks the job (Record.ReopenWaits), and
+// its next run's worker removes the timed-out waits with the mark
+// (ledger.Store.ReopenTimedOutWaits, one more UpdateItem): the requeued
+// run waits afresh, for its full timeout, and a late approver's signal is
+// taken.
 //
 // Continuations, one rule for a single parent's and a fan-in child: a
 // continuation runs only after every parent of it Succeeded. Requeued
@@ -76,14 +77,6 @@ func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.St
 		return Result{}, c.missing(err)
 	}
 	res := Result{ID: rec.ID, Kind: rec.Kind, State: rec.State}
-	// Its waits that timed out open again, before it is sent: the
-	// requeued run waits afresh and a late approver's signal is taken.
-	// If this fails the run meets the old timeout again (the error says
-	// so; a Requeue once it ended again reopens them).
-	var reopenErr error
-	if rec, reopenErr = c.store.MarkReopen(ctx, rec); reopenErr != nil {
-		reopenErr = fmt.Errorf("nexjob: requeued job %s keeps its timed-out waits: %w", jobID, c.missing(reopenErr))
-	}
 	// Its children that its end ended without a run wait for it again,
 	// before it is sent: once it Succeeds it releases them. A crash here
 	// leaves it Enqueued unsent (the dispatch guard sends it) and those
@@ -93,7 +86,7 @@ func (c *Client) requeueFrom(ctx context.Context, jobID string, from []ledger.St
 		return res, &DispatchError{JobID: rec.ID, Err: c.missing(err)}
 	}
 	c.log.InfoContext(ctx, "nexjob: requeued", "job_id", rec.ID, "kind", rec.Kind)
-	return res, errors.Join(reopenErr, rewaitErr)
+	return res, rewaitErr
 }
 
 // notRequeued is the error of a requeue whose condition found cur.

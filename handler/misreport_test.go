@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
 
 // A signal that landed is never reported refused (issue 38 item 7): its
@@ -84,5 +87,82 @@ func TestRequeueReopensATimedOutWait(t *testing.T) {
 	rec := s.e.Get(t, id)
 	if prepared, by := s.seen(id); rec.State != ledger.Succeeded || prepared != 1 || by != "late ada" {
 		t.Fatalf("after the late signal: %s, prepared %d times, approved by %q; want Succeeded, prepared once, by the late approver", rec.State, prepared, by)
+	}
+}
+
+type loneWait struct {
+	Name string `json:"name"`
+}
+
+func (loneWait) Kind() string { return "lone-wait" }
+
+// Found by the attack written from the docs (helper-5): a job whose only
+// step is a wait that timed out, requeued, looped writing its wait (974
+// UpdateItems in 8 s: the reopen left an empty steps map and the first
+// step's write was conditional on no map); and a wait, a signal or a
+// callback token named with 116 to 128 bytes could not be recorded or
+// completed (the 128-byte limit was taken with the package's prefix).
+func TestLoneAndLongestNamedWaits(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, &nexjobtest.Options{Ledger: ledger.Options{KeySecret: []byte("a deployment's secret")}})
+	tokens := make(chan [2]string, 4) // wait name, token
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[loneWait](func(ctx context.Context, j *handler.Job[loneWait]) error {
+		tok, err := handler.CallbackToken(ctx, j.Args.Name)
+		if err != nil {
+			return err
+		}
+		_, err = handler.WaitForSignal[approval](ctx, j.Args.Name, time.Hour)
+		var timeout *handler.SignalTimeoutError
+		switch {
+		case errors.As(err, &timeout):
+			return handler.Permanent(err)
+		case handler.IsSleep(err):
+			tokens <- [2]string{j.Args.Name, tok}
+		}
+		return err
+	}), nil)
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	ctx := context.Background()
+	longest := strings.Repeat("😀", ledger.MaxStepName/4) // 128 bytes
+	lone, named := enqueueOne(t, e.Client, loneWait{Name: "approval"}, nil), enqueueOne(t, e.Client, loneWait{Name: longest}, nil)
+	e.Drain(t, h)
+	var tok [2]string
+	for range 2 {
+		select {
+		case got := <-tokens:
+			if got[0] == longest {
+				tok = got
+			}
+		default:
+		}
+	}
+	if tok[1] == "" {
+		t.Fatalf("the wait named with %d bytes never began: %s (%s)", len(longest), e.Get(t, named).State, e.Get(t, named).LastError)
+	}
+	if err := e.Client.Complete(ctx, tok[1], approval{By: "ada"}); err != nil {
+		t.Fatalf("completing a wait named with %d bytes by its token: %v", len(longest), err)
+	}
+	e.Advance(t, time.Hour+time.Minute) // the lone wait times out
+	e.Drain(t, h)
+	if rec := e.Get(t, named); rec.State != ledger.Succeeded {
+		t.Errorf("the wait named with %d bytes: %s (%s), want Succeeded", len(longest), rec.State, rec.LastError)
+	}
+	if rec := e.Get(t, lone); rec.State != ledger.Failed {
+		t.Fatalf("the lone wait after its timeout: %s, want Failed", rec.State)
+	}
+	if _, err := e.Client.Requeue(ctx, lone); err != nil {
+		t.Fatal(err)
+	}
+	e.DrainNow(t, h)
+	if rec := e.Get(t, lone); rec.State != ledger.Scheduled {
+		t.Fatalf("the requeued lone wait: %s (%s), want Scheduled in its wait again", rec.State, rec.LastError)
+	}
+	if err := e.Client.Signal(ctx, lone, "approval", approval{By: "late ada"}); err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	if rec := e.Get(t, lone); rec.State != ledger.Succeeded {
+		t.Fatalf("the requeued lone wait after its signal: %s (%s)", rec.State, rec.LastError)
 	}
 }

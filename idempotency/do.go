@@ -145,6 +145,9 @@ func replay[T any](s *Store, res Result[T], c ledger.Call, ph string) (Result[T]
 // releases the key after it.
 func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, fn func(context.Context) (T, error)) (out Result[T], err error) {
 	s.count(metrics.CallRun, res.KeyHash)
+	// One record per outcome, this one too (a doc attack found the run
+	// the only outcome with none).
+	s.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: idempotent call runs", slog.String("function", s.function), slog.String("key_hash", res.KeyHash))
 	panicked := true
 	defer func() {
 		if panicked { // fn panicked: free the key, and panic on

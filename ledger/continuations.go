@@ -191,7 +191,10 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 	nowMs := s.now().UnixMilli()
 	upd := expression.Set(st, expression.Value(Enqueued)).
 		Set(expression.Name(AttrAttempt), expression.Value(0)).
-		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs))
+		Set(expression.Name(AttrUpdatedAt), expression.Value(nowMs)).
+		// Its next run opens the waits that timed out (ReopenTimedOutWaits:
+		// the worker's write; an operator may not write steps).
+		Set(expression.Name(AttrReopenWaits), expression.Value(true))
 	for _, a := range []string{AttrExpiresAt, AttrRunAt, AttrDeadline, AttrCutOffs, AttrReturns, AttrReturnOf, AttrReturnAt, AttrUndispatched, AttrCancelled, AttrCancelReq} {
 		upd = upd.Remove(expression.Name(a))
 	}

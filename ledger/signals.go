@@ -208,32 +208,13 @@ func timedOutWaits(rec Record) []string {
 	return out
 }
 
-// MarkReopen asks the next run of rec, just requeued (Enqueued, attempt
-// 0), to open its timed-out waits again (Record.ReopenWaits), when it has
-// any: one UpdateItem of an attribute an operator may write, conditional
-// on the job not claimed since. A job claimed meanwhile is left as it is.
-// Before, a requeued job kept its timeouts and failed again at once, and
-// a late approver's signal was refused as too late.
-func (s *Store) MarkReopen(ctx context.Context, rec Record) (Record, error) {
-	if len(timedOutWaits(rec)) == 0 {
-		return rec, nil
-	}
-	cond := isJob(rec.ID).And(expression.Name(AttrState).Equal(expression.Value(Enqueued))).
-		And(expression.Name(AttrAttempt).Equal(expression.Value(0)))
-	out, err := s.updateByID(ctx, rec.ID, cond, expression.Set(expression.Name(AttrReopenWaits), expression.Value(true)))
-	var nc *NotClaimableError
-	if errors.As(err, &nc) {
-		return nc.Current, nil // claimed already, or marked by our own resend
-	}
-	return out, err
-}
-
 // ReopenTimedOutWaits opens again, for the run that claimed rec (marked
 // ReopenWaits by a requeue), the waits that timed out before: their ends
 // and TimedOut marks are removed with the mark, so the run meets each wait
 // afresh (a new end, now plus its timeout) and a late approver's signal
-// is taken. One UpdateItem fenced as a step's record is; a resend of an
-// applied write reads as done.
+// is taken; a job with none has its mark removed. Before, a requeued job
+// kept its timeouts and failed again at once. One UpdateItem fenced as a
+// step's record is; a resend of an applied write reads as done.
 func (s *Store) ReopenTimedOutWaits(ctx context.Context, rec Record) (Record, error) {
 	upd := expression.Remove(expression.Name(AttrReopenWaits))
 	cond := isJob(rec.ID).And(expression.Name(AttrToken).Equal(expression.Value(rec.Token))).

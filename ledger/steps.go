@@ -84,8 +84,18 @@ func budgetOf(steps map[string]string) stepBudget {
 // CheckStep says whether a step named name with a result of result's size
 // may be added to rec's steps (nil: it may), by the limits above.
 func CheckStep(rec Record, name, result string) error {
+	// A signal's, a wait's or a token's name is the user's, under the
+	// package's prefix: the limit is the user's name's (a wait of 116
+	// bytes or more began, and no signal could complete it).
+	base := name
+	for _, p := range []string{signalStep, waitStep, tokenStep} {
+		if b, ok := strings.CutPrefix(name, p); ok {
+			base = b
+			break
+		}
+	}
 	switch {
-	case name == "" || len(name) > MaxStepName || !utf8.ValidString(name):
+	case base == "" || len(base) > MaxStepName || !utf8.ValidString(name):
 		return &StepError{Name: truncate(name, MaxStepName), Reason: fmt.Sprintf("a step's name is 1 to %d bytes of UTF-8", MaxStepName)}
 	case len(result) > MaxStepBytes:
 		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d", len(result), MaxStepBytes)}
@@ -128,7 +138,7 @@ func CheckStep(rec Record, name, result string) error {
 // about 700 bytes), and every later write of the record (a claim, a
 // finish) pays for the steps it carries too.
 func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string) (map[string]string, error) {
-	for {
+	for range recordTries {
 		if err := CheckStep(rec, name, result); err != nil {
 			return rec.Steps, err
 		}
@@ -139,7 +149,10 @@ func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string)
 		if len(rec.Steps) == 0 {
 			// The map may not exist yet: a path into a missing map fails.
 			upd = expression.Set(expression.Name(AttrSteps), expression.Value(stepsValue(map[string]string{name: result})))
-			cond = cond.And(expression.Name(AttrSteps).AttributeNotExists())
+			// No map, or an empty one (a reopen removed its only entries):
+			// a condition on its absence alone failed for ever on the
+			// latter, and the write went round in a hot loop.
+			cond = cond.And(expression.Name(AttrSteps).AttributeNotExists().Or(expression.Size(expression.Name(AttrSteps)).Equal(expression.Value(0))))
 		} else {
 			// The steps as the limits were checked with: a signal landed
 			// since makes the run look again.
@@ -170,7 +183,13 @@ func (s *Store) RecordStep(ctx context.Context, rec Record, name, result string)
 			return rec.Steps, fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
 		}
 	}
+	return rec.Steps, fmt.Errorf("nexjob: record step %q of job %s: the record's steps changed under the run %d times", truncate(name, MaxStepName), rec.ID, recordTries)
 }
+
+// recordTries bounds RecordStep's writes: each after a signal landed
+// since the last (a job holds at most MaxEarlySignals early signals and
+// one per wait), never a loop on a condition that cannot hold.
+const recordTries = 2*MaxEarlySignals + MaxSteps
 
 // withStep is steps with name's result added (a new map).
 func withStep(steps map[string]string, name, result string) map[string]string {
