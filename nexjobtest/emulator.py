@@ -107,7 +107,7 @@ def patch_transactions():
 
 
 def patch_sqs_retention():
-    """A receive reads the queue's retention period without walking it.
+    """A receive and a send read what they need of a queue without walking it.
 
     moto checks each message it hands out against the queue's retention
     period, which it reads through get_queue_attributes: that builds every
@@ -128,6 +128,28 @@ def patch_sqs_retention():
         return retain_until > models.unix_time()
 
     models.SQSBackend.is_message_valid_based_on_retention_period = is_message_valid_based_on_retention_period
+
+    # A send reads one attribute (ContentBasedDeduplication) through the
+    # same Queue.attributes, and so walked the queue three times per
+    # message sent: within a send, the three counts (which no send uses)
+    # are not made.
+    sending = threading.local()
+
+    def counted(prop):
+        return property(lambda self: 0 if getattr(sending, "depth", 0) else prop.fget(self))
+
+    for name in ("approximate_number_of_messages", "approximate_number_of_messages_not_visible", "approximate_number_of_messages_delayed"):
+        setattr(models.Queue, name, counted(getattr(models.Queue, name)))
+    send = models.SQSBackend.send_message
+
+    def send_message(self, *args, **kwargs):
+        sending.depth = getattr(sending, "depth", 0) + 1
+        try:
+            return send(self, *args, **kwargs)
+        finally:
+            sending.depth -= 1
+
+    models.SQSBackend.send_message = send_message
 
 
 def main():

@@ -45,3 +45,31 @@ func BenchmarkReceiveBesideDeepQueue(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSendBesideDeepQueue: one send beside 2,000 delayed messages.
+// moto 5.2.5 read the queue's ContentBasedDeduplication through all of
+// its attributes, three counts over every message among them, on every
+// send; the default emulator makes no count within a send.
+func BenchmarkSendBesideDeepQueue(b *testing.B) {
+	e := nexjobtest.New(b, nil)
+	ctx := context.Background()
+	for i := range 200 {
+		var entries []sqstypes.SendMessageBatchRequestEntry
+		for j := range 10 {
+			entries = append(entries, sqstypes.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(10*i + j)), MessageBody: aws.String("m"), DelaySeconds: 900})
+		}
+		if _, err := e.SQS.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(e.QueueURL), Entries: entries}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := e.SQS.SendMessage(ctx, &sqs.SendMessageInput{QueueUrl: aws.String(e.QueueURL), MessageBody: aws.String("m")}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if n := e.QueueDepth(b, e.QueueURL); n != 2000+b.N {
+		b.Fatalf("the queue's counts say %d messages, want %d", n, 2000+b.N)
+	}
+}
