@@ -195,9 +195,12 @@ func (h *Handler) failDeadLetter(ctx context.Context, rec ledger.Record, cause e
 		return nil
 	}
 	h.log.WarnContext(ctx, "nexjob: job dead-lettered", "job_id", out.ID, "kind", out.Kind, "err", cause)
-	h.runHook(ctx, out, cause)
+	cleared := h.runHook(ctx, out, cause)
 	if !h.endChildren(ctx, out) {
 		return fmt.Errorf("nexjob: continuations of %s not ended", out.ID)
+	}
+	if !cleared {
+		return fmt.Errorf("nexjob: the dead-letter hook's mark on %s was not cleared; its dead letter comes back to clear it", out.ID)
 	}
 	return nil
 }
