@@ -50,11 +50,23 @@ const maxKeptBody = 300 * 1024
 // DeadLetterKind record with the reason. Nothing is dropped: a message
 // whose fate cannot be written is returned as a failure and stays in the
 // DLQ. Every write is conditional on the record as read, so a job that
-// moved on meanwhile is left to what moved it.
+// moved on meanwhile is left to what moved it. With less than StopBefore
+// (a third of the invocation's time, at most) left before the deadline,
+// no dead letter is taken up: the rest of the batch comes back.
 func (h *Handler) HandleDeadLetters(ctx context.Context, ev events.SQSEvent) (events.SQSEventResponse, error) {
 	ctx = context.WithValue(ctx, clientKey{}, h.producer)
 	var resp events.SQSEventResponse
+	stop := h.stopBefore(ctx)
 	for _, m := range ev.Records {
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < stop {
+			// Too near the invocation's end to start another (its
+			// requests would be cut, or run past the deadline, when
+			// Lambda ends the invocation and deletes nothing): it comes
+			// back, untouched, as the worker leaves its messages.
+			h.log.WarnContext(ctx, "nexjob: invocation nearly over, dead letter left for redelivery", "message_id", m.MessageId, "left", time.Until(dl))
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: m.MessageId})
+			continue
+		}
 		if err := h.deadLetterOne(ctx, m); err != nil {
 			h.log.ErrorContext(ctx, "nexjob: dead letter not recorded", "message_id", m.MessageId, "err", err)
 			resp.BatchItemFailures = append(resp.BatchItemFailures, events.SQSBatchItemFailure{ItemIdentifier: m.MessageId})
@@ -183,9 +195,12 @@ func (h *Handler) failDeadLetter(ctx context.Context, rec ledger.Record, cause e
 		return nil
 	}
 	h.log.WarnContext(ctx, "nexjob: job dead-lettered", "job_id", out.ID, "kind", out.Kind, "err", cause)
-	h.runHook(ctx, out, cause)
+	cleared := h.runHook(ctx, out, cause)
 	if !h.endChildren(ctx, out) {
 		return fmt.Errorf("nexjob: continuations of %s not ended", out.ID)
+	}
+	if !cleared {
+		return fmt.Errorf("nexjob: the dead-letter hook's mark on %s was not cleared; its dead letter comes back to clear it", out.ID)
 	}
 	return nil
 }

@@ -67,8 +67,9 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 			return false
 		}
 	case ledger.Failed:
-		h.runHook(ctx, out, cause)
-		return h.endChildren(ctx, out)
+		cleared := h.runHook(ctx, out, cause)
+		ended := h.endChildren(ctx, out)
+		return cleared && ended // a mark not cleared: the message comes back to clear it
 	case ledger.Expired:
 		return h.endChildren(ctx, out)
 	}

@@ -40,17 +40,25 @@ func (h *Handler) takeOverHook(ctx context.Context, rec ledger.Record) (heldUnti
 	}
 	h.log.WarnContext(ctx, "nexjob: dead-letter hook still due; running it", "job_id", rec.ID, "kind", rec.Kind)
 	rec.HookPending, rec.HookUntil = true, cur.HookUntil
-	h.runHook(ctx, rec, nil)
+	if !h.runHook(ctx, rec, nil) {
+		return 0, false // its mark stays: the message comes back to clear it
+	}
 	return 0, true
 }
 
 // runHook calls rec's dead-letter hook and then, if the record marks it
 // due, clears the mark. A crash between the two runs the hook again on the
-// next delivery: at least once, once unless a crash comes in between.
-func (h *Handler) runHook(ctx context.Context, rec ledger.Record, cause error) {
+// next delivery: at least once, once unless a crash comes in between. It
+// reports whether the mark is cleared (or there was none): when not, the
+// caller keeps the message that brought the job here, whose next delivery
+// takes the hook over once this worker's hold ends, runs it again and
+// clears the mark. The message used to be deleted, and the mark stayed
+// with nothing to retry it (the soak, seed 20261206: jobs Failed with
+// their hook pending at the end).
+func (h *Handler) runHook(ctx context.Context, rec ledger.Record, cause error) bool {
 	if !rec.HookPending {
 		h.deadLetter(ctx, rec, cause)
-		return
+		return true
 	}
 	stop := h.holdHook(ctx, rec)
 	h.deadLetter(ctx, rec, cause)
@@ -64,10 +72,12 @@ func (h *Handler) runHook(ctx context.Context, rec ledger.Record, cause error) {
 		until = h.store.Now().Add(5 * time.Second).UnixMilli()
 	}
 	if err := h.retrying(ctx, until, "clearing the dead-letter hook's mark", rec.ID, func() error { return h.store.HookDone(ctx, rec) }); err != nil {
-		// The hook ran; the mark stays, and a later delivery of this
-		// job's message (if any) would run it again.
+		// The hook ran; the mark stays, and the message's next delivery
+		// runs it again (at least once) and clears it.
 		h.log.WarnContext(ctx, "nexjob: clearing the dead-letter hook's mark failed", "job_id", rec.ID, "err", err)
+		return false
 	}
+	return true
 }
 
 // deadLetter calls the kind's hook (or the handler's) once; its failure or

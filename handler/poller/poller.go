@@ -6,7 +6,9 @@
 // It long-polls the queue, hands each batch to the same handler function
 // the Lambda runs, with a context whose deadline is the function timeout,
 // deletes the messages the handler did not report as failures, and leaves
-// the rest to the visibility timeout, as Lambda does.
+// the rest to the visibility timeout, as Lambda does. A handler that
+// returns after the function timeout (Lambda would have ended it) deletes
+// nothing: the whole batch comes back.
 //
 // # Failure
 //
@@ -110,7 +112,20 @@ func (p *Poller) Poll(ctx context.Context) (int, error) {
 	// poller is asked to stop: cancelling mid-batch is a crash, not a stop.
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.o.FunctionTimeout)
 	resp, err := p.handle(bctx, ev)
+	late := bctx.Err() != nil
 	cancel()
+	if late {
+		// Lambda would have ended the invocation at its timeout and
+		// deleted nothing. Past it, the messages' visibility may have run
+		// out and another consumer hold them now: SQS deletes a message by
+		// any receipt handle it gave, so deleting here would remove that
+		// consumer's delivery (a job whose only message it was waited for
+		// ever: the soak, seed 20261206, its processes stalled by the
+		// machine's load). The whole batch comes back, and the ledger
+		// tells its next delivery what is left to do.
+		p.o.Logger.WarnContext(ctx, "nexjob poller: invocation returned after its function timeout; its messages come back", "messages", len(out.Messages), "timeout", p.o.FunctionTimeout)
+		return len(out.Messages), nil
+	}
 	if err != nil {
 		return len(out.Messages), err // the whole batch comes back, as with Lambda
 	}

@@ -35,6 +35,9 @@ const (
 	envBulk  = "NEXJOB_SOAK_BULK"
 	envRuns  = "NEXJOB_SOAK_RUNS"
 	envRate  = "NEXJOB_SOAK_RATE"
+	// envQuiet names a file the killer makes when the faults stop: a
+	// worker process that finds it turns its nemesis off.
+	envQuiet = "NEXJOB_SOAK_QUIET"
 )
 
 // functionTimeout is every soak worker's invocation deadline (the
@@ -85,6 +88,7 @@ func ChildMain() {
 		os.Exit(2)
 	}
 	n := NewNemesis(seed, rate)
+	go quietWhen(os.Getenv(envQuiet), n)
 	fc := faulty(cfg, n)
 	log := logTo(os.Getenv(envRuns) + ".log")
 	env := Env{QueueURL: os.Getenv(envQueue), BulkURL: os.Getenv(envBulk)}
@@ -100,6 +104,25 @@ func ChildMain() {
 		wg.Go(func() { _ = p.Run(context.Background()) })
 	}
 	wg.Wait()
+}
+
+// quietWhen turns n off once the file at path exists, and says so with
+// a file of its own (path.PID): the quiet period has no faults in the
+// worker processes either. They used to fault on through it (their
+// nemeses were never turned off), so the jobs left at the end still met
+// throttles past the SDK's retries while the checker waited for quiet.
+func quietWhen(path string, n *Nemesis) {
+	if path == "" {
+		return
+	}
+	for {
+		if _, err := os.Stat(path); err == nil {
+			n.Off()
+			_ = os.WriteFile(path+"."+strconv.Itoa(os.Getpid()), nil, 0o600)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // duplicating is a worker's SQS client that, now and then, sends a copy of
@@ -169,7 +192,8 @@ func (k *killer) spawn(i int) (*exec.Cmd, error) {
 		envChild+"="+strconv.FormatUint(k.rng.Uint64(), 10),
 		envTable+"="+k.env.Table, envQueue+"="+k.env.QueueURL, envBulk+"="+k.env.BulkURL,
 		envRuns+"="+filepath.Join(k.c.Dir, fmt.Sprintf("child-%d.runs", i)),
-		envRate+"="+strconv.FormatFloat(k.c.FaultRate, 'f', -1, 64))
+		envRate+"="+strconv.FormatFloat(k.c.FaultRate, 'f', -1, 64),
+		envQuiet+"="+k.quietFile())
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -247,8 +271,17 @@ func (k *killer) outage(ctx context.Context, d time.Duration) {
 	}
 }
 
-// stop ends the kills; the processes keep working through the quiet.
-func (k *killer) stop() { k.done.Store(true) }
+// stop ends the kills and the processes' faults; they keep working
+// through the quiet.
+func (k *killer) stop() {
+	k.done.Store(true)
+	if err := os.WriteFile(k.quietFile(), nil, 0o600); err != nil {
+		k.c.Logf("soak: the worker processes' faults go on: %v", err)
+	}
+}
+
+// quietFile is the file whose existence turns the processes' faults off.
+func (k *killer) quietFile() string { return filepath.Join(k.c.Dir, "quiet") }
 
 // wait kills the processes left (their runs have ended: the system is
 // quiet) and waits for them.

@@ -43,7 +43,6 @@ import (
 	"github.com/nexjob/nexjob-aws/handler/guard"
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/idempotency"
-	"github.com/nexjob/nexjob-aws/ledger"
 )
 
 // Config is one soak run. Zero values take the defaults.
@@ -58,7 +57,7 @@ type Config struct {
 	Skew      time.Duration
 	KillEvery time.Duration // mean time between kills (default 1.5 s)
 	Outage    time.Duration // every worker down at once, once (default 15 ms a job, 3 s to 1 min)
-	Quiet     time.Duration // the longest wait for quiet after the faults stop (default 3 min)
+	Quiet     time.Duration // the longest wait for quiet with nothing moving, after the faults stop (default 3 min; five times it in all)
 	Dir       string        // run logs (required)
 	Logf      func(format string, args ...any)
 }
@@ -361,47 +360,6 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	rep.Calls, rep.CallRuns = len(calls.calls), len(calls.runs)
 	rep.Violations = append(rep.Violations, check(context.Background(), env, checkClient, led, runs, kills.killed(), calls, &rep, c)...)
 	return rep, nil
-}
-
-// waitQuiet waits until no record is active and both queues are empty,
-// twice in a row.
-func waitQuiet(ctx context.Context, env Env, st *ledger.Store, limit time.Duration) error {
-	db := dynamodb.NewFromConfig(env.Cfg)
-	q := sqs.NewFromConfig(env.Cfg)
-	var last string
-	for end, quiet := time.Now().Add(limit), 0; time.Now().Before(end); {
-		recs, err := scan(ctx, db, env.Table)
-		if err != nil {
-			return err
-		}
-		active, one := 0, ""
-		for _, r := range recs {
-			if !r.State.Terminal() {
-				active++
-				one = fmt.Sprintf("%s %s (attempt %d)", r.ID, r.State, r.Attempt)
-			}
-		}
-		msgs := 0
-		for _, url := range []string{env.QueueURL, env.DLQURL, env.BulkURL, env.BulkDLQURL} {
-			if url != "" {
-				msgs += depth(ctx, q, url)
-			}
-		}
-		last = fmt.Sprintf("%d active records (one: %s), %d messages in the queues", active, one, msgs)
-		if active == 0 && msgs == 0 {
-			if quiet++; quiet == 2 {
-				return nil
-			}
-		} else {
-			quiet = 0
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("not quiet after %s: %s", limit, last)
 }
 
 func depth(ctx context.Context, q *sqs.Client, url string) int {
