@@ -37,9 +37,10 @@ var errCutOff = errors.New("nexjob: run cut off by the invocation deadline")
 
 func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline time.Time, cause error) bool {
 	span := trace.SpanFromContext(ctx) // process's consumer span; tracing off: the producer's, not recording here
-	if rec.ReopenWaits {
+	if rec.ReopenWaits && len(rec.TimedOutWaits()) > 0 {
 		// A requeue asked this run to wait afresh where the job's waits
 		// timed out: the worker's write (an operator may not write steps).
+		// With none, the run's end removes the mark (no request of its own).
 		out, err := h.store.ReopenTimedOutWaits(ctx, rec)
 		if err != nil {
 			h.log.WarnContext(ctx, "nexjob: opening a requeued job's timed-out waits failed; its run is put off, no attempt spent", "job_id", rec.ID, "err", err)

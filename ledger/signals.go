@@ -197,6 +197,9 @@ func (s *Store) before(end string) bool {
 // after it is refused (ErrSignalTooLate).
 const TimedOut = "\x00timed out"
 
+// TimedOutWaits are the names of r's waits that timed out.
+func (r Record) TimedOutWaits() []string { return timedOutWaits(r) }
+
 // timedOutWaits are the names of rec's waits that timed out.
 func timedOutWaits(rec Record) []string {
 	var out []string

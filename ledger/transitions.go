@@ -241,7 +241,7 @@ type finishShape struct {
 	lastError, deferred, runAt, hook, hookLease bool
 	expires, cutOff, dropDefers, slot, dropSlot bool
 	ticket, dropTicket, result, cancelled       bool
-	dropResult                                  bool
+	dropResult, dropReopen                      bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -254,6 +254,7 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		ticket: f.Deferred && f.Ticket != 0, dropTicket: rec.Ticket != 0,
 		result: f.State == Succeeded && f.Result != "", cancelled: f.State == Failed && f.Cancelled,
 		dropResult: rec.Result != "" && (f.State != Succeeded || f.Result == ""),
+		dropReopen: rec.ReopenWaits && !f.Deferred, // a deferral ran nothing: the run to come opens the waits
 	}
 	e := s.finishes.start(k, 20, 14, 512) // a Finish: up to 19 names, 13 values, about 480 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
@@ -290,6 +291,9 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		e.assign(AttrResult, e.s(":result", f.Result))
 	} else if k.dropResult {
 		e.drop(AttrResult) // a run before a requeue's, which the requeue left (only then: no name in every finish)
+	}
+	if k.dropReopen {
+		e.drop(AttrReopenWaits) // the requeue's mark: its first run ends (ReopenTimedOutWaits removed it if it had waits to open)
 	}
 	if k.cancelled {
 		e.values[":cancelled"] = &types.AttributeValueMemberBOOL{Value: true}
