@@ -3,8 +3,6 @@ package handler
 import (
 	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/base32"
 	"errors"
 	"fmt"
 	"strconv"
@@ -192,7 +190,5 @@ func (s *steps) failures(job int, name string) int {
 // (kind "try") or the pause after it ("retry") in the job's attempt job:
 // the step's name hashed, so any name the ledger takes fits.
 func retryName(kind string, job, n int, name string) string {
-	sum := sha256.Sum256([]byte(name))
-	return "nexjob:" + kind + ":" + strconv.Itoa(job) + ":" + strconv.Itoa(n) + ":" +
-		strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:10]))
+	return "nexjob:" + kind + ":" + strconv.Itoa(job) + ":" + strconv.Itoa(n) + ":" + shortHash(name, 10)
 }

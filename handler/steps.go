@@ -196,8 +196,14 @@ func StepKey(ctx context.Context, name string) string {
 	if s == nil {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(s.rec.ID + "\x00" + name))
-	return "nj-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:20]))
+	return "nj-" + shortHash(s.rec.ID+"\x00"+name, 20)
+}
+
+// shortHash is the first n bytes of text's SHA-256, in lower-case
+// unpadded base32: StepKey's, and the package's own step names.
+func shortHash(text string, n int) string {
+	sum := sha256.Sum256([]byte(text))
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:n]))
 }
 
 // stepsOf is the steps of the run ctx is in, nil outside one.

@@ -2,8 +2,6 @@ package handler
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base32"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -150,8 +148,7 @@ func (s *steps) received(raw string, names []string) (Received, error) {
 
 // anyStep is the step that keeps the choice of a wait for any of names.
 func anyStep(names []string) string {
-	sum := sha256.Sum256([]byte(strings.Join(names, "\x00")))
-	return "nexjob:any:" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:15]))
+	return "nexjob:any:" + shortHash(strings.Join(names, "\x00"), 15)
 }
 
 func checkAnyNames(names []string) error {
