@@ -113,8 +113,13 @@ func readRuns(dir string) (runs, error) {
 
 // scan reads every job record of the table.
 func scan(ctx context.Context, db *dynamodb.Client, table string) ([]ledger.Record, error) {
+	return scanWith(ctx, db, &dynamodb.ScanInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true)})
+}
+
+// scanWith is scan with in's projection (the whole item when it has none).
+func scanWith(ctx context.Context, db *dynamodb.Client, in *dynamodb.ScanInput) ([]ledger.Record, error) {
 	var recs []ledger.Record
-	p := dynamodb.NewScanPaginator(db, &dynamodb.ScanInput{TableName: aws.String(table), ConsistentRead: aws.Bool(true)})
+	p := dynamodb.NewScanPaginator(db, in)
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
