@@ -56,6 +56,13 @@ func TestWaitsLongerThanTheLongestScheduleAreRefused(t *testing.T) {
 	twoYears := enq(longWait{Wait: 2 * 365 * 24 * time.Hour})
 	forever := enq(longWait{Wait: math.MaxInt64})
 	longSleep := enq(longWait{Sleep: 400 * 24 * time.Hour, Wait: time.Hour})
+	// Its signal sent before the run meets the wait: refused all the same
+	// (the soak, seed 20261206: a two-year wait whose signal came first
+	// returned it and Succeeded, "its wait recorded false").
+	signalledFirst := enq(longWait{Wait: 2 * 365 * 24 * time.Hour})
+	if err := e.Client.Signal(ctx, signalledFirst, "approval", approval{By: "ada"}); err != nil {
+		t.Fatal(err)
+	}
 	e.Drain(t, h)
 	for _, id := range []string{year, twoYears, forever} {
 		err := e.Client.Signal(ctx, id, "approval", approval{By: "ada"})
@@ -70,7 +77,7 @@ func TestWaitsLongerThanTheLongestScheduleAreRefused(t *testing.T) {
 	if rec := e.Get(t, year); rec.State != ledger.Succeeded || got[year] != "ada" {
 		t.Errorf("a wait of a year, signalled: %s (%s), got %q; want Succeeded with the signal", rec.State, rec.LastError, got[year])
 	}
-	for name, id := range map[string]string{"a wait of two years": twoYears, "a wait for ever": forever, "a sleep of 400 days": longSleep} {
+	for name, id := range map[string]string{"a wait of two years": twoYears, "a wait for ever": forever, "a sleep of 400 days": longSleep, "a wait of two years signalled first": signalledFirst} {
 		rec := e.Get(t, id)
 		if rec.State != ledger.Failed || rec.Attempt != 1 || !strings.Contains(rec.LastError, "longer than the longest") {
 			t.Errorf("%s: %s, attempt %d (%s); want Failed at its first attempt, refused as longer than handler.MaxWait", name, rec.State, rec.Attempt, rec.LastError)

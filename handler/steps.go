@@ -350,7 +350,13 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 	}
 	s.mu.Lock()
 	payload, sent := s.rec.Steps[ledger.SignalStep(name)]
+	_, begun := s.rec.Steps[ledger.WaitStep(name)]
 	s.mu.Unlock()
+	if !begun && timeout > MaxWait {
+		// Whatever landed: a signal sent first must not make the same
+		// code pass once and fail the next time.
+		return zero, Permanent(&WaitTooLongError{Name: name, Wait: timeout, Signal: true})
+	}
 	if payload == ledger.TimedOut {
 		return zero, &SignalTimeoutError{Name: name} // a run before this one timed out
 	}
@@ -363,9 +369,6 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 	}
 	// A JSON number: the ledger compares it, as a number, with now.
 	at, err := step(ctx, ledger.WaitStep(name), func(context.Context) (int64, error) {
-		if timeout > MaxWait {
-			return 0, Permanent(&WaitTooLongError{Name: name, Wait: timeout, Signal: true})
-		}
 		return s.store.Now().Add(timeout).UnixMilli(), nil
 	})
 	if err != nil {

@@ -60,6 +60,15 @@ func WaitForAny(ctx context.Context, names []string, timeout time.Duration) (Rec
 	if chosen {
 		return s.received(raw, names)
 	}
+	if timeout > MaxWait {
+		// Before any landed signal is taken, as WaitForSignal.
+		s.mu.Lock()
+		_, begun := s.rec.Steps[ledger.WaitStep(names[0])]
+		s.mu.Unlock()
+		if !begun {
+			return Received{}, Permanent(&WaitTooLongError{Name: names[0], Wait: timeout, Signal: true})
+		}
+	}
 	if r, ok := s.landed(names); ok {
 		return s.choose(ctx, choice, r.Name, names)
 	}
