@@ -46,10 +46,17 @@ func (c *Client) wake(ctx context.Context, jobID, name string, record func() (le
 	if err != nil {
 		return fmt.Errorf("nexjob: wake job %s for its signal: %w", jobID, err)
 	}
-	if ok {
-		return c.Dispatch(ctx, out)
+	if !ok {
+		return nil
 	}
-	return nil
+	// Due now, whatever the run time the wake could set: a caller whose
+	// clock runs ahead of the workers' leaves it at the wait's end (Wake),
+	// and a message carrying that time would be carried forward to it
+	// unread; one with none has the worker read the record and wake the
+	// job by its own clock.
+	msg, _ := c.message(out)
+	msg.RunAt = 0
+	return c.Send(ctx, msg, 0)
 }
 
 // SignalByKey is Signal to the job that holds idempotency key key (a

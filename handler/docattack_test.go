@@ -2,10 +2,13 @@
 
 // The attack on this package's promises written from the docs alone (issue
 // 38's last Done-when item), kept to replay: go test -tags docattack. Not
-// in make test: a few of its tests wait on short sleeps to let calls race,
-// and those that still fail are breaks left open, each named in the
-// closing note of 2026-12-06 (a producer's clock two hours ahead refused
-// as too late; a replayed result holding a json.Number or invalid UTF-8).
+// in make test: a few of its tests wait on short sleeps to let calls race.
+// The three breaks the closing note of 2026-12-06 left open (a producer's
+// clock two hours ahead refused as too late; a replayed result holding a
+// json.Number or invalid UTF-8) are fixed, each with a test of its own in
+// make test: TestASignalFromAClockAheadWakesTheWait,
+// TestASignalLateByTheClockLandsUntilTheTimeoutIsRecorded,
+// TestResultsReplayAsRecorded.
 
 package handler_test
 

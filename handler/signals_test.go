@@ -40,6 +40,9 @@ type signalEnv struct {
 	prepared  map[string]int
 	approver  map[string]string
 	meanwhile func(id string)
+	// timedOut, if set, runs in the run that met the wait's timeout (the
+	// timeout recorded), before it ends.
+	timedOut func(id string)
 }
 
 func newSignals(t *testing.T) *signalEnv {
@@ -82,6 +85,9 @@ func newSignalsWith(t *testing.T, faulty bool, o *nexjobtest.Options) (*signalEn
 		var timeout *handler.SignalTimeoutError
 		switch {
 		case errors.As(err, &timeout):
+			if f := s.timedOut; f != nil {
+				f(j.ID)
+			}
 			return handler.Permanent(err)
 		case err != nil:
 			if f := s.meanwhile; f != nil {
@@ -192,24 +198,75 @@ func TestSignalBeforeTheWaitIsKept(t *testing.T) {
 	}
 }
 
-// The wait's timeout passes: a signal then is refused (ErrSignalTooLate),
-// and the job's next run gets a *SignalTimeoutError (here it fails the job).
+// The run that meets the wait's end records the timeout: a signal then is
+// refused (ErrSignalTooLate), and the run gets a *SignalTimeoutError (here
+// it fails the job).
 func TestSignalAfterTheTimeoutIsRefused(t *testing.T) {
 	t.Parallel()
 	s := newSignals(t)
+	var refused error
+	s.timedOut = func(id string) {
+		refused = s.e.Client.Signal(context.Background(), id, "approval", approval{By: "ada"})
+	}
 	id := s.enqueue(t, "")
 	s.e.Drain(t, s.h)
 	s.e.Advance(t, 48*time.Hour+time.Minute)
-	if err := s.e.Client.Signal(context.Background(), id, "approval", approval{By: "ada"}); !errors.Is(err, ledger.ErrSignalTooLate) {
-		t.Fatalf("a signal after the timeout: %v, want ErrSignalTooLate", err)
-	}
 	s.e.Drain(t, s.h)
+	if !errors.Is(refused, ledger.ErrSignalTooLate) {
+		t.Fatalf("a signal after the timeout was recorded: %v, want ErrSignalTooLate", refused)
+	}
 	rec := s.e.Get(t, id)
 	if rec.State != ledger.Failed || !strings.Contains(rec.LastError, `no signal "approval"`) {
 		t.Fatalf("after the timeout: %s (%q), want Failed with the timeout", rec.State, rec.LastError)
 	}
 	if prepared, by := s.seen(id); prepared != 1 || by != "" {
 		t.Fatalf("prepared %d times, approved by %q", prepared, by)
+	}
+}
+
+// The wait's end passed by the sender's clock, and no run has met it yet:
+// the timeout is not recorded, so the signal lands and is the wait's
+// payload. No clock but the record decides (a producer's clock two hours
+// ahead of the workers' had every signal to a wait of an hour refused).
+// Before: "a signal late by the clock, before the timeout's run: nexjob:
+// job …: signal "approval" refused: the job's wait for this signal timed
+// out".
+func TestASignalLateByTheClockLandsUntilTheTimeoutIsRecorded(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	id := s.enqueue(t, "")
+	s.e.Drain(t, s.h)
+	s.e.Advance(t, 48*time.Hour+time.Minute)
+	if err := s.e.Client.Signal(context.Background(), id, "approval", approval{By: "ada"}); err != nil {
+		t.Fatalf("a signal late by the clock, before the timeout's run: %v", err)
+	}
+	s.e.Drain(t, s.h)
+	if prepared, by := s.seen(id); s.e.Get(t, id).State != ledger.Succeeded || prepared != 1 || by != "ada" {
+		t.Fatalf("job %s, prepared %d times, approved by %q; want Succeeded by the signal", s.e.Get(t, id).State, prepared, by)
+	}
+}
+
+// A producer whose clock runs ahead of the workers' past the wait's end
+// signals it: the signal lands (no run recorded the timeout) and wakes the
+// job now, by the workers' clock. Before: refused as too late; then, once
+// accepted, the job slept on to the wait's end (the wake set its run time
+// to the producer's now, and its message was carried forward unread).
+func TestASignalFromAClockAheadWakesTheWait(t *testing.T) {
+	t.Parallel()
+	s := newSignals(t)
+	id := s.enqueue(t, "")
+	s.e.Drain(t, s.h)
+	ahead, err := enqueue.New(s.e.Cfg, s.e.Table, s.e.QueueURL, &enqueue.ClientOptions{Logger: quiet, MaxDelay: time.Second,
+		Ledger: ledger.Options{Now: func() time.Time { return s.e.Now().Add(50 * time.Hour) }}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ahead.Signal(context.Background(), id, "approval", approval{By: "ada"}); err != nil {
+		t.Fatalf("a signal from a clock 50 h ahead to a wait of 48 h: %v", err)
+	}
+	s.e.Drain(t, s.h) // no clock moved
+	if prepared, by := s.seen(id); s.e.Get(t, id).State != ledger.Succeeded || prepared != 1 || by != "ada" {
+		t.Fatalf("job %s, prepared %d times, approved by %q; want woken and Succeeded by the signal", s.e.Get(t, id).State, prepared, by)
 	}
 }
 
@@ -273,7 +330,7 @@ func TestCancelAWaitingJob(t *testing.T) {
 func TestCallbackTokens(t *testing.T) {
 	t.Parallel()
 	e := nexjobtest.New(t, &nexjobtest.Options{Ledger: ledger.Options{KeySecret: []byte("a deployment's secret")}})
-	tokens := make(chan string, 4)
+	tokens, late := make(chan string, 4), make(chan error, 1)
 	var got sync.Map
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[reconcile](func(ctx context.Context, j *handler.Job[reconcile]) error {
@@ -286,6 +343,8 @@ func TestCallbackTokens(t *testing.T) {
 		if err != nil {
 			var timeout *handler.SignalTimeoutError
 			if errors.As(err, &timeout) {
+				// The timeout is recorded: the token has expired.
+				late <- e.Client.Complete(context.Background(), tok, approval{By: "late"})
 				return handler.Permanent(err)
 			}
 			return err
@@ -328,10 +387,15 @@ func TestCallbackTokens(t *testing.T) {
 		t.Fatalf("completed by %v, job %s", by, e.Get(t, first.ID).State)
 	}
 	e.Advance(t, time.Hour+time.Minute)
-	if err := e.Client.Complete(ctx, other, approval{By: "late"}); !errors.Is(err, ledger.ErrSignalTooLate) {
-		t.Fatalf("an expired token: %v, want ErrSignalTooLate", err)
-	}
 	e.Drain(t, h)
+	select {
+	case err := <-late:
+		if !errors.Is(err, ledger.ErrSignalTooLate) {
+			t.Fatalf("an expired token: %v, want ErrSignalTooLate", err)
+		}
+	default:
+		t.Fatal("no run met the second job's timeout")
+	}
 	if rec := e.Get(t, second.ID); rec.State != ledger.Failed {
 		t.Fatalf("the job whose token expired: %s", rec.State)
 	}

@@ -69,7 +69,9 @@ func (e *SignalRefusedError) Unwrap() error { return e.Err }
 // same payload, a caller's retry, reads as the success it was, nothing
 // written, even once the job took it and ended), as is one to a job that
 // ended (ErrJobEnded) or whose wait for
-// the name timed out (ErrSignalTooLate). A signal sent before the job
+// the name timed out (ErrSignalTooLate: the run that met the wait's end
+// recorded its timeout; no clock but that record decides, so a signal
+// late by its sender's clock that lands first is the wait's payload). A signal sent before the job
 // waits is kept for the wait. A resend of an applied write (its reply
 // lost) reads as the success it was. Name and payload are held to the
 // steps' limits (*StepError), the wait's own name (WaitStep) included.
@@ -158,7 +160,7 @@ func (s *Store) signal(ctx context.Context, id, name, nonce, payload string) (Re
 // write: done with the record as it is (the same signal sent again), a
 // *SignalRefusedError, or neither (go on).
 func (s *Store) signalRefused(cur Record, id, name, payload string) (done bool, err error) {
-	sig, wait := SignalStep(name), WaitStep(name)
+	sig := SignalStep(name)
 	refused := &SignalRefusedError{JobID: id, Name: name, State: cur.State}
 	switch {
 	case cur.Steps[sig] == payload:
@@ -176,20 +178,15 @@ func (s *Store) signalRefused(cur Record, id, name, payload string) (done bool, 
 		refused.Err = ErrSignalTooLate // the wait's run recorded its timeout first
 	case cur.Steps[sig] != "":
 		refused.Err = ErrSignalSent
-	case cur.Steps[wait] != "" && !s.before(cur.Steps[wait]):
-		refused.Err = ErrSignalTooLate
 	default:
+		// Not by the sender's clock: a wait's end passed by that clock
+		// is not a timeout until the run that meets the end records it
+		// (RecordTimeout), and a signal that lands before that is the
+		// wait's payload. A producer whose clock ran two hours ahead had
+		// every signal to a wait of an hour refused (the doc attack).
 		return false, nil
 	}
 	return false, refused
-}
-
-// before reports whether now is before end, a wait's end as its step
-// keeps it (Unix ms, JSON): compared as numbers. An end that does not
-// parse has passed.
-func (s *Store) before(end string) bool {
-	ms, err := strconv.ParseInt(end, 10, 64)
-	return err == nil && s.now().UnixMilli() < ms
 }
 
 // TimedOut is the value a wait's timeout records in its signal's slot
@@ -301,14 +298,14 @@ func (s *Store) RecordTimeouts(ctx context.Context, rec Record, names []string) 
 }
 
 // Waiting reports whether rec sleeps in a wait for signal name: Scheduled
-// for the wait's end, still ahead; or already made due by a wake whose
-// send may have failed (a caller's retry sends it). Not a job Scheduled
-// for another time (a RetryAfter after the wait took its signal): a
-// signal's retry must not run it early.
+// for the wait's end, whether or not that end passed by this process's
+// clock (a sender's clock ahead of the workers' must still wake it); or
+// already made due by a wake whose send may have failed (a caller's retry
+// sends it). Not a job Scheduled for another time (a RetryAfter after the
+// wait took its signal): a signal's retry must not run it early.
 func (s *Store) Waiting(rec Record, name string) bool {
 	end, err := strconv.ParseInt(rec.Steps[WaitStep(name)], 10, 64)
-	now := s.now().UnixMilli()
-	return err == nil && rec.State == Scheduled && end > now && (rec.RunAt == end || rec.RunAt <= now)
+	return err == nil && rec.State == Scheduled && (rec.RunAt == end || rec.RunAt <= s.now().UnixMilli())
 }
 
 // Signalled reports whether rec sleeps in a wait (Waiting) whose signal
@@ -326,9 +323,16 @@ func (s *Store) Signalled(rec Record) bool {
 // Wake makes rec, Scheduled for rec.RunAt, due now: one UpdateItem
 // conditional on the record being still Scheduled for that time (a job
 // that moved on is left alone: ok false). The caller sends its message.
+// Never later than rec.RunAt: a caller whose clock runs ahead of the
+// workers' leaves the time as it is, and the worker that takes the
+// message wakes the job by its own clock (a wake to the caller's now,
+// hours ahead, had the job carried forward until then).
 func (s *Store) Wake(ctx context.Context, rec Record) (Record, bool, error) {
 	cond := scheduled(rec.ID).And(expression.Name(AttrRunAt).Equal(expression.Value(rec.RunAt)))
-	out, err := s.updateByID(ctx, rec.ID, cond, dueNow(s.now()))
+	now := s.now().UnixMilli()
+	upd := expression.Set(expression.Name(AttrRunAt), expression.Value(min(now, rec.RunAt))).
+		Set(expression.Name(AttrUpdatedAt), expression.Value(now))
+	out, err := s.updateByID(ctx, rec.ID, cond, upd)
 	var nc *NotClaimableError
 	if errors.As(err, &nc) {
 		return nc.Current, false, nil
