@@ -2,7 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,8 +13,12 @@ import (
 
 // Result is a call's outcome.
 type Result[T any] struct {
-	// Value is the function's result: this call's, or the first call's
-	// recorded one when Replayed.
+	// Value is the function's result as recorded: its JSON decoded into
+	// T, on the first call as on every repeat (Replayed), so the first
+	// caller sees what repeats see. A number held in an any is a
+	// json.Number, exact however large (a float64 rounded an id of 20
+	// digits on the repeats only). When the result is not recorded (an
+	// error says why), the first call's Value is the function's own.
 	Value T
 	// Replayed: the key's first call recorded this result; the function
 	// did not run now.
@@ -133,9 +136,11 @@ func replay[T any](s *Store, res Result[T], c ledger.Call, ph string) (Result[T]
 		return res, &UnencodableResultError{KeyHash: res.KeyHash, Replayed: true}
 	}
 	if len(c.Result) > 0 {
-		if err := json.Unmarshal(c.Result, &res.Value); err != nil {
+		v, err := decodeResult[T](c.Result)
+		if err != nil {
 			return Result[T]{KeyHash: res.KeyHash}, fmt.Errorf("nexjob: idempotency key %s: decode the recorded result as %T: %w", res.KeyHash, res.Value, err)
 		}
+		res.Value = v
 	}
 	s.keep(c)
 	return res, nil
@@ -182,7 +187,12 @@ func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, 
 	// used without it: the function ran, and a repeat must not run it.
 	var tooLarge error
 	mark := ""
-	b, merr := json.Marshal(v)
+	b, merr := encodeResult(v)
+	var recorded T
+	if merr == nil {
+		// What every repeat will get, and so what this call gets.
+		recorded, merr = decodeResult[T](b)
+	}
 	switch {
 	case merr != nil:
 		tooLarge = &UnencodableResultError{KeyHash: res.KeyHash, Err: merr}
@@ -199,6 +209,7 @@ func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, 
 	if tooLarge != nil {
 		return res, tooLarge
 	}
+	res.Value = recorded
 	if ours {
 		s.keep(c)
 	}

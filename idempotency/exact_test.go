@@ -2,8 +2,11 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -115,6 +118,54 @@ func TestLargeIntegersAreExact(t *testing.T) {
 		}
 		if n := c.runs.Load(); n != 1 {
 			t.Fatalf("%d runs, want 1", n)
+		}
+	})
+}
+
+// A result replays as it was recorded, and the first caller gets that
+// too: a number in an any is an exact json.Number on every call (before,
+// the first caller got the json.Number and a repeat a float64 that
+// rounded the id: "the repeat returned map[id:1.2345678901234567e+19]";
+// the doc attack), and a string that is not UTF-8 is refused with an
+// *UnencodableResultError on both (before, the first caller got its bytes
+// and a repeat U+FFFD in their place, no error on either).
+func TestResultsReplayAsRecorded(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	ctx := context.Background()
+	t.Run("numbers in an any", func(t *testing.T) {
+		fn := func(context.Context) (map[string]any, error) {
+			return map[string]any{"id": json.Number(bigID), "ratio": 1.5, "n": 7}, nil
+		}
+		first, err := idempotency.Do(ctx, r.s, "r-any", fn, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := idempotency.Do(ctx, r.s, "r-any", fn, nil)
+		if err != nil || !again.Replayed {
+			t.Fatalf("the repeat: %v (replayed %v)", err, again.Replayed)
+		}
+		want := map[string]any{"id": json.Number(bigID), "ratio": json.Number("1.5"), "n": json.Number("7")}
+		if !reflect.DeepEqual(first.Value, want) || !reflect.DeepEqual(again.Value, want) {
+			t.Fatalf("the first call returned %#v, the repeat %#v; want both %#v", first.Value, again.Value, want)
+		}
+	})
+	t.Run("a string that is not UTF-8", func(t *testing.T) {
+		var runs atomic.Int32
+		fn := func(context.Context) (string, error) { runs.Add(1); return "a\xffb", nil }
+		var ue *idempotency.UnencodableResultError
+		if _, err := idempotency.Do(ctx, r.s, "r-utf8", fn, nil); !errors.As(err, &ue) || ue.Replayed {
+			t.Fatalf("the first call: %v; want an *UnencodableResultError", err)
+		}
+		if _, err := idempotency.Do(ctx, r.s, "r-utf8", fn, nil); !errors.As(err, &ue) || !ue.Replayed || runs.Load() != 1 {
+			t.Fatalf("the repeat: %v, the function ran %d times; want the error replayed and one run", err, runs.Load())
+		}
+	})
+	t.Run("U+FFFD itself and an escaped backslash", func(t *testing.T) {
+		fn := func(context.Context) ([]string, error) { return []string{"a\uFFFDb", `\ufffd`}, nil }
+		first, err := idempotency.Do(ctx, r.s, "r-fffd", fn, nil)
+		if err != nil || !reflect.DeepEqual(first.Value, []string{"a\uFFFDb", `\ufffd`}) {
+			t.Fatalf("a valid U+FFFD and the text \\ufffd: %q, %v", first.Value, err)
 		}
 	})
 }

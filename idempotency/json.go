@@ -77,3 +77,44 @@ func canonicalJSON(v any) ([]byte, error) {
 	}
 	return json.Marshal(d)
 }
+
+// encodeResult is v's JSON as a result is recorded. A string that is not
+// UTF-8 has no JSON: encoding/json writes its bad bytes as \ufffd, so the
+// first caller would get the bytes and every repeat U+FFFD in their place.
+// It is refused, as the handler refuses such a job result (so is a
+// MarshalJSON that spells U+FFFD as that escape: it cannot be told
+// apart).
+func encodeResult(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	if replacementEscape(b) {
+		return nil, errors.New("a string in it is not valid UTF-8")
+	}
+	return b, nil
+}
+
+// replacementEscape reports whether JSON b holds the escape \ufffd.
+func replacementEscape(b []byte) bool {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if i+6 <= len(b) && b[i+1] == 'u' && strings.EqualFold(string(b[i+2:i+6]), "fffd") {
+			return true
+		}
+		i++ // the escaped character: a backslash escaped is not an escape
+	}
+	return false
+}
+
+// decodeResult decodes a recorded result into a T, the numbers held in an
+// any as json.Number (exact).
+func decodeResult[T any](b []byte) (T, error) {
+	var v T
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	err := d.Decode(&v)
+	return v, err
+}
