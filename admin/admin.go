@@ -135,7 +135,11 @@ func (a *Admin) Find(ctx context.Context, f ledger.Filter) ([]ledger.Record, str
 
 // Get reads one job; ledger.ErrNotFound if there is none.
 func (a *Admin) Get(ctx context.Context, id string) (ledger.Record, error) {
-	return a.store.Get(ctx, id)
+	rec, err := a.store.Get(ctx, id)
+	if err != nil {
+		return rec, err
+	}
+	return a.store.WithSteps(ctx, rec) // its steps whole: the steps table's too (one Query a MB)
 }
 
 // Holder returns the job that holds the idempotency key (looked up by the

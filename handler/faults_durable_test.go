@@ -200,7 +200,7 @@ func TestStepRecordUnderFaultsWithASignalBetween(t *testing.T) {
 	for _, c := range []string{lost, shifted, reread, thrott} {
 		t.Run(c, func(t *testing.T) {
 			t.Parallel()
-			r := newFDRig(t, nil, func(r *fdRig, ctx context.Context, j *handler.Job[fdJob]) error {
+			r := newFDRig(t, &nexjobtest.Options{StepsOnRecord: true}, func(r *fdRig, ctx context.Context, j *handler.Job[fdJob]) error {
 				if err := r.step(ctx, j.ID, "prepare"); err != nil {
 					return err
 				}
@@ -444,7 +444,7 @@ func TestStepRetryFailureRecordUnderFaults(t *testing.T) {
 	for _, c := range fdFaults {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			r := newFDRig(t, nil, func(r *fdRig, ctx context.Context, j *handler.Job[fdJob]) error {
+			r := newFDRig(t, &nexjobtest.Options{StepsOnRecord: true}, func(r *fdRig, ctx context.Context, j *handler.Job[fdJob]) error {
 				if err := r.step(ctx, j.ID, "before"); err != nil {
 					return err
 				}

@@ -22,6 +22,9 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 	// writer's own, so another worker's finish of the same record (two
 	// messages of an orphan) never reads as ours.
 	f.Nonce = ledger.NewNonce()
+	if r := runOf(ctx); r != nil && r.steps.ran() {
+		f.Ran = true // its steps are in the steps table: the record must show it ran
+	}
 	// The hook's due mark rides on the write that makes the job Failed:
 	// a crash before the hook returns leaves it, and the message's next
 	// delivery runs the hook (notClaimable).

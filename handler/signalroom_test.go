@@ -40,7 +40,7 @@ type roomRig struct {
 
 func newRoomRig(t *testing.T) *roomRig {
 	t.Helper()
-	r := &roomRig{e: nexjobtest.New(t, nil), calls: map[string]int{}}
+	r := &roomRig{e: nexjobtest.New(t, &nexjobtest.Options{StepsOnRecord: true}), calls: map[string]int{}} // the record's budget
 	reg := handler.NewRegistry()
 	handler.AddWorker(reg, handler.WorkFunc[roomy](func(ctx context.Context, j *handler.Job[roomy]) error {
 		for i := range j.Args.Steps {

@@ -132,7 +132,7 @@ func (s *signalEnv) seen(id string) (prepared int, by string) {
 // count whenever the loaded machine let one come due before the count).
 func TestSignalWakesAWaitingJob(t *testing.T) {
 	t.Parallel()
-	s, _ := newSignalsWith(t, false, &nexjobtest.Options{MaxDelay: 15 * time.Minute})
+	s, _ := newSignalsWith(t, false, &nexjobtest.Options{MaxDelay: 15 * time.Minute, StepsOnRecord: true}) // the record's layout: its writes pinned below
 	id := s.enqueue(t, "")
 	s.counter.Reset()
 	s.e.Drain(t, s.h)

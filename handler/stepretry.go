@@ -96,7 +96,10 @@ func callStep[T any](ctx context.Context, s *steps, name string, o *StepOptions,
 		backoff = DefaultStepBackoff
 	}
 	job := s.rec.Attempt
-	n := s.failures(job, name)
+	n, err := s.failures(ctx, job, name)
+	if err != nil {
+		return zero, err
+	}
 	if n > 0 && backoff(n) > wait {
 		// Woken from the pause after failure n (or come back early: it
 		// sleeps again to the recorded end).
@@ -173,17 +176,18 @@ func retryable(ctx context.Context, o *StepOptions, err error) bool {
 
 // failures counts the recorded failures of step name in the job's
 // attempt job.
-func (s *steps) failures(job int, name string) int {
+func (s *steps) failures(ctx context.Context, job int, name string) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
 	for n < 1<<16 {
-		if _, ok := s.rec.Steps[retryName("try", job, n+1, name)]; !ok {
-			return n
+		_, ok, err := s.value(ctx, retryName("try", job, n+1, name))
+		if err != nil || !ok {
+			return n, err
 		}
 		n++
 	}
-	return n
+	return n, nil
 }
 
 // retryName is the package's own step that keeps a step's n-th failure

@@ -42,7 +42,7 @@ type retryRig struct {
 
 func newRetryRig(t *testing.T) *retryRig {
 	t.Helper()
-	r := &retryRig{e: nexjobtest.New(t, nil), calls: map[string]int{}}
+	r := &retryRig{e: nexjobtest.New(t, &nexjobtest.Options{StepsOnRecord: true}), calls: map[string]int{}} // the record's layout: its writes pinned
 	cfg := r.e.Cfg
 	r.meter = awstest.NewMeter(&cfg, r.e.DB)
 	r.e.Cfg = cfg

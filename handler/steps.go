@@ -36,29 +36,16 @@ type steps struct {
 	// later Step returns it again, fn not called, and a run that returns
 	// nil ends in it all the same (a worker that dropped Sleep's error).
 	slept *sleepError
+	// off are the job's steps in the steps table (ledger.Options.StepsTable),
+	// read at the run's first look-up of one (nil before); ranOff, this
+	// run recorded one there; looked, when the run last read its record
+	// (its claim, or ledger's Look).
+	off    *ledger.OffSteps
+	ranOff bool
+	looked time.Time
 }
 
-// sleep notes that the run met e, and returns it.
-func (s *steps) sleep(e *sleepError) *sleepError {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.slept == nil {
-		s.slept = e
-	}
-	return e
-}
-
-// pending is the sleep the run met, nil if none.
-func (s *steps) pending() *sleepError {
-	if s == nil {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.slept
-}
-
-func (s *steps) recorded(name string) (string, bool, error) {
+func (s *steps) recorded(ctx context.Context, name string) (string, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.used[name] {
@@ -69,19 +56,42 @@ func (s *steps) recorded(name string) (string, bool, error) {
 		s.used = map[string]bool{} // made on a run's first step: most runs have none
 	}
 	s.used[name] = true
-	r, ok := s.rec.Steps[name]
-	return r, ok, nil
+	return s.value(ctx, name)
 }
 
-func (s *steps) record(ctx context.Context, name, result string) error {
+// record records result as step name's and returns the result the ledger
+// holds: result, or (in the steps table) the one a write before it
+// recorded, which the run goes on with.
+func (s *steps) record(ctx context.Context, name, result string) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	steps, err := s.store.RecordStep(ctx, s.rec, name, result)
-	if err != nil {
-		return err
+	if !s.store.OffRecord(name) {
+		steps, err := s.store.RecordStep(ctx, s.rec, name, result)
+		if err != nil {
+			return "", err
+		}
+		s.rec.Steps = steps // with the signals that landed since the claim
+		return result, nil
 	}
-	s.rec.Steps = steps // with the signals that landed since the claim
-	return nil
+	if err := s.load(ctx); err != nil {
+		return "", err
+	}
+	if now := s.store.Now(); now.Sub(s.looked) >= ledger.CancelLook {
+		// A cancel, or a newer claim, is seen here: the step's own
+		// write cannot check the record.
+		if err := s.store.Look(ctx, s.rec); err != nil {
+			return "", err
+		}
+		s.looked = now
+	}
+	v, err := s.store.PutStep(ctx, s.rec, *s.off, name, result)
+	if err != nil {
+		return "", err
+	}
+	s.off.Values[name] = v
+	s.off.Bytes += len(v)
+	s.ranOff = true
+	return v, nil
 }
 
 // timeout records the wait for signal name timed out (RecordTimeout)
@@ -154,7 +164,7 @@ func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(c
 	if p := s.pending(); p != nil {
 		return zero, p // the run ends in its sleep: nothing after it runs
 	}
-	raw, done, err := s.recorded(name)
+	raw, done, err := s.recorded(ctx, name)
 	if err != nil {
 		return zero, err
 	}
@@ -176,12 +186,21 @@ func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(c
 	if err != nil {
 		return zero, Permanent(fmt.Errorf("nexjob: step %q: its result does not encode: %w", name, err))
 	}
-	if err := s.record(ctx, name, string(b)); err != nil {
+	got, err := s.record(ctx, name, string(b))
+	if err != nil {
 		var se *ledger.StepError
 		if errors.As(err, &se) || errors.Is(err, ledger.ErrCancelRequested) {
 			return zero, Permanent(err)
 		}
 		return zero, err
+	}
+	if got != string(b) {
+		// Another run recorded the step first: its result is the job's.
+		var w T
+		if err := json.Unmarshal([]byte(got), &w); err != nil {
+			return zero, Permanent(fmt.Errorf("nexjob: step %q: its recorded result does not decode: %w", name, err))
+		}
+		return w, nil
 	}
 	return v, nil
 }

@@ -52,9 +52,12 @@ type stepsEnv struct {
 	fail    func(attempt int) error
 }
 
+// newSteps keeps the steps on the record (no steps table): these tests pin
+// that layout's writes, faults and limits; offsteps_test.go the steps
+// table's.
 func newSteps(t *testing.T) *stepsEnv {
 	t.Helper()
-	e := nexjobtest.New(t, nil)
+	e := nexjobtest.New(t, &nexjobtest.Options{StepsOnRecord: true})
 	s := &stepsEnv{e: e, charges: map[string]int{}, keys: map[string][]string{}, marks: map[string]int{}, fail: func(int) error { return nil }}
 	s.ft = faults.New(nil)
 	cfg := faults.Config(e.Cfg, s.ft)
@@ -382,7 +385,7 @@ func TestSleepCostsTheSameForAMonthAndAYear(t *testing.T) {
 	var calls [2][]string
 	var units, woken [2]awstest.Units
 	for i, days := range []int{30, 365} {
-		e := nexjobtest.New(t, nil)
+		e := nexjobtest.New(t, &nexjobtest.Options{StepsOnRecord: true}) // the record's layout: its writes pinned below
 		cfg := e.Cfg
 		counter := awstest.NewMeter(&cfg, e.DB)
 		e.Cfg = cfg
@@ -498,6 +501,9 @@ func TestCancelStopsARunningJobAtItsNextStep(t *testing.T) {
 	if _, err := e.Client.Cancel(ctx, res.ID, "the order was withdrawn", time.Hour); !errors.As(err, &asked) {
 		t.Fatalf("Cancel of a running job: %v, want *CancelRequestedError", err)
 	}
+	// With the steps off the record, the run reads its record for a cancel
+	// at a step when it has not for ledger.CancelLook.
+	e.Advance(t, ledger.CancelLook)
 	close(release)
 	<-done
 	rec := e.Get(t, res.ID)

@@ -183,6 +183,7 @@ func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 		})
 	}
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
+	q.Steps.Grant(grantee, jsii.String("dynamodb:Query")) // a job's steps (get, the dashboard's job page)
 	q.grantQueues(grantee, "sqs:GetQueueAttributes")
 	q.grantDLQs(grantee, "sqs:ReceiveMessage", "sqs:GetQueueAttributes")
 	// Not the key secret: a reader holding it and the table could mint

@@ -54,7 +54,11 @@ const deadLetterTimeoutSeconds = 60
 // grant more (GrantEnqueue covers producers).
 type JobQueue struct {
 	constructs.Construct
-	Table              awsdynamodb.Table
+	Table awsdynamodb.Table
+	// Steps is the steps table (ledger.Options.StepsTable): each of a
+	// durable job's steps an item, written by the worker, read by the
+	// worker and the readers (the CLI's get, the dashboard).
+	Steps              awsdynamodb.Table
 	Queue              awssqs.Queue
 	DeadLetterQueue    awssqs.Queue
 	Worker             awslambda.Function
@@ -149,6 +153,17 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		Stream:        awsdynamodb.StreamViewType_NEW_AND_OLD_IMAGES,
 		RemovalPolicy: p.RemovalPolicy,
 	})
+	q.Steps = awsdynamodb.NewTable(c, jsii.String("Steps"), &awsdynamodb.TableProps{
+		PartitionKey:        &awsdynamodb.Attribute{Name: jsii.String(ledger.AttrPK), Type: awsdynamodb.AttributeType_STRING},
+		SortKey:             &awsdynamodb.Attribute{Name: jsii.String(ledger.AttrStepKey), Type: awsdynamodb.AttributeType_STRING},
+		BillingMode:         awsdynamodb.BillingMode_PAY_PER_REQUEST,
+		TimeToLiveAttribute: jsii.String(ledger.TTLAttribute),
+		Encryption:          awsdynamodb.TableEncryption_AWS_MANAGED,
+		PointInTimeRecoverySpecification: &awsdynamodb.PointInTimeRecoverySpecification{
+			PointInTimeRecoveryEnabled: jsii.Bool(true),
+		},
+		RemovalPolicy: p.RemovalPolicy,
+	})
 	// Only what a listing shows: an index write is one write unit
 	// whatever a job's args weigh (ledger.IndexProjection).
 	q.Table.AddGlobalSecondaryIndex(&awsdynamodb.GlobalSecondaryIndexProps{
@@ -181,6 +196,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		settings.EnvRetention:      jsii.String(p.retention()),
 		settings.EnvIndexAllStates: jsii.String(strconv.FormatBool(*p.IndexAllStates)),
 		settings.EnvIndexShards:    jsii.String(strconv.Itoa(int(*p.IndexShards))),
+		settings.EnvStepsTable:     q.Steps.TableName(),
 	}
 	if p.KeySecretParameter != nil {
 		env[settings.EnvKeySecretParameter] = p.KeySecretParameter
@@ -215,6 +231,8 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	// a job's Delete and ReleaseKey); re-sends retries and schedules, hides
 	// messages of running jobs, moves non-jobs to the DLQ.
 	q.Table.Grant(q.Worker, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
+	// Its steps: written once (PutItem), read back (Query), kept (UpdateItem of the expiry).
+	q.Steps.Grant(q.Worker, jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:UpdateItem"))
 	q.grantQueues(q.Worker, "sqs:SendMessage", "sqs:ChangeMessageVisibility")
 	q.DeadLetterQueue.Grant(q.Worker, jsii.String("sqs:SendMessage"))
 	q.Worker.AddEventSource(awslambdaeventsources.NewSqsEventSource(q.Queue, &awslambdaeventsources.SqsEventSourceProps{

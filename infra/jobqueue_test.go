@@ -49,7 +49,7 @@ func synth(t *testing.T) (assertions.Template, map[string]any) {
 func TestJobQueueTemplate(t *testing.T) {
 	tpl, raw := synth(t)
 	for typ, n := range map[string]float64{
-		"AWS::DynamoDB::Table": 1, "AWS::SQS::Queue": 3, "AWS::Lambda::Function": 3,
+		"AWS::DynamoDB::Table": 2, "AWS::SQS::Queue": 3, "AWS::Lambda::Function": 3,
 		"AWS::Lambda::EventSourceMapping": 3, "AWS::CloudWatch::Alarm": 4, "AWS::Logs::LogGroup": 3,
 		"AWS::CloudWatch::Dashboard": 1,
 	} {
@@ -72,6 +72,18 @@ func TestJobQueueTemplate(t *testing.T) {
 			},
 			"Projection": map[string]any{"ProjectionType": "INCLUDE", "NonKeyAttributes": toAny(ledger.IndexProjection)},
 		}},
+	})
+
+	// The steps table: the job's id and the step's key, on demand, TTL, PITR, encryption.
+	tpl.HasResourceProperties(jsii.String("AWS::DynamoDB::Table"), map[string]any{
+		"KeySchema": []any{
+			map[string]any{"AttributeName": ledger.AttrPK, "KeyType": "HASH"},
+			map[string]any{"AttributeName": ledger.AttrStepKey, "KeyType": "RANGE"},
+		},
+		"BillingMode":                      "PAY_PER_REQUEST",
+		"TimeToLiveSpecification":          map[string]any{"AttributeName": ledger.TTLAttribute, "Enabled": true},
+		"PointInTimeRecoverySpecification": map[string]any{"PointInTimeRecoveryEnabled": true},
+		"SSESpecification":                 map[string]any{"SSEEnabled": true},
 	})
 
 	// The queues: encrypted, redrive to the DLQ, visibility 6 × the 30 s timeout.
@@ -172,6 +184,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"logs:CreateLogStream", "logs:PutLogEvents"},
 			far, {"iam:PassRole"},
 			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"},
+			{"dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"}, // the steps table
 			{"sqs:SendMessage", "sqs:ChangeMessageVisibility"},
 			{"sqs:SendMessage"},
 			{"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes"},

@@ -167,6 +167,8 @@ func resolve(t *testing.T, e *nexjobtest.Env, name string, v any) string {
 	switch name {
 	case settings.EnvTable:
 		return e.Table
+	case settings.EnvStepsTable:
+		return e.StepsTable
 	case settings.EnvQueueURL:
 		return e.QueueURL
 	case settings.EnvDLQURL:

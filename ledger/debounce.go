@@ -141,6 +141,7 @@ func (s *Store) Fold(ctx context.Context, jobID string, rec Record, runAt time.T
 		And(expression.Name(AttrAttempt).Equal(expression.Value(0))).
 		And(expression.Name(AttrKind).Equal(expression.Value(rec.Kind))).
 		And(expression.Name(AttrSteps).AttributeNotExists()).
+		And(expression.Name(AttrRan).AttributeNotExists()).
 		And(expression.Name(AttrCutOffs).AttributeNotExists())
 	upd := expression.Set(expression.Name(AttrArgs), expression.Value(rec.Args)).
 		Set(expression.Name(AttrArgsHash), expression.Value(ArgsHash(rec.Kind, rec.Args))).

@@ -125,6 +125,12 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.ByCheck, err = boolean(av)
 		case AttrReopenWaits:
 			r.ReopenWaits, err = boolean(av)
+		case AttrRan:
+			r.RanMark, err = boolean(av)
+		case AttrStepsGen:
+			var n int64
+			n, err = num(av)
+			r.StepsGen = int(n)
 		case AttrNonJob:
 			r.NonJob, err = boolean(av)
 		}

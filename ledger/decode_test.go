@@ -51,7 +51,7 @@ func TestDecodeRecordAgrees(t *testing.T) {
 			Token: n(), LastError: s(), Result: s(), ExpiresAt: n(), ParentID: s(), ListState: s(), ListErr: s(), ListAt: n(),
 			Undispatched: b(), Nonce: s(), Nonce1: s(), Nonce2: s(), Hist0: hist(), Hist1: hist(), Hist2: hist(),
 			Request: s(), RequestAt: n(), CutOffs: int(n()), Returns: int(n()), ArgsHash: s(), Cancelled: b(), HookPending: b(),
-			HookUntil: n(), Defers: int(n()), Slot: n(), Ticket: n(), Steps: steps(), CancelReq: s(), ReopenWaits: b(), ByCheck: b(), NonJob: b(), Queue: s(),
+			HookUntil: n(), Defers: int(n()), Slot: n(), Ticket: n(), Steps: steps(), CancelReq: s(), ReopenWaits: b(), StepsGen: int(n() % 1000), RanMark: b(), ByCheck: b(), NonJob: b(), Queue: s(),
 		}
 		if b() {
 			want.Children = []string{"c" + strconv.Itoa(i), "d" + strconv.Itoa(i)}
@@ -86,7 +86,7 @@ func TestDecodeRecordAgrees(t *testing.T) {
 	}
 	// Every field was exercised: a Record field added later and not drawn
 	// above would stay zero in every record and pass unnoticed.
-	if got, want := reflect.TypeFor[Record]().NumField(), 51; got != want {
+	if got, want := reflect.TypeFor[Record]().NumField(), 53; got != want {
 		t.Fatalf("Record has %d fields, this test draws %d: draw the new ones and teach decodeRecord them", got, want)
 	}
 }

@@ -64,6 +64,8 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.s(AttrQueue, r.Queue, true)
 	e.s(AttrCancelReq, r.CancelReq, true)
 	e.b(AttrReopenWaits, r.ReopenWaits)
+	e.n(AttrStepsGen, int64(r.StepsGen), true)
+	e.b(AttrRan, r.RanMark)
 	if len(r.Steps) > 0 {
 		m := make(map[string]types.AttributeValue, len(r.Steps))
 		for k, v := range r.Steps {

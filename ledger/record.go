@@ -119,6 +119,12 @@ type Record struct {
 	// run to open them again (ReopenTimedOutWaits, the worker's write: an
 	// operator may not write a job's steps).
 	ReopenWaits bool `dynamodbav:"reopenWaits,omitempty"`
+	// StepsGen is the generation of the job's steps in the steps table
+	// (Options.StepsTable): ForgetSteps moves it on, and the items of an
+	// earlier one are no longer read.
+	StepsGen int `dynamodbav:"stepsGen,omitempty"`
+	// RanMark: a run recorded a step in the steps table (Finish.Ran).
+	RanMark bool `dynamodbav:"ran,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's
@@ -152,7 +158,7 @@ type Record struct {
 // started: its Deadline expired it, and a debounced enqueue folded into
 // it.
 func (r Record) Ran() bool {
-	if r.CutOffs > 0 {
+	if r.CutOffs > 0 || r.RanMark {
 		return true
 	}
 	for name := range r.Steps {

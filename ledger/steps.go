@@ -307,7 +307,10 @@ func stepsValue(steps map[string]string) map[string]string {
 func (s *Store) ForgetSteps(ctx context.Context, id string) error {
 	st := expression.Name(AttrState)
 	cond := isJob(id).And(st.Equal(expression.Value(Succeeded)).Or(st.Equal(expression.Value(Failed))).Or(st.Equal(expression.Value(Expired))))
-	_, err := s.updateByID(ctx, id, cond, expression.Remove(expression.Name(AttrSteps)))
+	// The steps table's items of this generation are left to expire.
+	gen := expression.Name(AttrStepsGen)
+	upd := expression.Remove(expression.Name(AttrSteps)).Set(gen, expression.Plus(expression.IfNotExists(gen, expression.Value(0)), expression.Value(1)))
+	_, err := s.updateByID(ctx, id, cond, upd)
 	return err
 }
 

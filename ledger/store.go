@@ -46,6 +46,13 @@ type Options struct {
 	// NEXJOB_INDEX_SHARDS; the construct sets it). Defaults to
 	// DefaultIndexShards; at most MaxIndexShards.
 	IndexShards int
+	// StepsTable, when set, keeps each of a job's own steps as an item of
+	// this table (CreateStepsTableInput) instead of in the job's record:
+	// see offsteps.go. Every process of a deployment must agree (settings'
+	// NEXJOB_STEPS_TABLE; the construct sets it). Steps recorded on a
+	// record before it was set are read as they were. Defaults to none:
+	// steps on the record, at most MaxSteps and MaxStepsBytes.
+	StepsTable string
 }
 
 // DefaultIndexShards is the byState index's shards per state: 16 values
@@ -64,6 +71,7 @@ type Store struct {
 	secret   []byte
 	indexAll bool
 	shards   int
+	steps    string // the steps table (Options.StepsTable)
 	// The text of Claim's and Finish's writes, by shape (see writeExpr).
 	claims   shapes[bool]
 	finishes shapes[finishShape]
@@ -92,6 +100,7 @@ func New(db DynamoDB, table string, opts *Options) (*Store, error) {
 		if opts.IndexShards > 0 {
 			s.shards = opts.IndexShards
 		}
+		s.steps = opts.StepsTable
 	}
 	return s, nil
 }

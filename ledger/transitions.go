@@ -197,6 +197,10 @@ type Finish struct {
 	// as Record.Result by this same update: at most ResultRoom(rec)
 	// bytes, valid UTF-8. "" keeps none.
 	Result string
+	// Ran: the run recorded a step in the steps table (Options.StepsTable),
+	// which the record does not show: marked on the record (Record.RanMark)
+	// so that Ran reads the job as one that ran.
+	Ran bool
 }
 
 // Finish ends the run that claimed rec: one update, conditional on the
@@ -241,7 +245,7 @@ type finishShape struct {
 	lastError, deferred, runAt, hook, hookLease bool
 	expires, cutOff, dropDefers, slot, dropSlot bool
 	ticket, dropTicket, result, cancelled       bool
-	dropResult, dropReopen                      bool
+	dropResult, dropReopen, ran                 bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -255,6 +259,7 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		result: f.State == Succeeded && f.Result != "", cancelled: f.State == Failed && f.Cancelled,
 		dropResult: rec.Result != "" && (f.State != Succeeded || f.Result == ""),
 		dropReopen: rec.ReopenWaits && !f.Deferred, // a deferral ran nothing: the run to come opens the waits
+		ran:        f.Ran && !rec.RanMark,
 	}
 	e := s.finishes.start(k, 20, 14, 512) // a Finish: up to 19 names, 13 values, about 480 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
@@ -298,6 +303,10 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 	if k.cancelled {
 		e.values[":cancelled"] = &types.AttributeValueMemberBOOL{Value: true}
 		e.assign(AttrCancelled, ":cancelled")
+	}
+	if k.ran {
+		e.values[":ran"] = &types.AttributeValueMemberBOOL{Value: true}
+		e.assign(AttrRan, ":ran")
 	}
 	switch {
 	case k.deferred: // the cut-offs stand

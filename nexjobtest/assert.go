@@ -17,10 +17,14 @@ import (
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
-// Get returns the job's record, failing the test if it cannot be read.
+// Get returns the job's record, its Steps whole (those in the steps table
+// too), failing the test if it cannot be read.
 func (e *Env) Get(t testing.TB, id string) ledger.Record {
 	t.Helper()
 	rec, err := e.Client.Store().Get(context.Background(), id)
+	if err == nil {
+		rec, err = e.Client.Store().WithSteps(context.Background(), rec) // the steps table's too
+	}
 	if err != nil {
 		t.Fatalf("get job %s: %v", id, err)
 	}

@@ -107,6 +107,11 @@ type Options struct {
 	// index): the Client and Handler both use them. With no Ledger.Now the
 	// Env's own clock is used, which Advance moves.
 	Ledger ledger.Options
+	// StepsOnRecord keeps the jobs' steps in their records, as a
+	// deployment with no steps table does (and did before it). Defaults to
+	// false: the kit makes a steps table ("<table>-steps") and sets
+	// Ledger.StepsTable, as the construct does.
+	StepsOnRecord bool
 	// MaxDelay caps one SQS delay of the Env's Client and Handler: a
 	// later job's message hops every MaxDelay, each hop checking the
 	// clock, so Advance makes it due within a hop. Defaults to
@@ -144,6 +149,8 @@ type Env struct {
 	Table    string
 	QueueURL string
 	DLQURL   string
+	// StepsTable is the steps table ("" with Options.StepsOnRecord).
+	StepsTable string
 	// Queues are the named queues' URLs by name (Options.Queues), and
 	// QueueDLQs their DLQs'.
 	Queues, QueueDLQs map[string]string
@@ -182,6 +189,13 @@ func New(t testing.TB, opts *Options) *Env {
 	if err := provision.Table(ctx, e.DB, name); err != nil {
 		t.Fatal(err)
 	}
+	if !o.StepsOnRecord && e.ledger.StepsTable == "" {
+		e.ledger.StepsTable = name + "-steps"
+		if err := provision.StepsTable(ctx, e.DB, e.ledger.StepsTable); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.StepsTable = e.ledger.StepsTable
 	spec := o.Queue
 	spec.Name = name
 	var err error
@@ -191,6 +205,9 @@ func New(t testing.TB, opts *Options) *Env {
 	t.Cleanup(func() {
 		ctx := context.Background()
 		_, _ = e.DB.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(name)})
+		if e.ledger.StepsTable != "" {
+			_, _ = e.DB.DeleteTable(ctx, &dynamodb.DeleteTableInput{TableName: aws.String(e.ledger.StepsTable)})
+		}
 		for _, url := range append([]string{e.QueueURL, e.DLQURL}, append(slices.Collect(maps.Values(e.Queues)), slices.Collect(maps.Values(e.QueueDLQs))...)...) {
 			_, _ = e.SQS.DeleteQueue(ctx, &sqs.DeleteQueueInput{QueueUrl: aws.String(url)})
 		}

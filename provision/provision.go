@@ -25,7 +25,18 @@ import (
 
 // Table creates the ledger table with TTL on, and waits until it is active.
 func Table(ctx context.Context, db *dynamodb.Client, name string) error {
-	_, err := db.CreateTable(ctx, ledger.CreateTableInput(name))
+	return table(ctx, db, ledger.CreateTableInput(name))
+}
+
+// StepsTable creates the steps table (ledger.Options.StepsTable) with TTL
+// on, and waits until it is active.
+func StepsTable(ctx context.Context, db *dynamodb.Client, name string) error {
+	return table(ctx, db, ledger.CreateStepsTableInput(name))
+}
+
+func table(ctx context.Context, db *dynamodb.Client, in *dynamodb.CreateTableInput) error {
+	name := aws.ToString(in.TableName)
+	_, err := db.CreateTable(ctx, in)
 	var inUse *ddbtypes.ResourceInUseException
 	if err != nil && !errors.As(err, &inUse) {
 		return fmt.Errorf("provision: create table %s: %w", name, err)
@@ -96,7 +107,17 @@ func QueueARN(ctx context.Context, q *sqs.Client, url string) (string, error) {
 // TableJSON is ledger.CreateTableInput as the AWS CLI's --cli-input-json
 // takes it (nulls dropped): LocalStack's init hook creates the table from it.
 func TableJSON(name string) ([]byte, error) {
-	raw, err := json.Marshal(ledger.CreateTableInput(name))
+	return cliJSON(ledger.CreateTableInput(name))
+}
+
+// StepsTableJSON is ledger.CreateStepsTableInput as TableJSON gives the
+// ledger table's: the init hook creates the steps table from it.
+func StepsTableJSON(name string) ([]byte, error) {
+	return cliJSON(ledger.CreateStepsTableInput(name))
+}
+
+func cliJSON(in *dynamodb.CreateTableInput) ([]byte, error) {
+	raw, err := json.Marshal(in)
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,8 @@
 //	NEXJOB_INDEX_ALL_STATES      "true" lists every state (ledger.Options.IndexAllStates)
 //	NEXJOB_INDEX_SHARDS          the byState index's shards per state (ledger.Options.IndexShards; default 16;
 //	                             a count above 16 is recorded in the table at start, so lowering it later hides nothing)
+//	NEXJOB_STEPS_TABLE           the steps table: each of a durable job's steps an item of it (ledger.Options.StepsTable;
+//	                             unset: steps on the job's record, at most 100); every role that reads or runs jobs
 //	NEXJOB_KEY_SECRET_PARAMETER  an SSM SecureString parameter holding the key secret (every role but the guard)
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
@@ -85,6 +87,7 @@ const (
 	EnvRetention          = "NEXJOB_RETENTION"
 	EnvIndexAllStates     = "NEXJOB_INDEX_ALL_STATES"
 	EnvIndexShards        = "NEXJOB_INDEX_SHARDS"
+	EnvStepsTable         = "NEXJOB_STEPS_TABLE"
 	EnvKeySecretParameter = "NEXJOB_KEY_SECRET_PARAMETER"
 	EnvKeySecret          = "NEXJOB_KEY_SECRET"
 	// EnvKeySecretWithheld "true": the deployment has a key secret and
@@ -139,13 +142,13 @@ func Vars(r Role) []string {
 		return []string{EnvTable}
 	case Worker:
 		// GuardAfter: a re-armed guard check is due as late as the guard's.
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues, EnvGuardAfter}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvQueues, EnvGuardAfter}
 	case Operator:
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvQueues}
 	case Dashboard:
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvDashboardWrite, EnvQueues}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvDashboardWrite, EnvQueues}
 	}
-	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvQueues}
+	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvQueues}
 }
 
 // NeedsKeySecret says whether role r hashes idempotency keys, and so reads
@@ -175,6 +178,8 @@ type Settings struct {
 	IndexAllStates bool
 	IndexShards    int
 	KeySecret      []byte
+	// StepsTable goes to ledger.Options (NEXJOB_STEPS_TABLE).
+	StepsTable string
 	// KeySecretWithheld: the deployment has a key secret this process is
 	// not given (EnvKeySecretWithheld); KeySecret is nil.
 	KeySecretWithheld bool
@@ -333,6 +338,7 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 			return Settings{}, &InvalidError{Var: EnvIndexShards, Reason: fmt.Sprintf("want a whole number from 1 to %d", ledger.MaxIndexShards)}
 		}
 	}
+	s.StepsTable = getenv(EnvStepsTable)
 	if v := getenv(EnvDashboardWrite); v != "" {
 		if s.DashboardWrite, err = strconv.ParseBool(v); err != nil {
 			return Settings{}, &InvalidError{Var: EnvDashboardWrite, Reason: "want true or false"}
@@ -425,7 +431,7 @@ func FormatRetention(r handler.Retention) string {
 
 // LedgerOptions are the ledger's options these settings imply.
 func (s Settings) LedgerOptions() ledger.Options {
-	return ledger.Options{KeySecret: s.KeySecret, IndexAllStates: s.IndexAllStates, IndexShards: s.IndexShards}
+	return ledger.Options{KeySecret: s.KeySecret, IndexAllStates: s.IndexAllStates, IndexShards: s.IndexShards, StepsTable: s.StepsTable}
 }
 
 // ClientOptions are the enqueue client's options these settings imply.

@@ -39,7 +39,7 @@ usage: nexjob COMMAND [flags] [args]
                                       each named queue; with --recurring, on an emulator, schedule group
                                       NAME-recurring, which lambdamain.Local fires) and print export lines:
                                       eval "$(nexjob provision NAME --queues bulk --recurring)" points a shell at them
-  schema                              print the table definition for the AWS CLI (LocalStack's hook)
+  schema [steps]                      print the table definition (with steps: the steps table's) for the AWS CLI (LocalStack's hook)
   emulator                            start the default emulator (moto, installed once) on 127.0.0.1 and
                                       print its export lines, until Ctrl-C: no Docker, no repository
   emulator --install                  install it and exit (where tests look for it): before a first go test
@@ -220,7 +220,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		}
 		return c.demo(ctx, cfg, f)
 	case "schema":
-		return c.schema()
+		return c.schema(len(rest) > 0 && rest[0] == "steps")
 	case "provision":
 		if err := want(1); err != nil {
 			return err

@@ -363,8 +363,11 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func (c *cli) schema() error {
+func (c *cli) schema(steps bool) error {
 	out, err := provision.TableJSON("nexjob")
+	if steps {
+		out, err = provision.StepsTableJSON("nexjob-steps")
+	}
 	if err != nil {
 		return err
 	}
@@ -389,12 +392,15 @@ func (c *cli) provision(ctx context.Context, cfg aws.Config, name, queues string
 	if err := provision.Table(ctx, dynamodb.NewFromConfig(cfg), name); err != nil {
 		return err
 	}
+	if err := provision.StepsTable(ctx, dynamodb.NewFromConfig(cfg), name+"-steps"); err != nil {
+		return err
+	}
 	sq := sqs.NewFromConfig(cfg)
 	q, dlq, err := provision.Queues(ctx, sq, provision.QueueSpec{Name: name})
 	if err != nil {
 		return err
 	}
-	vars := map[string]string{settings.EnvTable: name, settings.EnvQueueURL: q, settings.EnvDLQURL: dlq}
+	vars := map[string]string{settings.EnvTable: name, settings.EnvStepsTable: name + "-steps", settings.EnvQueueURL: q, settings.EnvDLQURL: dlq}
 	if len(named) > 0 {
 		qs := map[string]settings.NamedQueue{}
 		for _, n := range named {

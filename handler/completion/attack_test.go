@@ -637,6 +637,7 @@ func TestAttackCompletionRunningCancelAndLambdaPath(t *testing.T) {
 			if !errors.As(err, &cr) {
 				return 0, fmt.Errorf("cancel while running: %w", err)
 			}
+			e.Advance(t, ledger.CancelLook) // the run reads its record for a cancel at this step's record
 			return 1, nil
 		}); err != nil {
 			return err

@@ -10,6 +10,11 @@ awslocal dynamodb create-table --cli-input-json "file://$here/table.json" --tabl
 awslocal dynamodb wait table-exists --table-name "$name"
 awslocal dynamodb update-time-to-live --table-name "$name" \
   --time-to-live-specification "Enabled=true,AttributeName=expiresAt" >/dev/null
+# The steps table (NEXJOB_STEPS_TABLE=$name-steps): each of a durable job's steps an item.
+awslocal dynamodb create-table --cli-input-json "file://$here/steps-table.json" --table-name "$name-steps" >/dev/null
+awslocal dynamodb wait table-exists --table-name "$name-steps"
+awslocal dynamodb update-time-to-live --table-name "$name-steps" \
+  --time-to-live-specification "Enabled=true,AttributeName=expiresAt" >/dev/null
 
 dlq_url=$(awslocal sqs create-queue --queue-name "$name-dlq" \
   --attributes MessageRetentionPeriod=1209600,SqsManagedSseEnabled=true --query QueueUrl --output text)
@@ -19,4 +24,4 @@ awslocal sqs create-queue --queue-name "$name" --attributes "{
   \"SqsManagedSseEnabled\": \"true\",
   \"RedrivePolicy\": \"{\\\"deadLetterTargetArn\\\":\\\"$dlq_arn\\\",\\\"maxReceiveCount\\\":\\\"5\\\"}\"
 }" >/dev/null
-echo "nexjob: table $name, queues $name and $name-dlq ready"
+echo "nexjob: tables $name and $name-steps, queues $name and $name-dlq ready"

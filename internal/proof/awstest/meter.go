@@ -132,7 +132,11 @@ type target struct {
 }
 
 func keyOf(item map[string]types.AttributeValue) map[string]types.AttributeValue {
-	return map[string]types.AttributeValue{ledger.AttrPK: item[ledger.AttrPK]}
+	key := map[string]types.AttributeValue{ledger.AttrPK: item[ledger.AttrPK]}
+	if sk, ok := item[ledger.AttrStepKey]; ok { // the steps table's sort key
+		key[ledger.AttrStepKey] = sk
+	}
+	return key
 }
 
 // writesOf lists the items a DynamoDB request touches.

@@ -178,6 +178,15 @@ func check(ctx context.Context, env Env, cl *enqueue.Client, led *ledgerOf, rs r
 	for _, k := range kills {
 		f.killedAt[k.pid] = k.at
 	}
+	for i, r := range recs {
+		if r.Kind == (Durable{}).Kind() {
+			// Its steps whole: those in the steps table too.
+			if recs[i], err = st.WithSteps(ctx, r); err != nil {
+				return []string{"read the steps of " + r.ID + ": " + err.Error()}
+			}
+			f.byID[r.ID] = recs[i]
+		}
+	}
 	rep.Jobs = len(recs)
 	var bad []string
 	for _, name := range slices.Sorted(maps.Keys(Checkers)) {

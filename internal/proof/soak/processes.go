@@ -25,12 +25,14 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
 )
 
 // Env variables of a worker process.
 const (
 	envChild = "NEXJOB_SOAK_CHILD" // the child's seed
 	envTable = "NEXJOB_SOAK_TABLE"
+	envSteps = "NEXJOB_SOAK_STEPS_TABLE"
 	envQueue = "NEXJOB_SOAK_QUEUE"
 	envBulk  = "NEXJOB_SOAK_BULK"
 	envRuns  = "NEXJOB_SOAK_RUNS"
@@ -92,7 +94,8 @@ func ChildMain() {
 	fc := faulty(cfg, n)
 	log := logTo(os.Getenv(envRuns) + ".log")
 	env := Env{QueueURL: os.Getenv(envQueue), BulkURL: os.Getenv(envBulk)}
-	h, err := handler.New(fc, os.Getenv(envTable), env.QueueURL, Registry(l), &handler.Options{Logger: log, Lease: 20 * time.Second, Queues: env.queues(), GuardAfter: 2 * time.Second})
+	h, err := handler.New(fc, os.Getenv(envTable), env.QueueURL, Registry(l), &handler.Options{Logger: log, Lease: 20 * time.Second, Queues: env.queues(), GuardAfter: 2 * time.Second,
+		Ledger: ledger.Options{StepsTable: os.Getenv(envSteps)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -190,7 +193,7 @@ func (k *killer) spawn(i int) (*exec.Cmd, error) {
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		envChild+"="+strconv.FormatUint(k.rng.Uint64(), 10),
-		envTable+"="+k.env.Table, envQueue+"="+k.env.QueueURL, envBulk+"="+k.env.BulkURL,
+		envTable+"="+k.env.Table, envSteps+"="+k.env.StepsTable, envQueue+"="+k.env.QueueURL, envBulk+"="+k.env.BulkURL,
 		envRuns+"="+filepath.Join(k.c.Dir, fmt.Sprintf("child-%d.runs", i)),
 		envRate+"="+strconv.FormatFloat(k.c.FaultRate, 'f', -1, 64),
 		envQuiet+"="+k.quietFile())

@@ -43,6 +43,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler/guard"
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/idempotency"
+	"github.com/nexjob/nexjob-aws/ledger"
 )
 
 // Config is one soak run. Zero values take the defaults.
@@ -106,6 +107,9 @@ type Env struct {
 	Table    string
 	QueueURL string
 	DLQURL   string
+	// StepsTable is the steps table every process's ledger uses (durable
+	// jobs' steps off their records); "" keeps them on the records.
+	StepsTable string
 	// BulkURL and BulkDLQURL are the named queue "bulk" (enqueue.Opts.Queue)
 	// and its DLQ: part of the mix goes there, and every worker polls it
 	// too. Empty: the mix stays on the job queue.
@@ -200,6 +204,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		fc := faulty(env.Cfg, nemesis())
 		wlog := logTo(filepath.Join(c.Dir, fmt.Sprintf("worker-%d.runs.log", i)))
 		o := &handler.Options{Logger: wlog, Lease: 20 * time.Second, Queues: env.queues(), GuardAfter: 2 * time.Second}
+		o.Ledger.StepsTable = env.StepsTable
 		switch i {
 		case 0:
 			o.Ledger.Now = func() time.Time { return time.Now().Add(c.Skew) }
@@ -247,6 +252,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		}
 		fc := faulty(env.Cfg, nemesis())
 		co := &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("producer-%d.log", i))), RedispatchAfter: 3 * time.Second, Queues: env.queues()}
+		co.Ledger.StepsTable = env.StepsTable
 		switch i {
 		case 1: // a producer whose clock runs ahead (rate limits under skew)
 			co.Ledger.Now = func() time.Time { return time.Now().Add(producerSkew) }
@@ -284,7 +290,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	callRng := rand.New(rand.NewPCG(root.Uint64(), 13))
 	prod.Go(func() { runCalls(ctx, callers, c.Calls, max(4, c.Calls/4), callRng, calls) })
 	opLog := logTo(filepath.Join(c.Dir, "operator.log"))
-	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: opLog, Queues: env.queues()})
+	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: opLog, Queues: env.queues(), Ledger: ledger.Options{StepsTable: env.StepsTable}})
 	if err != nil {
 		return rep, err
 	}
@@ -327,7 +333,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	kills.stop()
 	<-killDone
 	start := time.Now()
-	checkClient, err := enqueue.New(env.Cfg, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), Queues: env.queues()})
+	checkClient, err := enqueue.New(env.Cfg, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), Queues: env.queues(), Ledger: ledger.Options{StepsTable: env.StepsTable}})
 	if err != nil {
 		return rep, err
 	}

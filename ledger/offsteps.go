@@ -1,0 +1,285 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+)
+
+// Steps off the record (Options.StepsTable).
+//
+// A job's record held its steps in one map: every later write of the
+// record (a step, a claim, a finish) paid for every recorded byte, so 100
+// steps of 600 bytes cost 3,134 write units in all, the square of the
+// step count, and the 400 KB item capped a job at 100 steps and 64 KB.
+// With a steps table, each step of the job's own (Step, StepWith and its
+// retries' records) is an item of its own in the job's partition of that
+// table: key (pk the job's id, sk the generation and the step's name),
+// written once by PutItem conditional on its absence, and a job's run
+// reads them all back with one strongly consistent Query per MB, the
+// first time it looks a step up (a run of a job with no step reads
+// nothing). A step then costs one request and its own size in write
+// units (one for a value under about 900 bytes) whatever the job's step
+// count, and a claim or a finish costs the same at step 1 and at step
+// 10,000: the record carries none of them.
+//
+// The waits, signals, callback tokens and a wait-for-any's choice stay on
+// the record (their writes are conditional on the job's state, which
+// only the record's own write can check), under the limits of steps.go.
+//
+// How it fails. The first write of a step's name wins: a write that meets
+// the item (its own applied before, its reply lost; or another run's, a
+// run whose lease this one took over) reads the recorded value back from
+// the failed condition and returns it, so every run goes on with the
+// value the ledger holds. A write is not fenced by the record's token:
+// the run's next write of the record is (its sleep, its end), and the run
+// looks at its record for a cancel or a newer claim at a step when it has
+// not for CancelLook (Look). A step item outlives its job: it expires
+// StepLife after it was written, and a run that loads items with less
+// than a year of that left writes their expiry again (a job that sleeps
+// on for years).
+
+// Limits of steps off the record.
+const (
+	MaxJobSteps       = 10_000    // steps of a job in the steps table
+	MaxStepValueBytes = 256 << 10 // one step's value there (Lambda durable functions' checkpoint)
+	MaxJobStepsBytes  = 64 << 20  // all of a job's step values there: a run holds them in memory
+)
+
+// StepLife is how long a step's item is kept after it was written (its
+// TTL): two of the longest waits, so a job's retention after its end
+// (days) finds its steps still there.
+const StepLife = 2 * 366 * 24 * time.Hour
+
+// CancelLook is how long a run with steps off the record goes without
+// looking at its record (Look) before its next step's write.
+const CancelLook = 2 * time.Second
+
+// Attributes of a step's item, and the record's generation of its steps.
+const (
+	AttrStepKey   = "sk"       // sort key: "<generation>/<step's name>"
+	AttrStepValue = "v"        // the step's result (JSON)
+	AttrStepAt    = "at"       // when it was written, unix ms
+	AttrStepsGen  = "stepsGen" // on the record: ForgetSteps moves it on, and earlier items are left to expire
+	AttrRan       = "ran"      // on the record: a run recorded a step in the steps table (Finish.Ran)
+)
+
+// OffRecord reports whether step name of a job goes to the steps table:
+// with one configured, the job's own steps and its step retries' records;
+// never a wait, a signal, a token or a choice.
+func (s *Store) OffRecord(name string) bool {
+	if s.steps == "" {
+		return false
+	}
+	for _, p := range []string{signalStep, waitStep, tokenStep, "nexjob:any:"} {
+		if strings.HasPrefix(name, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// StepsTable is the steps table's name ("" when steps stay on the record).
+func (s *Store) StepsTable() string { return s.steps }
+
+// OffSteps is what a run knows of its job's steps in the steps table.
+type OffSteps struct {
+	Values map[string]string
+	Bytes  int
+}
+
+// CheckOffStep says whether step name with result may be added to a job
+// that holds have in the steps table (nil: it may).
+func CheckOffStep(have OffSteps, name, result string) error {
+	switch {
+	case name == "" || len(name) > MaxStepName || !utf8.ValidString(name):
+		return &StepError{Name: truncate(name, MaxStepName), Reason: fmt.Sprintf("a step's name is 1 to %d bytes of UTF-8", MaxStepName)}
+	case len(result) > MaxStepValueBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d (ledger.MaxStepValueBytes)", len(result), MaxStepValueBytes)}
+	case len(have.Values)+1 > MaxJobSteps:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the job would have %d steps, the limit is %d (ledger.MaxJobSteps)", len(have.Values)+1, MaxJobSteps)}
+	case have.Bytes+len(result) > MaxJobStepsBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the job's steps would be %d bytes, the limit is %d (ledger.MaxJobStepsBytes)", have.Bytes+len(result), MaxJobStepsBytes)}
+	}
+	return nil
+}
+
+// offKey is a step's item key.
+func offKey(id string, gen int, name string) map[string]types.AttributeValue {
+	return map[string]types.AttributeValue{
+		AttrPK:      &types.AttributeValueMemberS{Value: id},
+		AttrStepKey: &types.AttributeValueMemberS{Value: strconv.Itoa(gen) + "/" + name},
+	}
+}
+
+// PutStep records step name's result for rec's job in the steps table:
+// one PutItem conditional on the item's absence. It returns the value the
+// ledger holds: result, or the value a write before it recorded (its own
+// resend after a lost reply, or another run's). have is what the run
+// holds (LoadSteps), for the limits: a step outside them is a *StepError,
+// nothing written.
+func (s *Store) PutStep(ctx context.Context, rec Record, have OffSteps, name, result string) (string, error) {
+	if err := CheckOffStep(have, name, result); err != nil {
+		return "", err
+	}
+	now := s.now()
+	item := offKey(rec.ID, rec.StepsGen, name)
+	item[AttrStepValue] = &types.AttributeValueMemberS{Value: result}
+	item[AttrStepAt] = &types.AttributeValueMemberN{Value: strconv.FormatInt(now.UnixMilli(), 10)}
+	item[AttrExpiresAt] = &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(StepLife).Unix(), 10)}
+	_, err := s.db.PutItem(ctx, &dynamodb.PutItemInput{
+		TableName:                           aws.String(s.steps),
+		Item:                                item,
+		ConditionExpression:                 aws.String("attribute_not_exists(#pk)"),
+		ExpressionAttributeNames:            map[string]string{"#pk": AttrPK},
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if errors.As(err, &ccf) {
+		if v, ok := ccf.Item[AttrStepValue].(*types.AttributeValueMemberS); ok {
+			return v.Value, nil // the first write of the name wins
+		}
+		return "", fmt.Errorf("nexjob: record step %q of job %s: its item holds no value", truncate(name, MaxStepName), rec.ID)
+	}
+	if err != nil {
+		return "", fmt.Errorf("nexjob: record step %q of job %s: %w", truncate(name, MaxStepName), rec.ID, err)
+	}
+	return result, nil
+}
+
+// LoadSteps reads rec's job's steps from the steps table: one strongly
+// consistent Query per MB of them. Items with less than a year of their
+// life left are written again with a new expiry (one UpdateItem each).
+func (s *Store) LoadSteps(ctx context.Context, rec Record) (OffSteps, error) {
+	out := OffSteps{Values: map[string]string{}}
+	if s.steps == "" {
+		return out, nil
+	}
+	prefix := strconv.Itoa(rec.StepsGen) + "/"
+	key := expression.Key(AttrPK).Equal(expression.Value(rec.ID)).And(expression.Key(AttrStepKey).BeginsWith(prefix))
+	x, err := expression.NewBuilder().WithKeyCondition(key).Build()
+	if err != nil {
+		return out, err
+	}
+	renewBefore := s.now().Add(StepLife - 366*24*time.Hour).Unix()
+	var renew []string
+	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{
+		TableName: aws.String(s.steps), ConsistentRead: aws.Bool(true),
+		KeyConditionExpression: x.KeyCondition(), ExpressionAttributeNames: x.Names(), ExpressionAttributeValues: x.Values(),
+	})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return OffSteps{}, fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
+		}
+		for _, it := range page.Items {
+			sk, err1 := str(it[AttrStepKey])
+			v, err2 := str(it[AttrStepValue])
+			if err := errors.Join(err1, err2); err != nil {
+				return OffSteps{}, fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
+			}
+			name := strings.TrimPrefix(sk, prefix)
+			out.Values[name] = v
+			out.Bytes += len(v)
+			if exp, err := num(it[AttrExpiresAt]); err == nil && exp < renewBefore {
+				renew = append(renew, name)
+			}
+		}
+	}
+	for _, name := range renew {
+		exp := strconv.FormatInt(s.now().Add(StepLife).Unix(), 10)
+		if _, err := s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+			TableName: aws.String(s.steps), Key: offKey(rec.ID, rec.StepsGen, name),
+			UpdateExpression:          aws.String("SET #e = :e"),
+			ConditionExpression:       aws.String("attribute_exists(#pk)"),
+			ExpressionAttributeNames:  map[string]string{"#e": AttrExpiresAt, "#pk": AttrPK},
+			ExpressionAttributeValues: map[string]types.AttributeValue{":e": &types.AttributeValueMemberN{Value: exp}},
+		}); err != nil && !isConditionFailed(err) {
+			return OffSteps{}, fmt.Errorf("nexjob: keep the steps of job %s: %w", rec.ID, err)
+		}
+	}
+	return out, nil
+}
+
+// isConditionFailed reports whether err is a failed condition.
+func isConditionFailed(err error) bool {
+	var ccf *types.ConditionalCheckFailedException
+	return errors.As(err, &ccf)
+}
+
+// Look reads what a run with steps off the record must know before its
+// next step: whether an operator asked it to stop (ErrCancelRequested)
+// or a newer claim took the job (ErrFenced). One strongly consistent
+// GetItem of three attributes.
+func (s *Store) Look(ctx context.Context, rec Record) error {
+	proj := expression.NamesList(expression.Name(AttrToken), expression.Name(AttrState), expression.Name(AttrCancelReq))
+	x, err := expression.NewBuilder().WithProjection(proj).Build()
+	if err != nil {
+		return err
+	}
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{
+		TableName: aws.String(s.table), Key: map[string]types.AttributeValue{AttrPK: &types.AttributeValueMemberS{Value: rec.PK}}, ConsistentRead: aws.Bool(true),
+		ProjectionExpression: x.Projection(), ExpressionAttributeNames: x.Names(),
+	})
+	if err != nil {
+		return fmt.Errorf("nexjob: look at job %s: %w", rec.ID, err)
+	}
+	cur, err := decodeRecord(out.Item)
+	switch {
+	case err != nil:
+		return fmt.Errorf("nexjob: look at job %s: %w", rec.ID, err)
+	case cur.Token == rec.Token && cur.CancelReq != "":
+		return fmt.Errorf("%w: %s", ErrCancelRequested, truncate(cur.CancelReq, MaxLastError))
+	case cur.Token != rec.Token || cur.State != Processing:
+		return fmt.Errorf("%w (job %s, token %d)", ErrFenced, rec.ID, rec.Token)
+	}
+	return nil
+}
+
+// CreateStepsTableInput describes the steps table: on-demand, the job's
+// id as partition key and the step's generation and name as sort key,
+// encrypted, TTL on AttrExpiresAt (UpdateTimeToLiveInput).
+func CreateStepsTableInput(table string) *dynamodb.CreateTableInput {
+	return &dynamodb.CreateTableInput{
+		TableName:   aws.String(table),
+		BillingMode: types.BillingModePayPerRequest,
+		AttributeDefinitions: []types.AttributeDefinition{
+			{AttributeName: aws.String(AttrPK), AttributeType: types.ScalarAttributeTypeS},
+			{AttributeName: aws.String(AttrStepKey), AttributeType: types.ScalarAttributeTypeS},
+		},
+		KeySchema: []types.KeySchemaElement{
+			{AttributeName: aws.String(AttrPK), KeyType: types.KeyTypeHash},
+			{AttributeName: aws.String(AttrStepKey), KeyType: types.KeyTypeRange},
+		},
+		SSESpecification: &types.SSESpecification{Enabled: aws.Bool(true)},
+	}
+}
+
+// WithSteps is rec with its Steps whole: those on the record and those in
+// the steps table (its generation's), in one map, as a run sees them. A
+// reader's view (the test kit, the CLI, the dashboard); a job with no
+// steps table costs no request.
+func (s *Store) WithSteps(ctx context.Context, rec Record) (Record, error) {
+	if s.steps == "" {
+		return rec, nil
+	}
+	off, err := s.LoadSteps(ctx, rec)
+	if err != nil || len(off.Values) == 0 {
+		return rec, err
+	}
+	all := make(StepMap, len(rec.Steps)+len(off.Values))
+	maps.Copy(all, off.Values)
+	maps.Copy(all, rec.Steps)
+	rec.Steps = all
+	return rec, nil
+}
