@@ -35,7 +35,7 @@ func TestQuietWaitOutlastsADrainingSystem(t *testing.T) {
 	}()
 	// The job queue's messages are not waited for: the DLQ stands in for it.
 	env := Env{Cfg: e.Cfg, Table: e.Table, QueueURL: e.DLQURL}
-	if err := waitQuiet(ctx, env, e.Client.Store(), 5*time.Second); err != nil {
+	if err := waitQuiet(ctx, env, e.Client.Store(), 5*time.Second, 25*time.Second); err != nil {
 		t.Fatalf("a system ending a job a second: %v", err)
 	}
 }

@@ -338,7 +338,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		return rep, err
 	}
 	st := checkClient.Store()
-	if err := waitQuiet(ctx, env, st, c.Quiet); err != nil {
+	if err := waitQuiet(ctx, env, st, c.Quiet, quietMost(c)); err != nil {
 		rep.Violations = append(rep.Violations, err.Error())
 	}
 	rep.ToQuiet = time.Since(start)
