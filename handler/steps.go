@@ -84,12 +84,24 @@ func (s *steps) record(ctx context.Context, name, result string) (string, error)
 		}
 		s.looked = now
 	}
-	v, err := s.store.PutStep(ctx, s.rec, *s.off, name, result)
+	// The write itself outside the lock: steps of other goroutines (Map's
+	// items) are written meanwhile, each counted here first.
+	have := ledger.OffSteps{Count: s.off.Count, Bytes: s.off.Bytes}
+	if err := ledger.CheckOffStep(have, name, result); err != nil {
+		return "", err
+	}
+	s.off.Count++
+	s.off.Bytes += len(result)
+	s.mu.Unlock()
+	v, err := s.store.PutStep(ctx, s.rec, have, name, result)
+	s.mu.Lock()
 	if err != nil {
+		s.off.Count--
+		s.off.Bytes -= len(result)
 		return "", err
 	}
 	s.off.Values[name] = v
-	s.off.Bytes += len(v)
+	s.off.Bytes += len(v) - len(result)
 	s.ranOff = true
 	return v, nil
 }

@@ -92,10 +92,12 @@ func (s *Store) OffRecord(name string) bool {
 // StepsTable is the steps table's name ("" when steps stay on the record).
 func (s *Store) StepsTable() string { return s.steps }
 
-// OffSteps is what a run knows of its job's steps in the steps table.
+// OffSteps is what a run knows of its job's steps in the steps table:
+// their values by name, and their count and bytes (Count may be more than
+// len(Values): steps being written by the run's other goroutines).
 type OffSteps struct {
-	Values map[string]string
-	Bytes  int
+	Values       map[string]string
+	Count, Bytes int
 }
 
 // CheckOffStep says whether step name with result may be added to a job
@@ -106,8 +108,8 @@ func CheckOffStep(have OffSteps, name, result string) error {
 		return &StepError{Name: truncate(name, MaxStepName), Reason: fmt.Sprintf("a step's name is 1 to %d bytes of UTF-8", MaxStepName)}
 	case len(result) > MaxStepValueBytes:
 		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d (ledger.MaxStepValueBytes)", len(result), MaxStepValueBytes)}
-	case len(have.Values)+1 > MaxJobSteps:
-		return &StepError{Name: name, Reason: fmt.Sprintf("the job would have %d steps, the limit is %d (ledger.MaxJobSteps)", len(have.Values)+1, MaxJobSteps)}
+	case have.Count+1 > MaxJobSteps:
+		return &StepError{Name: name, Reason: fmt.Sprintf("the job would have %d steps, the limit is %d (ledger.MaxJobSteps)", have.Count+1, MaxJobSteps)}
 	case have.Bytes+len(result) > MaxJobStepsBytes:
 		return &StepError{Name: name, Reason: fmt.Sprintf("the job's steps would be %d bytes, the limit is %d (ledger.MaxJobStepsBytes)", have.Bytes+len(result), MaxJobStepsBytes)}
 	}
@@ -190,6 +192,7 @@ func (s *Store) LoadSteps(ctx context.Context, rec Record) (OffSteps, error) {
 			}
 			name := strings.TrimPrefix(sk, prefix)
 			out.Values[name] = v
+			out.Count++
 			out.Bytes += len(v)
 			if exp, err := num(it[AttrExpiresAt]); err == nil && exp < renewBefore {
 				renew = append(renew, name)
