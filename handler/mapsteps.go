@@ -33,7 +33,9 @@ type Completion struct {
 	AllSettled bool
 	// FirstSuccess ends the map at the first item that succeeds (none
 	// more starts; those running are cancelled and their outcome
-	// dropped); it fails when every item failed.
+	// dropped); it fails when every item failed. The winner is recorded
+	// (the step name#first): a replay returns it, whatever finishes
+	// first then.
 	FirstSuccess bool
 	// ToleratedFailures and ToleratedShare let that many items, or that
 	// share of them (0 to 1), fail before the map fails; the map fails
@@ -144,6 +146,32 @@ func Map[T, R any](ctx context.Context, name string, items []T, fn func(ctx cont
 		}
 		return ok
 	}
+	if c.FirstSuccess {
+		// The winner, once chosen, is the map's on every run: items
+		// running at once may finish in another order on a replay.
+		s := stepsOf(ctx)
+		raw, ok, err := s.recorded(ctx, name+"#first")
+		if err != nil {
+			return res, err
+		}
+		if ok {
+			i, err := strconv.Atoi(raw)
+			if err != nil || i < 0 || i >= len(items) {
+				return res, Permanent(fmt.Errorf("nexjob: map %q: its recorded winner %q is not an item", name, raw))
+			}
+			v, err := step(ctx, name+"#"+raw, func(context.Context) (mapOutcome, error) {
+				return mapOutcome{}, Permanent(fmt.Errorf("nexjob: map %q: its winner's result is not recorded", name))
+			})
+			if err != nil {
+				return res, err
+			}
+			if err := json.Unmarshal(v.V, &res.Values[i]); err != nil {
+				return res, Permanent(fmt.Errorf("nexjob: map %q item %d: its recorded result does not decode: %w", name, i, err))
+			}
+			res.Done[i] = true
+			return res, nil
+		}
+	}
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -235,6 +263,9 @@ func Map[T, R any](ctx context.Context, name string, items []T, fn func(ctx cont
 				var zero R
 				res.Values[i], res.Errs[i], res.Done[i] = zero, nil, false
 			}
+		}
+		if _, err := stepsOf(ctx).record(ctx, name+"#first", strconv.Itoa(won)); err != nil {
+			return res, err
 		}
 		return res, nil
 	}
