@@ -751,7 +751,9 @@ func TestOffAttackExpiryRewrittenAfterALongSleep(t *testing.T) {
 		var exp int64
 		for k, v := range it {
 			if n, ok := v.(*ddbtypes.AttributeValueMemberN); ok && (strings.Contains(strings.ToLower(k), "exp") || strings.Contains(strings.ToLower(k), "ttl")) {
-				fmt.Sscan(n.Value, &exp)
+				if _, err := fmt.Sscan(n.Value, &exp); err != nil {
+					t.Fatalf("item attribute %s: %q is not a number: %v", k, n.Value, err)
+				}
 			}
 		}
 		if exp > r.e.Now().Add(3*365*24*time.Hour).Unix() {
