@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -270,7 +271,7 @@ func Map[T, R any](ctx context.Context, name string, items []T, fn func(ctx cont
 		return res, nil
 	}
 	if !tolerated(len(failed)) || c.FirstSuccess {
-		sortFailures(failed)
+		slices.SortFunc(failed, func(a, b *MapItemError) int { return a.Index - b.Index })
 		return res, &MapFailedError{Map: name, Failures: failed}
 	}
 	// The map is done with these failures: kept, so a replay sees them.
@@ -294,11 +295,3 @@ func Map[T, R any](ctx context.Context, name string, items []T, fn func(ctx cont
 type itemFailed struct{ err error }
 
 func (e *itemFailed) Error() string { return e.err.Error() }
-
-func sortFailures(fs []*MapItemError) {
-	for i := 1; i < len(fs); i++ {
-		for j := i; j > 0 && fs[j].Index < fs[j-1].Index; j-- {
-			fs[j], fs[j-1] = fs[j-1], fs[j]
-		}
-	}
-}
