@@ -52,6 +52,13 @@ func decodeJSON(body string) (Message, error) {
 	if m.V != 1 || m.ID == "" || m.Kind == "" || m.RunAt < 0 {
 		return Message{}, fmt.Errorf("%w: missing or bad fields", ErrMalformedMessage)
 	}
+	// A body can be shorter than its message's own encoding (invalid
+	// UTF-8 decodes to three-byte U+FFFD, '<' encodes as \u003c): refuse
+	// a message that could not be sent on again, so every message a
+	// worker accepts is one it can carry forward or retry.
+	if n := len(m.Encode()); n > MaxBodyBytes {
+		return Message{}, fmt.Errorf("%w: encodes to %d bytes", ErrMalformedMessage, n)
+	}
 	return m, nil
 }
 
@@ -131,13 +138,15 @@ func decodeCanonical(body string) (Message, bool) {
 }
 
 // plainString reads a JSON string's body up to its closing quote, if it
-// is printable ASCII with no escape.
+// is printable ASCII that Encode writes as it is (no escape, none of the
+// <, > and & that encoding/json escapes): a body decodeCanonical accepts
+// is then byte for byte the Encode of its message.
 func plainString(s string) (v, rest string, ok bool) {
 	for i := 0; i < len(s); i++ {
 		switch c := s[i]; {
 		case c == '"':
 			return s[:i], s[i+1:], true
-		case c < 0x20 || c >= 0x7f || c == '\\':
+		case c < 0x20 || c >= 0x7f || c == '\\' || c == '<' || c == '>' || c == '&':
 			return "", "", false
 		}
 	}
