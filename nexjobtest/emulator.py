@@ -22,6 +22,11 @@ A Scan of a secondary index is paged by the size of the index's entries
 item, so a Scan of the byState index over jobs with large args took a
 page per MB of the args the index does not hold.
 
+A queue's message list is changed under the queue's lock and in place:
+moto rebuilt it on each delete outside any lock, and a send beside two
+deletes (or a message moved to the DLQ beside one) was lost after its
+SendMessage answered OK.
+
 Each request found its service by listing moto's package directory (a
 stat per service, hundreds) and matching the host against every
 service's URL patterns; here the answer is kept per host. Request lines
@@ -179,6 +184,50 @@ def patch_sqs_retention():
     models.SQSBackend.send_message = send_message
 
 
+def patch_sqs_lists():
+    """A queue's message list changes under the queue's lock, in place.
+
+    moto 5.2.5 deletes a message by building a new list of the queue's
+    other messages and assigning it, outside the lock its sends append
+    under; and a receive moves a message bound for the DLQ out of the
+    list, outside any lock. Two deletes at once each build from the old
+    list, and a send that appends to the first one's new list is undone by
+    the second's assignment; a removal while a delete walks the list makes
+    the walk skip the next message, which the new list then lacks. Either
+    way SendMessage answered OK and the message was never received again:
+    the 10k soak (seed 1796611249630198530, queues thousands deep, each
+    delete walking them for milliseconds) left ten retries Scheduled with
+    no message, and a stress of two senders beside three deleters on plain
+    moto lost 1 message of 2,000. Here a delete and a receive hold the
+    queue's lock (the Condition a long poll waits on, which its wait
+    releases) and a delete edits the list in place.
+    """
+    from moto.sqs import models
+
+    def delete_message(self, receipt_handle):
+        with self._messages_lock:
+            if receipt_handle in self.deleted_messages:
+                return  # already deleted: SQS accepts it again
+            keep = [m for m in self._messages if not m.had_receipt_handle(receipt_handle)]
+            if len(keep) == len(self._messages):
+                raise models.ReceiptHandleIsInvalid()
+            for m in self._messages:
+                if m.had_receipt_handle(receipt_handle):
+                    self.pending_messages.discard(m)
+                    self.deleted_messages.update(m.all_receipt_handles)
+            self._messages[:] = keep
+
+    models.Queue.delete_message = delete_message
+    receive = models.SQSBackend.receive_message
+
+    def receive_message(self, queue_name, *args, **kwargs):
+        queue = self.get_queue(queue_name)
+        with queue._messages_lock:
+            return receive(self, queue_name, *args, **kwargs)
+
+    models.SQSBackend.receive_message = receive_message
+
+
 def patch_dispatch():
     """The backend for a host is looked up once, not per request."""
     found = {}
@@ -219,6 +268,7 @@ def main():
     patch_transactions()
     patch_index_pages()
     patch_sqs_retention()
+    patch_sqs_lists()
     patch_dispatch()
     if os.environ.get("NEXJOB_EMULATOR_LOG") != "1":
         logging.getLogger("werkzeug").setLevel(logging.WARNING)

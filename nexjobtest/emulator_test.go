@@ -3,6 +3,8 @@ package nexjobtest_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -10,6 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
 	stypes "github.com/aws/aws-sdk-go-v2/service/dynamodbstreams/types"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
@@ -107,5 +111,109 @@ func TestCancelledTransactionLeavesTheStreamReadable(t *testing.T) {
 	put("d", "d0")
 	if got := read(); len(got) != 1 || got[0] != "INSERT d" {
 		t.Fatalf("the open iterator read %v after the cancel and one put, want [INSERT d]", got)
+	}
+}
+
+// A message sent while others are deleted from the same queue is kept.
+// SQS loses no acknowledged send; moto 5.2.5 deleted a message by
+// building a new list of the queue's others outside the lock its sends
+// append under, and assigning it: a send that appended to one delete's
+// new list was undone by a second delete's assignment, so SendMessage
+// answered OK and the message was never received (the 10k soak, seed
+// 1796611249630198530, left ten retries Scheduled so). The deeper the
+// queue the longer each delete's walk: here 3,000 messages are held in
+// flight and deleted ten at a time, three batches at once, beside two
+// senders of 500 new ones each. The default emulator patches it.
+func TestSendDuringDeletesIsKept(t *testing.T) {
+	ctx := context.Background()
+	e := nexjobtest.New(t, nil)
+	q := aws.String(e.QueueURL)
+	send := func(prefix string, from int) error {
+		var entries []sqstypes.SendMessageBatchRequestEntry
+		for i := from; i < from+10; i++ {
+			entries = append(entries, sqstypes.SendMessageBatchRequestEntry{Id: aws.String(fmt.Sprint(i)), MessageBody: aws.String(fmt.Sprintf("%s-%d", prefix, i))})
+		}
+		out, err := e.SQS.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: q, Entries: entries})
+		if err == nil && len(out.Failed) > 0 {
+			err = fmt.Errorf("%d entries failed: %v", len(out.Failed), aws.ToString(out.Failed[0].Message))
+		}
+		return err
+	}
+	receive := func() []sqstypes.Message {
+		t.Helper()
+		out, err := e.SQS.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{QueueUrl: q, MaxNumberOfMessages: 10, VisibilityTimeout: 900})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.Messages
+	}
+	const held, fresh = 3000, 1000
+	for i := 0; i < held; i += 10 {
+		if err := send("old", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var handles []string
+	for len(handles) < held {
+		ms := receive()
+		if len(ms) == 0 {
+			t.Fatalf("received %d of the %d sent", len(handles), held)
+		}
+		for _, m := range ms {
+			handles = append(handles, aws.ToString(m.ReceiptHandle))
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 5)
+	for d := range 3 {
+		wg.Go(func() {
+			for i := d * 10; i < len(handles); i += 30 {
+				var entries []sqstypes.DeleteMessageBatchRequestEntry
+				for j, h := range handles[i:min(i+10, len(handles))] {
+					entries = append(entries, sqstypes.DeleteMessageBatchRequestEntry{Id: aws.String(fmt.Sprint(j)), ReceiptHandle: aws.String(h)})
+				}
+				out, err := e.SQS.DeleteMessageBatch(ctx, &sqs.DeleteMessageBatchInput{QueueUrl: q, Entries: entries})
+				if err == nil && len(out.Failed) > 0 {
+					err = fmt.Errorf("%d deletes failed: %v", len(out.Failed), aws.ToString(out.Failed[0].Message))
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for s := range 2 {
+		wg.Go(func() {
+			for i := s * fresh / 2; i < (s+1)*fresh/2; i += 10 {
+				if err := send("new", i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for ms := receive(); len(ms) > 0; ms = receive() {
+		for _, m := range ms {
+			seen[aws.ToString(m.Body)] = true
+		}
+	}
+	var lost []int
+	for i := range fresh {
+		if !seen[fmt.Sprintf("new-%d", i)] {
+			lost = append(lost, i)
+		}
+	}
+	if len(lost) > 0 {
+		t.Fatalf("%d of %d messages sent with no error were never received (of the held ones, %d came back): %v", len(lost), fresh, len(seen)-fresh+len(lost), lost)
+	}
+	if len(seen) != fresh {
+		t.Fatalf("received %d messages after the deletes, want the %d new ones", len(seen), fresh)
 	}
 }
