@@ -74,6 +74,12 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	// job's children). So the schedule stays when they could not all be
 	// ended: it is the only message that names the job.
 	err = c.CancelContinuations(ctx, rec, "", retention)
+	// A child tells its caller it ended; a caller takes the children it
+	// started and that still go with it (CancelChildren).
+	if rec.Caller != "" {
+		err = errors.Join(err, c.ChildEnded(ctx, rec))
+	}
+	err = errors.Join(err, c.CancelChildren(ctx, rec, retention))
 	if err == nil && ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
 		c.unschedule(ctx, rec.ID, rec.RunAt) // it was far: its message waits in a schedule
 	}

@@ -72,11 +72,38 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 	case ledger.Failed:
 		cleared := h.runHook(ctx, out, cause)
 		ended := h.endChildren(ctx, out)
-		return cleared && ended // a mark not cleared: the message comes back to clear it
+		told := h.childFollowUps(ctx, out)
+		return cleared && ended && told // a mark not cleared: the message comes back to clear it
 	case ledger.Expired:
-		return h.endChildren(ctx, out)
+		ended := h.endChildren(ctx, out)
+		return h.childFollowUps(ctx, out) && ended
+	}
+	if out.State == ledger.Succeeded {
+		return h.childFollowUps(ctx, out)
 	}
 	return true
+}
+
+// childFollowUps does what an ended job owes its family of child jobs:
+// a child's end recorded with its caller (which it wakes), and a
+// cancelled job's unfinished children cancelled. false when either
+// failed: the message comes back, and the ended job's next delivery does
+// them again (notClaimable; both add nothing twice).
+func (h *Handler) childFollowUps(ctx context.Context, out ledger.Record) bool {
+	ok := true
+	if out.Caller != "" {
+		if err := h.producer.ChildEnded(ctx, out); err != nil {
+			h.log.ErrorContext(ctx, "nexjob: telling a child's caller of its end failed; it is tried again", "job_id", out.ID, "caller", out.Caller, "err", err)
+			ok = false
+		}
+	}
+	if out.Cancelled {
+		if err := h.producer.CancelChildren(ctx, out, h.retention(out.Kind).For(ledger.Failed)); err != nil {
+			h.log.ErrorContext(ctx, "nexjob: cancelling a cancelled job's children failed; it is tried again", "job_id", out.ID, "err", err)
+			ok = false
+		}
+	}
+	return ok
 }
 
 // earlierHookRan runs the dead-letter hook still due on rec from an

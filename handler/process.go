@@ -260,10 +260,20 @@ func (h *Handler) notClaimable(ctx context.Context, m events.SQSMessage, msg enq
 		// parent's ending down to the continuations of the child it
 		// ended (CancelContinuations): again (idempotent).
 		return h.settleChildren(ctx, cur)
+	case cur.State.Terminal() && (cur.Caller != "" || cur.Cancelled):
+		// A child tells its caller it ended, a cancelled job takes its
+		// children with it: again, after a failure (both idempotent).
+		return h.childFollowUps(ctx, cur)
 	case cur.State.Terminal() || cur.State == ledger.AwaitingContinuation:
 		return true // a duplicate delivery, or the parent will dispatch it
 	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli() && h.store.Signalled(cur):
 		return h.wakeSignalled(ctx, cur) // asleep in a wait its signal reached: now
+	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli() && cur.AwaitEnd == cur.RunAt:
+		// Asleep in a wait for children, met by a due message: the run
+		// that began the wait could not look for a child's end that came
+		// meanwhile (childrenEndedMeanwhile failed), or a duplicate. The
+		// job runs now and looks: at worst one replay more.
+		return h.wakeSignalled(ctx, cur)
 	case cur.State == ledger.Scheduled && cur.RunAt > now.UnixMilli():
 		msg.RunAt = cur.RunAt
 		return h.carryForward(ctx, msg, now)

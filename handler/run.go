@@ -86,9 +86,12 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 	case errors.As(err, &sleep):
 		// Not a failure: the job sleeps until its time, no attempt spent.
 		h.runLog(ctx, slog.LevelInfo, "nexjob: job sleeping", rec, start, slog.Time("until", sleep.until))
-		done := h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: sleep.until, Deferred: true}, nil)
+		done := h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: sleep.until, Deferred: true, AwaitChildren: sleep.children}, nil)
 		if done && len(sleep.signals) > 0 {
 			return h.signalledMeanwhile(ctx, rec.ID, sleep.signals) // not done: the message comes back and wakes it
+		}
+		if done && sleep.children {
+			return h.childrenEndedMeanwhile(ctx, rec)
 		}
 		return done
 	case errors.Is(context.Cause(runCtx), errCutOff) && rec.CutOffs+1 < h.o.MaxCutOffs:

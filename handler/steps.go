@@ -250,6 +250,10 @@ type sleepError struct {
 	name    string
 	until   time.Time
 	signals []string // a wait for these signals (WaitForSignal's one, WaitForAny's)
+	// children: a wait for children (AwaitAll): the sleep is marked so
+	// (Finish.AwaitChildren), and the run looks for an end that came
+	// meanwhile (childrenEndedMeanwhile).
+	children bool
 }
 
 func (e *sleepError) Error() string {
@@ -444,6 +448,23 @@ func (h *Handler) signalledMeanwhile(ctx context.Context, id string, names []str
 		}
 	}
 	return true // no signal yet: it wakes the job when it comes
+}
+
+// childrenEndedMeanwhile wakes the job claimed if a child's end was
+// recorded since its claim (Record.ChildEnds moved on): the child, finding
+// the job still running, woke no one. One read, and the wake when so;
+// false when either failed (the message comes back, and notClaimable
+// wakes a job asleep in a wait for children).
+func (h *Handler) childrenEndedMeanwhile(ctx context.Context, claimed ledger.Record) bool {
+	cur, err := h.store.Get(ctx, claimed.ID)
+	if err != nil {
+		h.log.WarnContext(ctx, "nexjob: reading a job that began to wait for children failed; its message comes back to look again", "job_id", claimed.ID, "err", err)
+		return false
+	}
+	if cur.State != ledger.Scheduled || cur.ChildEnds == claimed.ChildEnds {
+		return true // a child's end since wakes it when it comes
+	}
+	return h.wakeSignalled(ctx, cur)
 }
 
 // wakeSignalled wakes cur, asleep in a wait whose signal is recorded: the

@@ -133,6 +133,14 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.StepsGen = int(n)
 		case AttrNonJob:
 			r.NonJob, err = boolean(av)
+		case AttrCaller:
+			r.Caller, err = str(av)
+		case AttrChildEnds:
+			var n int64
+			n, err = num(av)
+			r.ChildEnds = int(n)
+		case AttrAwaitEnd:
+			r.AwaitEnd, err = num(av)
 		}
 		if err != nil {
 			return Record{}, fmt.Errorf("attribute %q: %w", name, err)

@@ -66,6 +66,9 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.b(AttrReopenWaits, r.ReopenWaits)
 	e.n(AttrStepsGen, int64(r.StepsGen), true)
 	e.b(AttrRan, r.RanMark)
+	e.s(AttrCaller, r.Caller, true)
+	e.n(AttrChildEnds, int64(r.ChildEnds), true)
+	e.n(AttrAwaitEnd, r.AwaitEnd, true)
 	if len(r.Steps) > 0 {
 		m := make(map[string]types.AttributeValue, len(r.Steps))
 		for k, v := range r.Steps {

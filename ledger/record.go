@@ -125,6 +125,17 @@ type Record struct {
 	StepsGen int `dynamodbav:"stepsGen,omitempty"`
 	// RanMark: a run recorded a step in the steps table (Finish.Ran).
 	RanMark bool `dynamodbav:"ran,omitempty"`
+	// Caller is the job whose run started this one as its child
+	// (handler.Invoke): its end is recorded in the caller's steps
+	// (ChildEnded) and wakes it.
+	Caller string `dynamodbav:"caller,omitempty"`
+	// ChildEnds counts the ends of this job's children recorded in its
+	// steps (ChildEnded): a run that begins a wait for children compares
+	// it with its claim's, so no end is missed between the two.
+	ChildEnds int `dynamodbav:"childEnds,omitempty"`
+	// AwaitEnd is the end (unix ms) of the wait for children the job
+	// sleeps in (Finish.AwaitChildren); 0 when it sleeps in none.
+	AwaitEnd int64 `dynamodbav:"awaitEnd,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's

@@ -58,6 +58,9 @@ const (
 	AttrReleased     = "released"    // string set: the parents that released it (Record.Released)
 	AttrByCheck      = "byCheck"     // true once the guard's check message claimed the job (Record.ByCheck)
 	AttrNonJob       = "nonJob"      // true on a record that keeps a message that was not a job (Record.NonJob)
+	AttrCaller       = "caller"      // the job that started this one as its child (Record.Caller)
+	AttrChildEnds    = "childEnds"   // ends of the job's children recorded in its steps (Record.ChildEnds)
+	AttrAwaitEnd     = "awaitEnd"    // unix ms: end of the wait for children the job sleeps in (Record.AwaitEnd)
 	AttrQueue        = "queue"       // the job's named queue, absent for the default one (Record.Queue)
 )
 

@@ -201,6 +201,11 @@ type Finish struct {
 	// which the record does not show: marked on the record (Record.RanMark)
 	// so that Ran reads the job as one that ran.
 	Ran bool
+	// AwaitChildren, with Deferred and RunAt, is a sleep in a wait for
+	// children (handler.Await): RunAt is kept as Record.AwaitEnd, which
+	// a child's end reads to wake the job (WaitingChildren). Any other
+	// finish removes it.
+	AwaitChildren bool
 }
 
 // Finish ends the run that claimed rec: one update, conditional on the
@@ -246,6 +251,7 @@ type finishShape struct {
 	expires, cutOff, dropDefers, slot, dropSlot bool
 	ticket, dropTicket, result, cancelled       bool
 	dropResult, dropReopen, ran                 bool
+	await, dropAwait                            bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -260,8 +266,10 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		dropResult: rec.Result != "" && (f.State != Succeeded || f.Result == ""),
 		dropReopen: rec.ReopenWaits && !f.Deferred, // a deferral ran nothing: the run to come opens the waits
 		ran:        f.Ran && !rec.RanMark,
+		await:      f.AwaitChildren && f.Deferred && !f.RunAt.IsZero(),
 	}
-	e := s.finishes.start(k, 20, 14, 512) // a Finish: up to 19 names, 13 values, about 480 bytes of update
+	k.dropAwait = rec.AwaitEnd != 0 && !k.await
+	e := s.finishes.start(k, 21, 15, 544) // a Finish: up to 20 names, 14 values, about 510 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
 	st := e.state(":st", f.State)
 	e.assign(AttrState, st)
@@ -307,6 +315,11 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 	if k.ran {
 		e.values[":ran"] = &types.AttributeValueMemberBOOL{Value: true}
 		e.assign(AttrRan, ":ran")
+	}
+	if k.await {
+		e.assign(AttrAwaitEnd, e.i(":awaitEnd", f.RunAt.UnixMilli()))
+	} else if k.dropAwait {
+		e.drop(AttrAwaitEnd)
 	}
 	switch {
 	case k.deferred: // the cut-offs stand
