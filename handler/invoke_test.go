@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
@@ -41,6 +42,7 @@ type invRig struct {
 	e      *nexjobtest.Env
 	h      *handler.Handler
 	ft     *faults.Transport
+	reg    *handler.Registry
 	mu     sync.Mutex
 	calls  map[string]int // "charge <order id>", "ship <n>"
 	labels map[string][]label
@@ -100,7 +102,7 @@ func newInvRig(t *testing.T) *invRig {
 		}
 		return label{Tracking: fmt.Sprintf("TRK-%d", j.Args.N)}, nil
 	}), nil)
-	r.h = r.e.Handler(t, reg, &handler.Options{Logger: quiet})
+	r.reg, r.h = reg, r.e.Handler(t, reg, &handler.Options{Logger: quiet})
 	return r
 }
 
@@ -315,5 +317,40 @@ func TestInvokeNames(t *testing.T) {
 		case !tc.ok && (rec.State != ledger.Failed || !errors.As(got, &se) || len(e.Scan(t)) != 1):
 			t.Errorf("name %q: parent %s, %v, %d records; want Failed by a *StepError and no child", tc.name, rec.State, got, len(e.Scan(t)))
 		}
+	}
+}
+
+// The cost of a child's end, from the child's wake to its caller's end
+// (pinned: docs/costs.md, docs/durable-jobs.md): the child's claim, steps
+// and end; its end in the caller's steps (a read, one transaction of two
+// items, a read); the caller's wake and send; the caller's claim, its
+// steps' Query and its end.
+func TestInvokeCosts(t *testing.T) {
+	t.Parallel()
+	r := newInvRig(t)
+	cfg := r.e.Cfg
+	meter := awstest.NewMeter(&cfg, r.e.DB).Queries()
+	r.e.Cfg = cfg
+	r.h = r.e.Handler(t, r.reg, &handler.Options{Logger: quiet})
+	id := enqueueOne(t, r.e.Client, orderJob{Items: 1, Mode: "slow"}, nil)
+	r.e.Drain(t, r.h) // the child asleep in "pack", the caller in its wait
+	meter.Reset()
+	r.e.Advance(t, 2*time.Hour+time.Minute)
+	r.e.Drain(t, r.h)
+	if rec := r.e.Get(t, id); rec.State != ledger.Succeeded {
+		t.Fatalf("caller %s (%s)", rec.State, rec.LastError)
+	}
+	calls := meter.Calls()
+	u := meter.Units()
+	t.Logf("child end to caller end: %d requests %v; %v", len(calls), calls, u)
+	if n := count(calls, "DynamoDB.TransactWriteItems"); n != 1 {
+		t.Errorf("%d transactions, want the child's end's one", n)
+	}
+	// The kit's send of the child's due message; the child's claim, Query
+	// and end (2 WU); its end in the caller (GetItem, the transaction's 2
+	// items at 2 WU each, GetItem); the wake (1 WU) and its send; the
+	// caller's claim, Query and end (2 WU).
+	if len(calls) != 12 || u.Write != 9 || u.Read != 4 || u.Sends != 2 {
+		t.Errorf("%d requests, %v; want 12 requests, 9 write units, 4 read units, 2 sends", len(calls), u)
 	}
 }
