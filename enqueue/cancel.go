@@ -10,6 +10,26 @@ import (
 	"github.com/nexjob/nexjob-aws/onetime"
 )
 
+// requestCompensation asks compensable job jobID, waiting, to stop and
+// compensate (ledger.Store.RequestCompensation) and sends it: a
+// *CancelRequestedError, as for a running job. A send that fails is
+// an error: the job is due, and a Cancel again sends it.
+func (c *Client) requestCompensation(ctx context.Context, jobID, reason string) (ledger.Record, error) {
+	rec, asked, err := c.store.RequestCompensation(ctx, jobID, reason)
+	if err != nil {
+		return ledger.Record{}, c.missing(err)
+	}
+	if !asked {
+		return rec, fmt.Errorf("nexjob: cancel job %s: it moved on (%s) while it was asked to compensate; try again", jobID, rec.State)
+	}
+	msg, _ := c.message(rec)
+	msg.RunAt = 0
+	if err := c.Send(ctx, msg, 0); err != nil {
+		return rec, fmt.Errorf("nexjob: cancel job %s: asked to compensate, not sent (Cancel again sends it): %w", jobID, err)
+	}
+	return rec, &CancelRequestedError{JobID: jobID}
+}
+
 // Cancel withdraws a job that has not started (Enqueued or Scheduled): its
 // record becomes Failed, marked Cancelled, with the reason (default
 // "cancelled by an operator") and kept for retention (0 keeps it until
@@ -26,6 +46,11 @@ import (
 //
 // The record is kept, not deleted, so the operator's decision is visible
 // and the key stays held as by any Failed job (RejectIfFailed refuses it).
+//
+// A job that declared compensations (handler.Compensate) is not
+// withdrawn while it waits: it is asked to stop and made due now (a
+// *CancelRequestedError); its next run runs the compensations and ends it
+// Failed, marked Cancelled.
 func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention time.Duration) (ledger.Record, error) {
 	if reason == "" {
 		reason = "cancelled by an operator"
@@ -45,6 +70,10 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 		rec, ok, err = c.store.Withdraw(ctx, jobID, reason, c.store.ExpiresAfter(retention))
 		if err != nil {
 			return ledger.Record{}, c.missing(err)
+		}
+		if !ok && rec.Compensable && (rec.State == ledger.Enqueued || rec.State == ledger.Scheduled) {
+			// It declared compensations: a run stops it and runs them.
+			return c.requestCompensation(ctx, jobID, reason)
 		}
 		if ok || rec.State != ledger.Processing {
 			break

@@ -57,13 +57,32 @@ func (s *steps) ran() bool {
 }
 
 // sleep notes that the run met e, and returns it.
-func (s *steps) sleep(e *sleepError) *sleepError {
+func (s *steps) sleep(e *sleepError) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.stopping() {
+		return s.stopRefusal() // asked to stop and compensate: it sleeps no more
+	}
 	if s.slept == nil {
 		s.slept = e
 	}
 	return e
+}
+
+// lookIfDue reads the record for a cancel or a newer claim (ledger's
+// Look) when CancelLook passed since the run last did: a step's own write
+// in the steps table cannot check the record. Not while compensating.
+// Called with s.mu held.
+func (s *steps) lookIfDue(ctx context.Context) error {
+	now := s.store.Now()
+	if now.Sub(s.looked) < ledger.CancelLook || s.compensating {
+		return nil
+	}
+	if err := s.store.Look(ctx, s.rec); err != nil {
+		return err
+	}
+	s.looked = now
+	return nil
 }
 
 // pending is the sleep the run met, nil if none.

@@ -65,6 +65,11 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 		h.log.WarnContext(ctx, "nexjob: the worker went on past a sleep or a wait without returning its error; the job sleeps as it asked (return the error of Sleep and WaitForSignal)", "job_id", rec.ID, "kind", rec.Kind, "step", p.name)
 		err, result = p, ""
 	}
+	if s := runOf(ctx).steps; err == nil && s.stopped {
+		// Asked to stop and compensate, it refused something new and
+		// the worker went on to return nil: it stopped all the same.
+		err = s.stopRefusal()
+	}
 	err = redact.Capped(err, ledger.MaxLastError)
 	var sleep *sleepError
 	if err != nil && !errors.As(err, &sleep) {
@@ -104,8 +109,10 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 	case errors.As(err, &perm):
 		h.runLog(ctx, slog.LevelWarn, "nexjob: job failed permanently", rec, start, slog.Any("err", err))
 		// An operator's cancel, seen at the next step's record, is marked
-		// as every cancel is (Record.Cancelled).
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error(), Cancelled: errors.Is(err, ledger.ErrCancelRequested)}, err)
+		// as every cancel is (Record.Cancelled). The compensations
+		// declared so far run first.
+		last := h.compensate(ctx, rec, err.Error())
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: last, Cancelled: errors.Is(err, ledger.ErrCancelRequested)}, err)
 	}
 	return h.failed(ctx, rec, err, h.backoffOf(e))
 }
@@ -128,7 +135,8 @@ func (h *Handler) failed(ctx context.Context, rec ledger.Record, err error, back
 	log := h.log.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt)
 	if rec.Attempt >= rec.MaxAttempts {
 		log.WarnContext(ctx, "nexjob: job failed, attempts exhausted", "err", err)
-		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: err.Error()}, err)
+		last := h.compensate(ctx, rec, err.Error()) // the compensations its run declared, if it ran
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: last}, err)
 	}
 	delay := backoff(rec.Attempt)
 	var after *RetryAfterError

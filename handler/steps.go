@@ -43,6 +43,12 @@ type steps struct {
 	off    *ledger.OffSteps
 	ranOff bool
 	looked time.Time
+	// comps are the compensations the run declared (Compensate); marked,
+	// it marked the record compensable; compensating, it runs them (their
+	// steps are no new work, and no look for a cancel); stopped, a run
+	// asked to stop and compensate refused something new (stopping).
+	comps                         []compensation
+	marked, compensating, stopped bool
 }
 
 func (s *steps) recorded(ctx context.Context, name string) (string, bool, error) {
@@ -76,13 +82,8 @@ func (s *steps) record(ctx context.Context, name, result string) (string, error)
 	if err := s.load(ctx); err != nil {
 		return "", err
 	}
-	if now := s.store.Now(); now.Sub(s.looked) >= ledger.CancelLook {
-		// A cancel, or a newer claim, is seen here: the step's own
-		// write cannot check the record.
-		if err := s.store.Look(ctx, s.rec); err != nil {
-			return "", err
-		}
-		s.looked = now
+	if err := s.lookIfDue(ctx); err != nil {
+		return "", err
 	}
 	// The write itself outside the lock: steps of other goroutines (Map's
 	// items) are written meanwhile, each counted here first.
@@ -189,6 +190,22 @@ func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(c
 	}
 	if err := context.Cause(ctx); err != nil {
 		return zero, err
+	}
+	if s.stopping() {
+		return zero, s.stopRefusal() // asked to stop and compensate: nothing new runs
+	}
+	if s.store.OffRecord(name) {
+		// A cancel asked since the run last looked is seen before fn is
+		// called, not only at its record.
+		s.mu.Lock()
+		err := s.lookIfDue(ctx)
+		s.mu.Unlock()
+		if err != nil {
+			if errors.Is(err, ledger.ErrCancelRequested) {
+				err = Permanent(err)
+			}
+			return zero, err
+		}
 	}
 	v, err := callStep(ctx, s, name, o, fn)
 	if err != nil {

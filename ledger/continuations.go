@@ -224,7 +224,8 @@ func (s *Store) requeue(ctx context.Context, id string, continuation bool, from 
 // key until the record is deleted or its retention ends.
 func (s *Store) Withdraw(ctx context.Context, id, reason string, expiresAt time.Time) (Record, bool, error) {
 	st := expression.Name(AttrState)
-	cond := isJob(id).And(st.Equal(expression.Value(Enqueued)).Or(st.Equal(expression.Value(Scheduled))))
+	cond := isJob(id).And(st.Equal(expression.Value(Enqueued)).Or(st.Equal(expression.Value(Scheduled)))).
+		And(expression.Name(AttrCompensable).AttributeNotExists()) // its cancel is a run that compensates (RequestCompensation)
 	upd := expression.Set(st, expression.Value(Failed)).Set(expression.Name(AttrCancelled), expression.Value(true))
 	return s.transition(ctx, id, cond, upd, Failed, reason, expiresAt)
 }

@@ -141,6 +141,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.ChildEnds = int(n)
 		case AttrAwaitEnd:
 			r.AwaitEnd, err = num(av)
+		case AttrCompensable:
+			r.Compensable, err = boolean(av)
 		}
 		if err != nil {
 			return Record{}, fmt.Errorf("attribute %q: %w", name, err)

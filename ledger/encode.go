@@ -69,6 +69,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.s(AttrCaller, r.Caller, true)
 	e.n(AttrChildEnds, int64(r.ChildEnds), true)
 	e.n(AttrAwaitEnd, r.AwaitEnd, true)
+	e.b(AttrCompensable, r.Compensable)
 	if len(r.Steps) > 0 {
 		m := make(map[string]types.AttributeValue, len(r.Steps))
 		for k, v := range r.Steps {

@@ -136,6 +136,10 @@ type Record struct {
 	// AwaitEnd is the end (unix ms) of the wait for children the job
 	// sleeps in (Finish.AwaitChildren); 0 when it sleeps in none.
 	AwaitEnd int64 `dynamodbav:"awaitEnd,omitempty"`
+	// Compensable: a run of the job declared a compensation
+	// (handler.Compensate): a cancel of it while it waits is a run that
+	// compensates (RequestCompensation), not a withdrawal.
+	Compensable bool `dynamodbav:"comp,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's

@@ -61,6 +61,7 @@ const (
 	AttrCaller       = "caller"      // the job that started this one as its child (Record.Caller)
 	AttrChildEnds    = "childEnds"   // ends of the job's children recorded in its steps (Record.ChildEnds)
 	AttrAwaitEnd     = "awaitEnd"    // unix ms: end of the wait for children the job sleeps in (Record.AwaitEnd)
+	AttrCompensable  = "comp"        // true once a run declared a compensation (Record.Compensable)
 	AttrQueue        = "queue"       // the job's named queue, absent for the default one (Record.Queue)
 )
 
