@@ -32,6 +32,7 @@ import (
 const (
 	envChild    = "ORDERS_KILL_CHILD"
 	envTable    = "ORDERS_KILL_TABLE"
+	envSteps    = "ORDERS_KILL_STEPS" // the steps table: the charge's refund is a compensation
 	envQueue    = "ORDERS_KILL_QUEUE"
 	envProvider = "ORDERS_KILL_PROVIDER"
 	envHeld     = "ORDERS_KILL_HELD"
@@ -81,7 +82,7 @@ func childWorker() {
 	}
 	reg := handler.NewRegistry()
 	orders.RegisterWith(reg, orders.Services{Provider: httpProvider{os.Getenv(envProvider)}, Orders: hangingOrders{os.Getenv(envHeld)}, Log: quietLog})
-	h, err := handler.New(cfg, os.Getenv(envTable), os.Getenv(envQueue), reg, &handler.Options{Logger: quietLog, Lease: time.Minute})
+	h, err := handler.New(cfg, os.Getenv(envTable), os.Getenv(envQueue), reg, &handler.Options{Logger: quietLog, Lease: time.Minute, Ledger: ledger.Options{StepsTable: os.Getenv(envSteps)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -113,7 +114,7 @@ func TestChargedOnceWhenTheWorkerIsKilled(t *testing.T) {
 	}
 	held := filepath.Join(t.TempDir(), "held")
 	child := exec.Command(os.Args[0], "-test.run=^$")
-	child.Env = append(os.Environ(), envChild+"=1", envTable+"="+e.Table, envQueue+"="+e.QueueURL, envProvider+"="+srv.URL, envHeld+"="+held)
+	child.Env = append(os.Environ(), envChild+"=1", envTable+"="+e.Table, envSteps+"="+e.StepsTable, envQueue+"="+e.QueueURL, envProvider+"="+srv.URL, envHeld+"="+held)
 	child.Stderr = os.Stderr
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
