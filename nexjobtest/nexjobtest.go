@@ -351,7 +351,7 @@ func (e *Env) drain(t testing.TB, h *handler.Handler, horizon time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("queue %s did not drain (no message handled for a minute, or %s in all; %d messages left)", e.QueueURL, DrainLimit, e.QueueDepth(t, e.QueueURL))
+	t.Fatalf("queue %s did not drain (no message handled for a minute, or %s in all; %d messages left); pending:\n%s", e.QueueURL, DrainLimit, e.QueueDepth(t, e.QueueURL), e.Pending(t))
 }
 
 // queueURLs are the job queue's URL and the named queues', in name order.

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
@@ -95,3 +97,80 @@ func (r *recorder) Helper()               {}
 func (r *recorder) Fatalf(string, ...any) { r.failed = true; runtimeGoexit() }
 
 func runtimeGoexit() { runtime.Goexit() }
+
+// RunToEnd: a durable job that sleeps a month, waits a year for a signal
+// that never comes (its timeout), invokes a child that retries after a
+// 10-minute backoff, and fails once after a 2-hour backoff, ends in one
+// call with no test sleep, and the steps are asserted on.
+func TestRunToEndAdvancesTimeByItself(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	reg := handler.NewRegistry()
+	childRuns := 0
+	handler.AddWorkerResult(reg, handler.ResultFunc[rteChild, int](func(ctx context.Context, j *handler.Job[rteChild]) (int, error) {
+		childRuns++
+		if j.Attempt == 1 {
+			return 0, errors.New("not yet")
+		}
+		return 7, nil
+	}), &handler.KindOptions{Backoff: func(int) time.Duration { return 10 * time.Minute }})
+	handler.AddWorker(reg, handler.WorkFunc[rteJob](func(ctx context.Context, j *handler.Job[rteJob]) error {
+		if err := handler.Sleep(ctx, "month", 30*24*time.Hour); err != nil {
+			return err
+		}
+		_, err := handler.WaitForSignal[string](ctx, "approval", 365*24*time.Hour)
+		var late *handler.SignalTimeoutError
+		if !errors.As(err, &late) {
+			return err
+		}
+		v, err := handler.Invoke[int](ctx, "child", rteChild{}, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := handler.Step(ctx, "done", func(context.Context) (int, error) { return v, nil }); err != nil {
+			return err
+		}
+		if j.Attempt == 1 {
+			return errors.New("once more")
+		}
+		return nil
+	}), &handler.KindOptions{Backoff: func(int) time.Duration { return 2 * time.Hour }})
+	h := e.Handler(t, reg, nil)
+	start := e.Now()
+	res, err := e.Client.Enqueue(context.Background(), rteJob{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := e.RunToEnd(t, h, res.ID)
+	if rec.State != ledger.Succeeded || rec.Attempt != 2 || rec.Steps["done"] != "7" || childRuns != 2 {
+		t.Fatalf("%s at attempt %d, steps %v, child ran %d times", rec.State, rec.Attempt, rec.Steps, childRuns)
+	}
+	if gone := e.Now().Sub(start); gone < 395*24*time.Hour {
+		t.Fatalf("the clock moved %s, less than the month, the year and the backoffs", gone)
+	}
+
+}
+
+type rteJob struct{}
+
+func (rteJob) Kind() string { return "rte-job" }
+
+type rteChild struct{}
+
+func (rteChild) Kind() string { return "rte-child" }
+
+// Pending names each job not ended: its id, kind, state and run time.
+func TestPendingNamesWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	res, err := e.Client.Enqueue(context.Background(), rteJob{}, &enqueue.Opts{Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := e.Pending(t)
+	for _, want := range []string{res.ID, "rte-job", "Scheduled", "(in 1h0m0s)", "attempt 0 of"} {
+		if !strings.Contains(got, want) {
+			t.Fatalf("Pending:\n%s\nwant %q in it", got, want)
+		}
+	}
+}
