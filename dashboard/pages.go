@@ -86,7 +86,7 @@ func (s *server) jobs(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) job(w http.ResponseWriter, r *http.Request) {
-	rec, err := s.a.Get(r.Context(), r.PathValue("id"))
+	rec, timeline, err := s.a.Timeline(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -95,6 +95,7 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 	rec.Result = rec.SucceededResult() // a requeued job's item may keep its run before's
 	v.Job, v.ShowArgs, v.History, v.Actions = rec, r.URL.Query().Get("args") == "1", history(rec), actions(rec)
 	v.ShowResult = r.URL.Query().Get("result") == "1"
+	v.Timeline, v.ShowSteps = timeline, r.URL.Query().Get("steps") == "1"
 	s.render(w, http.StatusOK, "job", v)
 }
 

@@ -32,6 +32,8 @@ type view struct {
 	ShowArgs     bool
 	ShowResult   bool
 	History      []event
+	Timeline     []admin.Event // a durable job's steps, waits, children, compensations (admin.Timeline)
+	ShowSteps    bool          // the timeline's values shown (?steps=1)
 	Actions      []string
 	Letters      []admin.DeadLetter
 	Schedules    []admin.ScheduledJob

@@ -1,10 +1,12 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -285,4 +287,50 @@ func (s *Store) WithSteps(ctx context.Context, rec Record) (Record, error) {
 	maps.Copy(all, rec.Steps)
 	rec.Steps = all
 	return rec, nil
+}
+
+// StepItem is one of a job's steps as an operator sees it (StepItems).
+type StepItem struct {
+	Name  string
+	Value string
+	At    int64  // unix ms it was written (0 for a step kept on the record: not kept)
+	Where string // "record" or "steps table"
+}
+
+// StepItems lists rec's job's steps, those on its record and those in the
+// steps table (its generation's, with when each was written), in the
+// order they were written as far as known (the record's, whose times are
+// not kept, last by name). A reader's view (the CLI's get, the
+// dashboard's job page): one Query per MB of the job's steps.
+func (s *Store) StepItems(ctx context.Context, rec Record) ([]StepItem, error) {
+	var out []StepItem
+	if s.steps != "" {
+		prefix := strconv.Itoa(rec.StepsGen) + "/"
+		key := expression.Key(AttrPK).Equal(expression.Value(rec.ID)).And(expression.Key(AttrStepKey).BeginsWith(prefix))
+		x, err := expression.NewBuilder().WithKeyCondition(key).Build()
+		if err != nil {
+			return nil, err
+		}
+		p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{
+			TableName: aws.String(s.steps), ConsistentRead: aws.Bool(true),
+			KeyConditionExpression: x.KeyCondition(), ExpressionAttributeNames: x.Names(), ExpressionAttributeValues: x.Values(),
+		})
+		for p.HasMorePages() {
+			page, err := p.NextPage(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
+			}
+			for _, it := range page.Items {
+				sk, _ := str(it[AttrStepKey])
+				v, _ := str(it[AttrStepValue])
+				at, _ := num(it[AttrStepAt])
+				out = append(out, StepItem{Name: strings.TrimPrefix(sk, prefix), Value: v, At: at, Where: "steps table"})
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b StepItem) int { return cmp.Compare(a.At, b.At) })
+	for _, name := range slices.Sorted(maps.Keys(rec.Steps)) {
+		out = append(out, StepItem{Name: name, Value: rec.Steps[name], Where: "record"})
+	}
+	return out, nil
 }

@@ -46,7 +46,7 @@ usage: nexjob COMMAND [flags] [args]
 
   list [STATE | --state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
                                       jobs in a state (default Failed), newest first
-  get ID [--show-args] [--show-result]
+  get ID [--show-args] [--show-result] [--show-steps]
                                       one job's record (args, result only when asked)
   holder KEY [--show-args]            the job that holds an idempotency key (as get prints it), or
                                       that none does: who blocks my enqueue?
@@ -126,6 +126,7 @@ type flags struct {
 	limit               int
 	showArgs, write     bool
 	showResult          bool
+	showSteps           bool
 	dashboard           string
 	allowRemote         bool
 	allowHosts          hostList
@@ -157,6 +158,7 @@ func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	fs.StringVar(&f.reason, "reason", "", "why (cancel)")
 	fs.BoolVar(&f.showArgs, "show-args", false, "print the job's args")
 	fs.BoolVar(&f.showResult, "show-result", false, "print the job's result")
+	fs.BoolVar(&f.showSteps, "show-steps", false, "print each step's value in the job's timeline (escaped, capped)")
 	fs.BoolVar(&f.write, "write", false, "allow the dashboard's write actions")
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8080", "the dashboard's address")
 	fs.StringVar(&f.dashboard, "dashboard", "", "after the demo, serve the dashboard on this address")
@@ -251,12 +253,12 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		if err := want(1); err != nil {
 			return err
 		}
-		return op.get(ctx, rest[0], f.showArgs, f.showResult)
+		return op.get(ctx, rest[0], show{args: f.showArgs, result: f.showResult, steps: f.showSteps})
 	case "holder":
 		if err := want(1); err != nil {
 			return err
 		}
-		return op.holder(ctx, rest[0], f.showArgs, f.showResult)
+		return op.holder(ctx, rest[0], show{args: f.showArgs, result: f.showResult, steps: f.showSteps})
 	case "stats":
 		return op.stats(ctx)
 	case "schedules":

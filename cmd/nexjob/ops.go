@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -142,8 +143,13 @@ func oneLine(s string, max int) string {
 	return clean(s)
 }
 
-func (o *ops) get(ctx context.Context, id string, showArgs, showResult bool) error {
-	rec, err := o.a.Get(ctx, id)
+// show says what get prints of a job's data: its args, its result, its
+// steps' values (none by default: they are the users').
+type show struct{ args, result, steps bool }
+
+func (o *ops) get(ctx context.Context, id string, sh show) error {
+	showArgs, showResult := sh.args, sh.result
+	rec, timeline, err := o.a.Timeline(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -203,12 +209,30 @@ func (o *ops) get(ctx context.Context, id string, showArgs, showResult bool) err
 	default:
 		row("result", fmt.Sprintf("%d bytes (--show-result prints it)", len(result)))
 	}
+	// The durable timeline: steps, sleeps, waits, signals, children,
+	// compensations, in the order written (the record's own, whose times
+	// are not kept, last).
+	for i, ev := range timeline {
+		when := "-"
+		if ev.At != 0 {
+			when = at(ev.At)
+		}
+		what := ev.What
+		if sh.steps {
+			what += " = " + oneLine(strconv.Quote(ev.Value), 200)
+		}
+		label := ""
+		if i == 0 {
+			label = "timeline"
+		}
+		fmt.Fprintf(tw, "%s\t%s  %s\n", label, clean(when), clean(what))
+	}
 	return tw.Flush()
 }
 
 // holder prints the job holding key (get), or says that none does. The
 // key itself is never printed: its hash is, as on the job's page.
-func (o *ops) holder(ctx context.Context, key string, showArgs, showResult bool) error {
+func (o *ops) holder(ctx context.Context, key string, sh show) error {
 	rec, err := o.a.Holder(ctx, key)
 	if errors.Is(err, ledger.ErrNotFound) {
 		// Not the key's hash: printed for any string, it was the key
@@ -219,7 +243,7 @@ func (o *ops) holder(ctx context.Context, key string, showArgs, showResult bool)
 	if err != nil {
 		return err
 	}
-	return o.get(ctx, rec.ID, showArgs, showResult)
+	return o.get(ctx, rec.ID, sh)
 }
 
 func (o *ops) stats(ctx context.Context) error {
