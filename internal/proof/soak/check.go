@@ -179,7 +179,7 @@ func check(ctx context.Context, env Env, cl *enqueue.Client, led *ledgerOf, rs r
 		f.killedAt[k.pid] = k.at
 	}
 	for i, r := range recs {
-		if r.Kind == (Durable{}).Kind() {
+		if r.Kind == (Durable{}).Kind() || r.Kind == (Invoker{}).Kind() {
 			// Its steps whole: those in the steps table too.
 			if recs[i], err = st.WithSteps(ctx, r); err != nil {
 				return []string{"read the steps of " + r.ID + ": " + err.Error()}
@@ -215,7 +215,7 @@ func (f *facts) parentDeleted(r *result) bool {
 // checkRecords: no call of the mix was refused as bad input; every job a
 // producer was given has its record (a replaced recurring firing's is
 // gone by design: its run is checked instead); no record appears that no
-// call could have made.
+// call could have made (a child job's caller's run made it).
 func checkRecords(_ context.Context, f *facts) []string {
 	var bad []string
 	// The mix makes no bad input: a refusal as such is the soak's own bug
@@ -243,7 +243,10 @@ func checkRecords(_ context.Context, f *facts) []string {
 		}
 	}
 	extra := 0
-	for id := range f.byID {
+	for id, rec := range f.byID {
+		if _, caller := f.byID[rec.Caller]; rec.Caller != "" && caller {
+			continue // a child job: its caller's run made it (checker children)
+		}
 		if f.led.results[id] == nil {
 			extra++
 		}
@@ -373,6 +376,16 @@ func checkEnds(_ context.Context, f *facts) []string {
 			refused := rec.State == ledger.Failed && (strings.Contains(rec.LastError, "longer than the longest") || f.orphaned(rec))
 			if waited || rec.State == ledger.Succeeded || rec.State == ledger.Expired && len(jr) > 0 || rec.State == ledger.Failed && !refused {
 				bad = append(bad, f.fail(rec.ID, "a durable job waiting two years ended %s (%q) after %d runs, its wait recorded %v; want Failed at once, refused", rec.State, rec.LastError, len(jr), waited))
+			}
+		case rec.Kind == (Invoker{}).Kind() && strings.Contains(rec.LastError, "soak: a child failed"):
+			// A child failed: it fails for good, and compensates (checker children).
+			if rec.State != ledger.Failed {
+				bad = append(bad, f.fail(rec.ID, "an invoker whose child failed ended %s", rec.State))
+			}
+		case rec.Kind == (Kid{}).Kind() && kidFails(rec):
+			// A child made to fail: Failed at its first run, for good.
+			if rec.State != ledger.Failed || !strings.Contains(rec.LastError, "soak: kid fails") && !f.orphaned(rec) {
+				bad = append(bad, f.fail(rec.ID, "a failing child ended %s (%q)", rec.State, rec.LastError))
 			}
 		case rec.State == ledger.Expired:
 			if r := f.led.results[rec.ID]; r == nil || !r.mayExpire {

@@ -70,8 +70,8 @@ func checkDurable(ctx context.Context, f *facts) []string {
 				bad = append(bad, f.fail(id, "step %q ran again (pid %d) %s after its result %s was recorded", l.name, l.pid, time.Duration(l.at-first[l.name]), got[l.name]))
 			}
 		}
-		if !kept {
-			continue // its record is gone (nothing removes a Durable job's record before quiet: checkRecords says so)
+		if !kept || rec.Kind != (Durable{}).Kind() {
+			continue // its record is gone (nothing removes a Durable job's record before quiet: checkRecords says so), or an Invoker's (checker children)
 		}
 		sfx := durableArgs(rec).Sfx // the record's steps are named with it, the logs without
 		for name, v := range got {

@@ -61,6 +61,37 @@ type (
 	}
 )
 
+// Invoker is a job that starts Kids children (Kid, named "kid<i>"+Sfx),
+// declares a compensation ("undo"+Sfx, logged as the step "undo" when it
+// runs), awaits them all (handler.AwaitAll) and records the sum of their
+// results and the count of those that failed as its step "sum" and its
+// result (InvokerResult); a child that failed fails it for good, so its
+// compensation runs. Checker `children`. Kid Fail fails for good.
+type Invoker struct {
+	N, Kids int
+	Fail    []int  `json:",omitempty"` // the kids that fail
+	Sfx     string `json:",omitempty"`
+}
+
+// Kid is an Invoker's child: its result is I*10, or a permanent failure.
+type Kid struct {
+	N, I int
+	Fail bool `json:",omitempty"`
+}
+
+// InvokerResult is what an Invoker read of its children.
+type InvokerResult struct{ Sum, Failed, TimedOut int }
+
+// KidWait is how long an Invoker waits for its children: short, as
+// DurableWait, because the wait's message hops until its end even once
+// the children woke the job (the soak's quiet waits for it), so a
+// backlog times some out (their timeouts take their places: checker
+// children).
+const KidWait = 30 * time.Second
+
+func (Invoker) Kind() string { return "soak.invoker" }
+func (Kid) Kind() string     { return "soak.kid" }
+
 // DurableSuffixes are the Durable jobs' name endings: every shape a path
 // parser trips on, unicode, and the longest a wait's signal name can be.
 var DurableSuffixes = []string{"", ".v2", "[0]", "a.b[1].c", "..", "]x[", "é.ü[ß]", "%2E", strings.Repeat("x.", 50)}
@@ -213,7 +244,97 @@ func Registry(l *RunLog) *handler.Registry {
 		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
 		return res, err
 	}), &handler.KindOptions{Backoff: fast})
+	handler.AddWorkerResult(reg, handler.ResultFunc[Invoker, InvokerResult](func(ctx context.Context, j *handler.Job[Invoker]) (InvokerResult, error) {
+		l.line("start %s %d %d %d", j.ID, j.Attempt, time.Now().UnixNano(), l.pid)
+		res, err := invoker(ctx, l, j)
+		outcome := "ok"
+		switch {
+		case handler.IsSleep(err):
+			outcome = "sleep"
+		case err != nil:
+			outcome = "err"
+		}
+		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
+		return res, err
+	}), &handler.KindOptions{Backoff: fast})
+	handler.AddWorkerResult(reg, handler.ResultFunc[Kid, int](func(ctx context.Context, j *handler.Job[Kid]) (int, error) {
+		l.line("start %s %d %d %d", j.ID, j.Attempt, time.Now().UnixNano(), l.pid)
+		var err error
+		if j.Args.Fail {
+			err = handler.Permanent(errors.New("soak: kid fails"))
+		}
+		outcome := "ok"
+		if err != nil {
+			outcome = "err"
+		}
+		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
+		return j.Args.I * 10, err
+	}), &handler.KindOptions{Backoff: fast})
 	return reg
+}
+
+// invoker is an Invoker job's run.
+func invoker(ctx context.Context, l *RunLog, j *handler.Job[Invoker]) (InvokerResult, error) {
+	var r InvokerResult
+	failing := map[int]bool{}
+	for _, i := range j.Args.Fail {
+		failing[i] = true
+	}
+	kids := make([]handler.Child, j.Args.Kids)
+	for i := range kids {
+		c, err := handler.InvokeAsync(ctx, fmt.Sprintf("kid%d%s", i, j.Args.Sfx), Kid{N: j.Args.N, I: i, Fail: failing[i]}, nil)
+		if err != nil {
+			return r, err
+		}
+		kids[i] = c
+	}
+	if err := handler.Compensate(ctx, "undo"+j.Args.Sfx, func(context.Context) error {
+		l.line("step %s undo 1 %d %d", j.ID, time.Now().UnixNano(), l.pid)
+		return nil
+	}); err != nil {
+		return r, err
+	}
+	got, err := handler.AwaitAll[int](ctx, kids, KidWait)
+	if handler.IsSleep(err) {
+		return r, err
+	}
+	for i, v := range got {
+		r.Sum += v
+		var failed *handler.ChildFailedError
+		var late *handler.ChildTimeoutError
+		switch {
+		case err == nil:
+		case errors.As(childErr(err, kids[i]), &failed):
+			r.Failed++
+		case errors.As(childErr(err, kids[i]), &late):
+			r.TimedOut++
+		}
+	}
+	// What the run read, as one number (the checker compares it with the
+	// children's records): sum×10,000 + failed×100 + timed out.
+	if _, err := loggedStep(ctx, l, j.ID, "sum", "", func() int { return r.Sum*10_000 + r.Failed*100 + r.TimedOut }); err != nil {
+		return r, err
+	}
+	if r.Failed > 0 {
+		return r, handler.Permanent(errors.New("soak: a child failed")) // its compensation runs
+	}
+	return r, nil
+}
+
+// childErr is the error of child c in AwaitAll's err, nil if none.
+func childErr(err error, c handler.Child) error {
+	var all *handler.ChildrenError
+	if !errors.As(err, &all) {
+		return nil
+	}
+	for _, e := range all.Errs {
+		var failed *handler.ChildFailedError
+		var late *handler.ChildTimeoutError
+		if errors.As(e, &failed) && failed.Child.ID == c.ID || errors.As(e, &late) && late.Child.ID == c.ID {
+			return e
+		}
+	}
+	return nil
 }
 
 // durable is a Durable job's run.

@@ -91,6 +91,8 @@ func (l *ledgerOf) flow() map[string]int {
 			n["on "+r.queue]++
 		case r.kind == (Durable{}).Kind() && r.created:
 			n["durable"]++
+		case r.kind == (Invoker{}).Kind() && r.created:
+			n["invokers"]++
 		case r.kind == (Limited{}).Kind() || r.kind == (Throttled{}).Kind() || r.kind == (Keyed{}).Kind():
 			n[strings.TrimPrefix(r.kind, "soak.")]++
 		}
@@ -191,8 +193,8 @@ func (p *producer) run(ctx context.Context, n int) {
 			p.one(ctx, kind, &enqueue.Opts{IdempotencyKey: key, DuplicatePolicy: policies[p.rng.IntN(3)], MaxAttempts: 3})
 		case x < 0.42: // durable: a step, a sleep, a signal and a result
 			p.durable(ctx)
-		case x < 0.44:
-			p.one(ctx, "soak.ok", nil)
+		case x < 0.44: // a job that starts children, awaits them all, and compensates when one failed
+			p.invoker(ctx)
 		case x < 0.46: // a key function that panics for some (a team's bug): those fail, never run
 			p.one(ctx, "soak.keyed", &enqueue.Opts{MaxAttempts: 2})
 		case x < 0.50 && p.bulk: // on the named queue: a doomed or flaky job's retries and hook stay there
@@ -252,6 +254,23 @@ func (p *producer) one(ctx context.Context, kind string, o *enqueue.Opts) {
 	}
 	r.at = time.Now()
 	res, err := p.c.Enqueue(ctx, a, o)
+	r.done = time.Now()
+	p.led.add(record(r, res, err))
+}
+
+// invoker enqueues an Invoker job of 1 to 4 children, one in five of
+// them failing, the children's names ending in one of DurableSuffixes.
+func (p *producer) invoker(ctx context.Context) {
+	p.seq++
+	a := Invoker{N: p.id*1_000_000 + p.seq, Kids: 1 + p.rng.IntN(4), Sfx: DurableSuffixes[p.rng.IntN(len(DurableSuffixes))]}
+	for i := range a.Kids {
+		if p.rng.IntN(5) == 0 {
+			a.Fail = append(a.Fail, i)
+		}
+	}
+	r := &result{call: "enqueue", kind: a.Kind()}
+	r.at = time.Now()
+	res, err := p.c.Enqueue(ctx, a, &enqueue.Opts{MaxAttempts: 4})
 	r.done = time.Now()
 	p.led.add(record(r, res, err))
 }

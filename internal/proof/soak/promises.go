@@ -19,6 +19,7 @@ var Checkers = map[string]checker{
 	"firings":     checkFirings,
 	"listing":     checkListing,
 	"durable":     checkDurable,
+	"children":    checkChildren,
 	"flows":       checkFlows,
 	"calls":       checkCalls,
 }
