@@ -169,37 +169,18 @@ func (s *Store) LoadSteps(ctx context.Context, rec Record) (OffSteps, error) {
 	if s.steps == "" {
 		return out, nil
 	}
-	prefix := strconv.Itoa(rec.StepsGen) + "/"
-	key := expression.Key(AttrPK).Equal(expression.Value(rec.ID)).And(expression.Key(AttrStepKey).BeginsWith(prefix))
-	x, err := expression.NewBuilder().WithKeyCondition(key).Build()
-	if err != nil {
-		return out, err
-	}
 	renewBefore := s.now().Add(StepLife - 366*24*time.Hour).Unix()
 	var renew []string
-	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{
-		TableName: aws.String(s.steps), ConsistentRead: aws.Bool(true),
-		KeyConditionExpression: x.KeyCondition(), ExpressionAttributeNames: x.Names(), ExpressionAttributeValues: x.Values(),
+	err := s.querySteps(ctx, rec, func(name, v string, it map[string]types.AttributeValue) {
+		out.Values[name] = v
+		out.Count++
+		out.Bytes += len(v)
+		if exp, err := num(it[AttrExpiresAt]); err == nil && exp < renewBefore {
+			renew = append(renew, name)
+		}
 	})
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
-		if err != nil {
-			return OffSteps{}, fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
-		}
-		for _, it := range page.Items {
-			sk, err1 := str(it[AttrStepKey])
-			v, err2 := str(it[AttrStepValue])
-			if err := errors.Join(err1, err2); err != nil {
-				return OffSteps{}, fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
-			}
-			name := strings.TrimPrefix(sk, prefix)
-			out.Values[name] = v
-			out.Count++
-			out.Bytes += len(v)
-			if exp, err := num(it[AttrExpiresAt]); err == nil && exp < renewBefore {
-				renew = append(renew, name)
-			}
-		}
+	if err != nil {
+		return OffSteps{}, err
 	}
 	for _, name := range renew {
 		exp := strconv.FormatInt(s.now().Add(StepLife).Unix(), 10)
@@ -214,6 +195,36 @@ func (s *Store) LoadSteps(ctx context.Context, rec Record) (OffSteps, error) {
 		}
 	}
 	return out, nil
+}
+
+// querySteps reads rec's job's step items of its generation (one strongly
+// consistent Query per MB) and calls fn with each one's name and value.
+func (s *Store) querySteps(ctx context.Context, rec Record, fn func(name, value string, item map[string]types.AttributeValue)) error {
+	prefix := strconv.Itoa(rec.StepsGen) + "/"
+	key := expression.Key(AttrPK).Equal(expression.Value(rec.ID)).And(expression.Key(AttrStepKey).BeginsWith(prefix))
+	x, err := expression.NewBuilder().WithKeyCondition(key).Build()
+	if err != nil {
+		return err
+	}
+	p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{
+		TableName: aws.String(s.steps), ConsistentRead: aws.Bool(true),
+		KeyConditionExpression: x.KeyCondition(), ExpressionAttributeNames: x.Names(), ExpressionAttributeValues: x.Values(),
+	})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
+		}
+		for _, it := range page.Items {
+			sk, err1 := str(it[AttrStepKey])
+			v, err2 := str(it[AttrStepValue])
+			if err := errors.Join(err1, err2); err != nil {
+				return fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
+			}
+			fn(strings.TrimPrefix(sk, prefix), v, it)
+		}
+	}
+	return nil
 }
 
 // isConditionFailed reports whether err is a failed condition.
@@ -305,27 +316,12 @@ type StepItem struct {
 func (s *Store) StepItems(ctx context.Context, rec Record) ([]StepItem, error) {
 	var out []StepItem
 	if s.steps != "" {
-		prefix := strconv.Itoa(rec.StepsGen) + "/"
-		key := expression.Key(AttrPK).Equal(expression.Value(rec.ID)).And(expression.Key(AttrStepKey).BeginsWith(prefix))
-		x, err := expression.NewBuilder().WithKeyCondition(key).Build()
+		err := s.querySteps(ctx, rec, func(name, v string, it map[string]types.AttributeValue) {
+			at, _ := num(it[AttrStepAt])
+			out = append(out, StepItem{Name: name, Value: v, At: at, Where: "steps table"})
+		})
 		if err != nil {
 			return nil, err
-		}
-		p := dynamodb.NewQueryPaginator(s.db, &dynamodb.QueryInput{
-			TableName: aws.String(s.steps), ConsistentRead: aws.Bool(true),
-			KeyConditionExpression: x.KeyCondition(), ExpressionAttributeNames: x.Names(), ExpressionAttributeValues: x.Values(),
-		})
-		for p.HasMorePages() {
-			page, err := p.NextPage(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
-			}
-			for _, it := range page.Items {
-				sk, _ := str(it[AttrStepKey])
-				v, _ := str(it[AttrStepValue])
-				at, _ := num(it[AttrStepAt])
-				out = append(out, StepItem{Name: strings.TrimPrefix(sk, prefix), Value: v, At: at, Where: "steps table"})
-			}
 		}
 	}
 	slices.SortStableFunc(out, func(a, b StepItem) int { return cmp.Compare(a.At, b.At) })

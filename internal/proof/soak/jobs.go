@@ -181,6 +181,24 @@ func logged[T interface{ Kind() string }](l *RunLog, work func(context.Context, 
 	}
 }
 
+// loggedResult is logged for a worker with a result: its start and end
+// lines, a durable sleep's end logged as "sleep" (no attempt spent).
+func loggedResult[T interface{ Kind() string }, R any](l *RunLog, work func(context.Context, *RunLog, *handler.Job[T]) (R, error)) handler.ResultFunc[T, R] {
+	return func(ctx context.Context, j *handler.Job[T]) (R, error) {
+		l.line("start %s %d %d %d", j.ID, j.Attempt, time.Now().UnixNano(), l.pid)
+		res, err := work(ctx, l, j)
+		outcome := "ok"
+		switch {
+		case handler.IsSleep(err):
+			outcome = "sleep" // no attempt spent
+		case err != nil:
+			outcome = "err"
+		}
+		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
+		return res, err
+	}
+}
+
 // Registry is the kinds' registry every soak worker runs, logging to l.
 func Registry(l *RunLog) *handler.Registry {
 	reg := handler.NewRegistry()
@@ -231,44 +249,13 @@ func Registry(l *RunLog) *handler.Registry {
 		}), Limit: 3, MaxBackoff: time.Second, // waiters that look again by themselves too
 	}})
 	handler.AddWorker(reg, logged(l, func(context.Context, *handler.Job[Fired]) error { return nil }), &handler.KindOptions{Backoff: fast})
-	handler.AddWorkerResult(reg, handler.ResultFunc[Durable, DurableResult](func(ctx context.Context, j *handler.Job[Durable]) (DurableResult, error) {
-		l.line("start %s %d %d %d", j.ID, j.Attempt, time.Now().UnixNano(), l.pid)
-		res, err := durable(ctx, l, j)
-		outcome := "ok"
-		switch {
-		case handler.IsSleep(err):
-			outcome = "sleep" // no attempt spent
-		case err != nil:
-			outcome = "err"
-		}
-		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
-		return res, err
-	}), &handler.KindOptions{Backoff: fast})
-	handler.AddWorkerResult(reg, handler.ResultFunc[Invoker, InvokerResult](func(ctx context.Context, j *handler.Job[Invoker]) (InvokerResult, error) {
-		l.line("start %s %d %d %d", j.ID, j.Attempt, time.Now().UnixNano(), l.pid)
-		res, err := invoker(ctx, l, j)
-		outcome := "ok"
-		switch {
-		case handler.IsSleep(err):
-			outcome = "sleep"
-		case err != nil:
-			outcome = "err"
-		}
-		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
-		return res, err
-	}), &handler.KindOptions{Backoff: fast})
-	handler.AddWorkerResult(reg, handler.ResultFunc[Kid, int](func(ctx context.Context, j *handler.Job[Kid]) (int, error) {
-		l.line("start %s %d %d %d", j.ID, j.Attempt, time.Now().UnixNano(), l.pid)
-		var err error
+	handler.AddWorkerResult(reg, loggedResult(l, durable), &handler.KindOptions{Backoff: fast})
+	handler.AddWorkerResult(reg, loggedResult(l, invoker), &handler.KindOptions{Backoff: fast})
+	handler.AddWorkerResult(reg, loggedResult(l, func(_ context.Context, _ *RunLog, j *handler.Job[Kid]) (int, error) {
 		if j.Args.Fail {
-			err = handler.Permanent(errors.New("soak: kid fails"))
+			return 0, handler.Permanent(errors.New("soak: kid fails"))
 		}
-		outcome := "ok"
-		if err != nil {
-			outcome = "err"
-		}
-		l.line("end %s %d %d %d %s", j.ID, j.Attempt, time.Now().UnixNano(), l.pid, outcome)
-		return j.Args.I * 10, err
+		return j.Args.I * 10, nil
 	}), &handler.KindOptions{Backoff: fast})
 	return reg
 }
