@@ -73,6 +73,8 @@ bench: ## ours vs the bare SDK (the four ratios), then the emulator benchmarks
 	set -o pipefail; $(EMU) $(GO) test -run '^$$' -bench 'RatioEnqueue(Throughput|Many)$$' -benchtime 1s -benchmem ./enqueue/ | tee -a build/bench.txt
 	@echo; echo "ours / bare SDK, per operation:"; grep -E '^ratio|jobs/s' build/bench.txt
 	$(EMU) $(GO) test -run '^$$' -bench 'Enqueue$$' -benchtime 200x ./enqueue/
+	$(EMU) $(GO) test -run '^$$' -bench 'StepVsPutItem' -benchtime 300x ./handler/
+	$(EMU) $(GO) test -run '^$$' -bench 'DurableJobSteps' -benchtime 1x -timeout 60m ./handler/
 
 # The long chaos soak (internal/proof/soak): JOBS jobs under every fault at once,
 # a fresh seed unless SEED= replays one. make test runs the short soak

@@ -103,10 +103,16 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	// job's children). So the schedule stays when they could not all be
 	// ended: it is the only message that names the job.
 	err = c.CancelContinuations(ctx, rec, "", retention)
-	// A child tells its caller it ended; a caller takes the children it
-	// started and that still go with it (CancelChildren).
+	// A child tells its caller it ended: its message, sent now, has the
+	// worker record the end in the caller and wake it (an operator's
+	// role writes no steps). A caller takes the children it started and
+	// that still go with it (CancelChildren).
 	if rec.Caller != "" {
-		err = errors.Join(err, c.ChildEnded(ctx, rec))
+		msg, _ := c.message(rec)
+		msg.RunAt = 0
+		if serr := c.Send(ctx, msg, 0); serr != nil {
+			err = errors.Join(err, fmt.Errorf("nexjob: cancel job %s: its caller %s is told when its message comes: %w", rec.ID, rec.Caller, serr))
+		}
 	}
 	err = errors.Join(err, c.CancelChildren(ctx, rec, retention))
 	if err == nil && ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {

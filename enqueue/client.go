@@ -9,6 +9,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
 	"github.com/nexjob/nexjob-aws/internal/kinds"
@@ -211,6 +212,11 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	}
 	if o.MaxDelay <= 0 || o.MaxDelay > MaxSQSDelay {
 		o.MaxDelay = MaxSQSDelay
+	}
+	if o.Ledger.BlobBucket != "" && o.Ledger.Blobs == nil {
+		o.Ledger.Blobs = s3.NewFromConfig(cfg, func(so *s3.Options) {
+			so.UsePathStyle = cfg.BaseEndpoint != nil // an emulator's endpoint: no bucket in the host name
+		})
 	}
 	store, err := ledger.New(o.DynamoDB, table, &o.Ledger)
 	if err != nil {

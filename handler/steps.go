@@ -88,7 +88,7 @@ func (s *steps) record(ctx context.Context, name, result string) (string, error)
 	// The write itself outside the lock: steps of other goroutines (Map's
 	// items) are written meanwhile, each counted here first.
 	have := ledger.OffSteps{Count: s.off.Count, Bytes: s.off.Bytes}
-	if err := ledger.CheckOffStep(have, name, result); err != nil {
+	if err := s.store.CheckOffStep(have, name, result); err != nil {
 		return "", err
 	}
 	s.off.Count++

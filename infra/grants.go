@@ -100,6 +100,7 @@ var OperatorAttributes = []string{
 	ledger.AttrNonce, ledger.AttrNonce1, ledger.AttrNonce2,
 	ledger.AttrParentID, ledger.AttrParents, ledger.AttrChildren, ledger.AttrReleased,
 	ledger.AttrKeyHash, ledger.AttrNonJob, ledger.AttrReopenWaits,
+	ledger.AttrCompensable, // named in Cancel's condition: a compensable job is asked, not withdrawn
 }
 
 // SignalAttributes are the only attributes GrantSignal's UpdateItem may
@@ -215,4 +216,12 @@ func (q *JobQueue) deadLetterQueues() []awssqs.Queue {
 		dlqs = append(dlqs, q.NamedQueues[name].DeadLetterQueue)
 	}
 	return dlqs
+}
+
+// grantBlobs grants actions on the blob bucket's step objects alone (no
+// list, no delete: the lifecycle removes them).
+func (q *JobQueue) grantBlobs(grantee awsiam.IGrantable, actions ...string) {
+	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
+		Grantee: grantee, Actions: jsii.Strings(actions...), ResourceArns: jsii.Strings(*q.Blobs.ArnForObjects(jsii.String("steps/*"))),
+	})
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awss3"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsscheduler"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awssqs"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsssm"
@@ -58,7 +59,12 @@ type JobQueue struct {
 	// Steps is the steps table (ledger.Options.StepsTable): each of a
 	// durable job's steps an item, written by the worker, read by the
 	// worker and the readers (the CLI's get, the dashboard).
-	Steps              awsdynamodb.Table
+	Steps awsdynamodb.Table
+	// Blobs is the blob bucket (ledger.Options.BlobBucket): step values
+	// over 256 KB as objects, encrypted, never public, TLS only, expired
+	// by a lifecycle rule as the steps' items are (ledger.StepLife);
+	// written and read by the worker, read by the readers.
+	Blobs              awss3.Bucket
 	Queue              awssqs.Queue
 	DeadLetterQueue    awssqs.Queue
 	Worker             awslambda.Function
@@ -164,6 +170,16 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		},
 		RemovalPolicy: p.RemovalPolicy,
 	})
+	q.Blobs = awss3.NewBucket(c, jsii.String("Blobs"), &awss3.BucketProps{
+		Encryption:        awss3.BucketEncryption_S3_MANAGED,
+		BlockPublicAccess: awss3.BlockPublicAccess_BLOCK_ALL(),
+		EnforceSSL:        jsii.Bool(true),
+		LifecycleRules: &[]*awss3.LifecycleRule{{
+			Id: jsii.String("steps-expire"), Prefix: jsii.String("steps/"),
+			Expiration: awscdk.Duration_Days(jsii.Number(ledger.StepLife.Hours()/24 + 1)),
+		}},
+		RemovalPolicy: p.RemovalPolicy,
+	})
 	// Only what a listing shows: an index write is one write unit
 	// whatever a job's args weigh (ledger.IndexProjection).
 	q.Table.AddGlobalSecondaryIndex(&awsdynamodb.GlobalSecondaryIndexProps{
@@ -197,6 +213,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		settings.EnvIndexAllStates: jsii.String(strconv.FormatBool(*p.IndexAllStates)),
 		settings.EnvIndexShards:    jsii.String(strconv.Itoa(int(*p.IndexShards))),
 		settings.EnvStepsTable:     q.Steps.TableName(),
+		settings.EnvBlobBucket:     q.Blobs.BucketName(),
 	}
 	if p.KeySecretParameter != nil {
 		env[settings.EnvKeySecretParameter] = p.KeySecretParameter
@@ -233,6 +250,8 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	q.Table.Grant(q.Worker, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:UpdateItem"), jsii.String("dynamodb:DeleteItem"))
 	// Its steps: written once (PutItem), read back (Query), kept (UpdateItem of the expiry).
 	q.Steps.Grant(q.Worker, jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:UpdateItem"))
+	// Large step values: written once, read back (no delete, no list).
+	q.grantBlobs(q.Worker, "s3:PutObject", "s3:GetObject")
 	q.grantQueues(q.Worker, "sqs:SendMessage", "sqs:ChangeMessageVisibility")
 	q.DeadLetterQueue.Grant(q.Worker, jsii.String("sqs:SendMessage"))
 	q.Worker.AddEventSource(awslambdaeventsources.NewSqsEventSource(q.Queue, &awslambdaeventsources.SqsEventSourceProps{

@@ -89,7 +89,7 @@ func allOptions(t *testing.T, param string) map[string]any {
 // role in the template, on the resource it called it on. The guard was
 // given the key secret's parameter but not the grant, and died at start.
 func TestEveryRoleStartsWithItsGrants(t *testing.T) {
-	e := nexjobtest.New(t, nil)
+	e := nexjobtest.New(t, &nexjobtest.Options{BlobBucket: true})
 	param := "/nexjob/" + e.Table + "/key-secret"
 	if _, err := ssm.NewFromConfig(e.Cfg).PutParameter(context.Background(), &ssm.PutParameterInput{
 		Name: aws.String(param), Value: aws.String("s3cret-key-material"), Type: ssmtypes.ParameterTypeSecureString,
@@ -169,6 +169,8 @@ func resolve(t *testing.T, e *nexjobtest.Env, name string, v any) string {
 		return e.Table
 	case settings.EnvStepsTable:
 		return e.StepsTable
+	case settings.EnvBlobBucket:
+		return e.BlobBucket
 	case settings.EnvQueueURL:
 		return e.QueueURL
 	case settings.EnvDLQURL:

@@ -103,13 +103,29 @@ type OffSteps struct {
 }
 
 // CheckOffStep says whether step name with result may be added to a job
-// that holds have in the steps table (nil: it may).
+// that holds have in the steps table (nil: it may), without a blob bucket.
 func CheckOffStep(have OffSteps, name, result string) error {
+	return checkOffStep(have, name, result, MaxStepValueBytes)
+}
+
+// CheckOffStep is the package's CheckOffStep for this store: a value up
+// to MaxBlobStepBytes with a blob bucket (Options.BlobBucket).
+func (s *Store) CheckOffStep(have OffSteps, name, result string) error {
+	most := MaxStepValueBytes
+	if s.bucket != "" {
+		most = MaxBlobStepBytes
+	}
+	return checkOffStep(have, name, result, most)
+}
+
+func checkOffStep(have OffSteps, name, result string, most int) error {
 	switch {
 	case name == "" || len(name) > MaxStepName || !utf8.ValidString(name):
 		return &StepError{Name: truncate(name, MaxStepName), Reason: fmt.Sprintf("a step's name is 1 to %d bytes of UTF-8", MaxStepName)}
-	case len(result) > MaxStepValueBytes:
-		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d (ledger.MaxStepValueBytes)", len(result), MaxStepValueBytes)}
+	case len(result) > most && most == MaxStepValueBytes:
+		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d (ledger.MaxStepValueBytes; a blob bucket takes up to ledger.MaxBlobStepBytes)", len(result), most)}
+	case len(result) > most:
+		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d (ledger.MaxBlobStepBytes)", len(result), most)}
 	case have.Count+1 > MaxJobSteps:
 		return &StepError{Name: name, Reason: fmt.Sprintf("the job would have %d steps, the limit is %d (ledger.MaxJobSteps)", have.Count+1, MaxJobSteps)}
 	case have.Bytes+len(result) > MaxJobStepsBytes:
@@ -133,12 +149,20 @@ func offKey(id string, gen int, name string) map[string]types.AttributeValue {
 // holds (LoadSteps), for the limits: a step outside them is a *StepError,
 // nothing written.
 func (s *Store) PutStep(ctx context.Context, rec Record, have OffSteps, name, result string) (string, error) {
-	if err := CheckOffStep(have, name, result); err != nil {
+	if err := s.CheckOffStep(have, name, result); err != nil {
 		return "", err
 	}
 	now := s.now()
 	item := offKey(rec.ID, rec.StepsGen, name)
-	item[AttrStepValue] = &types.AttributeValueMemberS{Value: result}
+	if len(result) > MaxStepValueBytes {
+		key, err := s.putBlob(ctx, rec, name, result) // before the item: no item names a missing object
+		if err != nil {
+			return "", err
+		}
+		item[AttrBlob] = &types.AttributeValueMemberS{Value: key}
+	} else {
+		item[AttrStepValue] = &types.AttributeValueMemberS{Value: result}
+	}
 	item[AttrStepAt] = &types.AttributeValueMemberN{Value: strconv.FormatInt(now.UnixMilli(), 10)}
 	item[AttrExpiresAt] = &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(StepLife).Unix(), 10)}
 	_, err := s.db.PutItem(ctx, &dynamodb.PutItemInput{
@@ -150,8 +174,12 @@ func (s *Store) PutStep(ctx context.Context, rec Record, have OffSteps, name, re
 	})
 	var ccf *types.ConditionalCheckFailedException
 	if errors.As(err, &ccf) {
-		if v, ok := ccf.Item[AttrStepValue].(*types.AttributeValueMemberS); ok {
-			return v.Value, nil // the first write of the name wins
+		v, ok, verr := s.valueOf(ctx, ccf.Item)
+		switch {
+		case verr != nil:
+			return "", verr
+		case ok:
+			return v, nil // the first write of the name wins
 		}
 		return "", fmt.Errorf("nexjob: record step %q of job %s: its item holds no value", truncate(name, MaxStepName), rec.ID)
 	}
@@ -171,7 +199,7 @@ func (s *Store) LoadSteps(ctx context.Context, rec Record) (OffSteps, error) {
 	}
 	renewBefore := s.now().Add(StepLife - 366*24*time.Hour).Unix()
 	var renew []string
-	err := s.querySteps(ctx, rec, func(name, v string, it map[string]types.AttributeValue) {
+	err := s.querySteps(ctx, rec, true, func(name, v string, it map[string]types.AttributeValue) {
 		out.Values[name] = v
 		out.Count++
 		out.Bytes += len(v)
@@ -198,8 +226,10 @@ func (s *Store) LoadSteps(ctx context.Context, rec Record) (OffSteps, error) {
 }
 
 // querySteps reads rec's job's step items of its generation (one strongly
-// consistent Query per MB) and calls fn with each one's name and value.
-func (s *Store) querySteps(ctx context.Context, rec Record, fn func(name, value string, item map[string]types.AttributeValue)) error {
+// consistent Query per MB) and calls fn with each one's name and value
+// (with blobs, a value kept in the blob bucket read from it; without,
+// "" for one).
+func (s *Store) querySteps(ctx context.Context, rec Record, blobs bool, fn func(name, value string, item map[string]types.AttributeValue)) error {
 	prefix := strconv.Itoa(rec.StepsGen) + "/"
 	key := expression.Key(AttrPK).Equal(expression.Value(rec.ID)).And(expression.Key(AttrStepKey).BeginsWith(prefix))
 	x, err := expression.NewBuilder().WithKeyCondition(key).Build()
@@ -216,10 +246,19 @@ func (s *Store) querySteps(ctx context.Context, rec Record, fn func(name, value 
 			return fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
 		}
 		for _, it := range page.Items {
-			sk, err1 := str(it[AttrStepKey])
-			v, err2 := str(it[AttrStepValue])
-			if err := errors.Join(err1, err2); err != nil {
+			sk, err := str(it[AttrStepKey])
+			if err != nil {
 				return fmt.Errorf("nexjob: read the steps of job %s: %w", rec.ID, err)
+			}
+			v, ok, err := "", true, error(nil)
+			if _, blob := it[AttrBlob]; !blob || blobs {
+				v, ok, err = s.valueOf(ctx, it) // a blob's read from S3
+			}
+			switch {
+			case err != nil:
+				return err
+			case !ok:
+				return fmt.Errorf("nexjob: read the steps of job %s: step %q holds no value", rec.ID, sk)
 			}
 			fn(strings.TrimPrefix(sk, prefix), v, it)
 		}
@@ -308,7 +347,8 @@ type StepItem struct {
 	Where string // "record" or "steps table"
 }
 
-// StepItems lists rec's job's steps, those on its record and those in the
+// StepItems lists rec's job's steps (a value kept in the blob bucket by
+// its object's key, Where "blob bucket": not read), those on its record and those in the
 // steps table (its generation's, with when each was written), in the
 // order they were written as far as known (the record's, whose times are
 // not kept, last by name). A reader's view (the CLI's get, the
@@ -316,9 +356,13 @@ type StepItem struct {
 func (s *Store) StepItems(ctx context.Context, rec Record) ([]StepItem, error) {
 	var out []StepItem
 	if s.steps != "" {
-		err := s.querySteps(ctx, rec, func(name, v string, it map[string]types.AttributeValue) {
+		err := s.querySteps(ctx, rec, false, func(name, v string, it map[string]types.AttributeValue) {
 			at, _ := num(it[AttrStepAt])
-			out = append(out, StepItem{Name: name, Value: v, At: at, Where: "steps table"})
+			item := StepItem{Name: name, Value: v, At: at, Where: "steps table"}
+			if k, ok := it[AttrBlob].(*types.AttributeValueMemberS); ok {
+				item.Where, item.Value = "blob bucket", k.Value // not read: a reader sees where, not megabytes
+			}
+			out = append(out, item)
 		})
 		if err != nil {
 			return nil, err

@@ -53,6 +53,16 @@ type Options struct {
 	// record before it was set are read as they were. Defaults to none:
 	// steps on the record, at most MaxSteps and MaxStepsBytes.
 	StepsTable string
+	// BlobBucket, with StepsTable and Blobs, keeps a step's value over
+	// MaxStepValueBytes (up to MaxBlobStepBytes) as an S3 object of this
+	// bucket: see blobs.go. Every process of a deployment must agree
+	// (settings' NEXJOB_BLOB_BUCKET; the construct sets it). Defaults to
+	// none: such a value is a *StepError.
+	BlobBucket string
+	// Blobs is the S3 client for BlobBucket (s3.NewFromConfig; path-style
+	// addressing against an emulator). enqueue.New makes one from its
+	// aws.Config when BlobBucket is set and Blobs is not.
+	Blobs Blobs
 }
 
 // DefaultIndexShards is the byState index's shards per state: 16 values
@@ -72,6 +82,8 @@ type Store struct {
 	indexAll bool
 	shards   int
 	steps    string // the steps table (Options.StepsTable)
+	bucket   string // the blob bucket (Options.BlobBucket)
+	blobs    Blobs
 	// The text of Claim's and Finish's writes, by shape (see writeExpr).
 	claims   shapes[bool]
 	finishes shapes[finishShape]
@@ -101,6 +113,10 @@ func New(db DynamoDB, table string, opts *Options) (*Store, error) {
 			s.shards = opts.IndexShards
 		}
 		s.steps = opts.StepsTable
+		s.bucket, s.blobs = opts.BlobBucket, opts.Blobs
+		if s.bucket != "" && (s.blobs == nil || s.steps == "") {
+			return nil, errors.New("nexjob: ledger's BlobBucket needs Blobs (an S3 client) and StepsTable")
+		}
 	}
 	return s, nil
 }

@@ -67,6 +67,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/attributevalue"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 	sqstypes "github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
@@ -112,6 +113,10 @@ type Options struct {
 	// false: the kit makes a steps table ("<table>-steps") and sets
 	// Ledger.StepsTable, as the construct does.
 	StepsOnRecord bool
+	// BlobBucket makes a blob bucket for the Env (Env.BlobBucket) and sets
+	// Ledger.BlobBucket: step values over ledger.MaxStepValueBytes go to
+	// S3, as with the construct's. Defaults to false: none.
+	BlobBucket bool
 	// MaxDelay caps one SQS delay of the Env's Client and Handler: a
 	// later job's message hops every MaxDelay, each hop checking the
 	// clock, so Advance makes it due within a hop. Defaults to
@@ -151,6 +156,8 @@ type Env struct {
 	DLQURL   string
 	// StepsTable is the steps table ("" with Options.StepsOnRecord).
 	StepsTable string
+	// BlobBucket is the blob bucket (Options.BlobBucket), "" without.
+	BlobBucket string
 	// Queues are the named queues' URLs by name (Options.Queues), and
 	// QueueDLQs their DLQs'.
 	Queues, QueueDLQs map[string]string
@@ -196,6 +203,14 @@ func New(t testing.TB, opts *Options) *Env {
 		}
 	}
 	e.StepsTable = e.ledger.StepsTable
+	if o.BlobBucket && e.ledger.BlobBucket == "" {
+		e.ledger.BlobBucket = fmt.Sprintf("nj-blobs-%d", time.Now().UnixNano())
+		if err := provision.BlobBucket(ctx, provision.S3(cfg), e.ledger.BlobBucket); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { emptyBucket(provision.S3(cfg), e.ledger.BlobBucket) })
+	}
+	e.BlobBucket = e.ledger.BlobBucket
 	spec := o.Queue
 	spec.Name = name
 	var err error
@@ -474,4 +489,21 @@ func (e *Env) FireRecurring(t testing.TB, id string, args enqueue.JobArgs, opts 
 		t.Fatalf("fire %s: %v", id, err)
 	}
 	return res
+}
+
+// emptyBucket deletes the bucket's objects and the bucket (best effort:
+// a test's cleanup).
+func emptyBucket(c *s3.Client, bucket string) {
+	ctx := context.Background()
+	p := s3.NewListObjectsV2Paginator(c, &s3.ListObjectsV2Input{Bucket: aws.String(bucket)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return
+		}
+		for _, o := range page.Contents {
+			_, _ = c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(bucket), Key: o.Key})
+		}
+	}
+	_, _ = c.DeleteBucket(ctx, &s3.DeleteBucketInput{Bucket: aws.String(bucket)})
 }

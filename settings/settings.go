@@ -20,6 +20,8 @@
 //	                             a count above 16 is recorded in the table at start, so lowering it later hides nothing)
 //	NEXJOB_STEPS_TABLE           the steps table: each of a durable job's steps an item of it (ledger.Options.StepsTable;
 //	                             unset: steps on the job's record, at most 100); every role that reads or runs jobs
+//	NEXJOB_BLOB_BUCKET           the blob bucket: step values over 256 KB as S3 objects (ledger.Options.BlobBucket;
+//	                             unset: such a value is refused); every role that reads or runs jobs
 //	NEXJOB_KEY_SECRET_PARAMETER  an SSM SecureString parameter holding the key secret (every role but the guard)
 //	NEXJOB_KEY_SECRET            the key secret itself (local work only: it shows in the function's configuration)
 //	NEXJOB_GUARD_AFTER           a Go duration: how long the guard lets a job wait for its own message
@@ -88,6 +90,7 @@ const (
 	EnvIndexAllStates     = "NEXJOB_INDEX_ALL_STATES"
 	EnvIndexShards        = "NEXJOB_INDEX_SHARDS"
 	EnvStepsTable         = "NEXJOB_STEPS_TABLE"
+	EnvBlobBucket         = "NEXJOB_BLOB_BUCKET"
 	EnvKeySecretParameter = "NEXJOB_KEY_SECRET_PARAMETER"
 	EnvKeySecret          = "NEXJOB_KEY_SECRET"
 	// EnvKeySecretWithheld "true": the deployment has a key secret and
@@ -142,13 +145,13 @@ func Vars(r Role) []string {
 		return []string{EnvTable}
 	case Worker:
 		// GuardAfter: a re-armed guard check is due as late as the guard's.
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvQueues, EnvGuardAfter}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvBlobBucket, EnvQueues, EnvGuardAfter}
 	case Operator:
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvQueues}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvBlobBucket, EnvQueues}
 	case Dashboard:
-		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvDashboardWrite, EnvQueues}
+		return []string{EnvTable, EnvQueueURL, EnvDLQURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvBlobBucket, EnvDashboardWrite, EnvQueues}
 	}
-	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvQueues}
+	return []string{EnvTable, EnvQueueURL, EnvRetention, EnvIndexAllStates, EnvIndexShards, EnvStepsTable, EnvBlobBucket, EnvQueues}
 }
 
 // NeedsKeySecret says whether role r hashes idempotency keys, and so reads
@@ -180,6 +183,8 @@ type Settings struct {
 	KeySecret      []byte
 	// StepsTable goes to ledger.Options (NEXJOB_STEPS_TABLE).
 	StepsTable string
+	// BlobBucket goes to ledger.Options (NEXJOB_BLOB_BUCKET).
+	BlobBucket string
 	// KeySecretWithheld: the deployment has a key secret this process is
 	// not given (EnvKeySecretWithheld); KeySecret is nil.
 	KeySecretWithheld bool
@@ -339,6 +344,10 @@ func FromEnv(ctx context.Context, cfg aws.Config, role Role, getenv func(string)
 		}
 	}
 	s.StepsTable = getenv(EnvStepsTable)
+	s.BlobBucket = getenv(EnvBlobBucket)
+	if s.BlobBucket != "" && s.StepsTable == "" {
+		return Settings{}, &InvalidError{Var: EnvBlobBucket, Reason: "needs " + EnvStepsTable + " (the steps' items name the objects)"}
+	}
 	if v := getenv(EnvDashboardWrite); v != "" {
 		if s.DashboardWrite, err = strconv.ParseBool(v); err != nil {
 			return Settings{}, &InvalidError{Var: EnvDashboardWrite, Reason: "want true or false"}
@@ -431,7 +440,7 @@ func FormatRetention(r handler.Retention) string {
 
 // LedgerOptions are the ledger's options these settings imply.
 func (s Settings) LedgerOptions() ledger.Options {
-	return ledger.Options{KeySecret: s.KeySecret, IndexAllStates: s.IndexAllStates, IndexShards: s.IndexShards, StepsTable: s.StepsTable}
+	return ledger.Options{KeySecret: s.KeySecret, IndexAllStates: s.IndexAllStates, IndexShards: s.IndexShards, StepsTable: s.StepsTable, BlobBucket: s.BlobBucket}
 }
 
 // ClientOptions are the enqueue client's options these settings imply.

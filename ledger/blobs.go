@@ -1,0 +1,107 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
+)
+
+// Large step values in S3 (Options.BlobBucket).
+//
+// A step's value over MaxStepValueBytes (DynamoDB's item is 400 KB; a
+// step item's value is held to Lambda durable functions' 256 KB
+// checkpoint) is written as an S3 object, and the step's item in the
+// steps table names it (AttrBlob) instead of holding the value. The
+// object's key is the job's id, the steps' generation, the step name's
+// hash and the value's SHA-256: content-addressed, so two runs that race
+// to record different values write two objects, and the item (written
+// once, conditional on its absence, as every step's) names the one the
+// ledger keeps; the other is left to the bucket's lifecycle. A run reads
+// the object back when it loads the job's steps (one GetObject each).
+//
+// How it fails. The object is written before the item: a run that dies
+// between them leaves an object no item names (the lifecycle removes
+// it), never an item that names no object. An object that a named item's
+// read does not find (deleted by hand, or its bucket's lifecycle shorter
+// than StepLife) fails the load with ErrBlobMissing: the run fails and is
+// retried, nothing is invented. The bucket's lifecycle must keep objects
+// at least StepLife (the construct's does).
+
+// Blobs is the part of the S3 API the ledger uses.
+type Blobs interface {
+	PutObject(ctx context.Context, in *s3.PutObjectInput, opts ...func(*s3.Options)) (*s3.PutObjectOutput, error)
+	GetObject(ctx context.Context, in *s3.GetObjectInput, opts ...func(*s3.Options)) (*s3.GetObjectOutput, error)
+}
+
+// MaxBlobStepBytes is the largest step value kept in S3.
+const MaxBlobStepBytes = 32 << 20
+
+// AttrBlob is a step item's attribute naming the S3 object that holds
+// its value (Options.BlobBucket).
+const AttrBlob = "blob"
+
+// ErrBlobMissing: a step's item names an S3 object that is not there.
+var ErrBlobMissing = errors.New("nexjob: a step's value is missing from the blob bucket")
+
+// blobKey is the object key of value as step name of rec's job.
+func blobKey(rec Record, name, value string) string {
+	n := sha256.Sum256([]byte(name))
+	v := sha256.Sum256([]byte(value))
+	return fmt.Sprintf("steps/%s/%d/%s/%s", rec.ID, rec.StepsGen, hex.EncodeToString(n[:12]), hex.EncodeToString(v[:]))
+}
+
+// putBlob writes value as an object and returns its key.
+func (s *Store) putBlob(ctx context.Context, rec Record, name, value string) (string, error) {
+	key := blobKey(rec, name, value)
+	_, err := s.blobs.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: aws.String(s.bucket), Key: aws.String(key), Body: strings.NewReader(value),
+		ContentLength: aws.Int64(int64(len(value))), ContentType: aws.String("application/json"),
+	})
+	if err != nil {
+		return "", fmt.Errorf("nexjob: write the value of step %q of job %s to the blob bucket: %w", truncate(name, MaxStepName), rec.ID, err)
+	}
+	return key, nil
+}
+
+// getBlob reads the object key.
+func (s *Store) getBlob(ctx context.Context, key string) (string, error) {
+	if s.blobs == nil {
+		return "", fmt.Errorf("%w: %s (this process has no blob bucket: NEXJOB_BLOB_BUCKET)", ErrBlobMissing, key)
+	}
+	out, err := s.blobs.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(key)})
+	if err != nil {
+		var nsk *s3types.NoSuchKey
+		if errors.As(err, &nsk) {
+			return "", fmt.Errorf("%w: %s", ErrBlobMissing, key)
+		}
+		return "", fmt.Errorf("nexjob: read %s from the blob bucket: %w", key, err)
+	}
+	defer out.Body.Close()
+	var b bytes.Buffer
+	if _, err := io.Copy(&b, io.LimitReader(out.Body, MaxBlobStepBytes+1)); err != nil {
+		return "", fmt.Errorf("nexjob: read %s from the blob bucket: %w", key, err)
+	}
+	return b.String(), nil
+}
+
+// valueOf is a step item's value: its own, or its blob's.
+func (s *Store) valueOf(ctx context.Context, item map[string]types.AttributeValue) (string, bool, error) {
+	if v, ok := item[AttrStepValue].(*types.AttributeValueMemberS); ok {
+		return v.Value, true, nil
+	}
+	if k, ok := item[AttrBlob].(*types.AttributeValueMemberS); ok {
+		v, err := s.getBlob(ctx, k.Value)
+		return v, true, err
+	}
+	return "", false, nil
+}
