@@ -51,6 +51,9 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	start := time.Now()
 	ctx = withRun(ctx, h.log, rec, start) // the job's logger, for the worker and for what follows the run
 	runOf(ctx).steps = &steps{store: h.store, rec: rec, looked: h.store.Now()}
+	if h.o.TracerProvider != nil {
+		runOf(ctx).steps.tracer = h.tracer
+	}
 	runCtx, cancel := context.WithDeadlineCause(ctx, deadline, cause)
 	defer cancel()
 	// A worker's error text is stored, logged and put on the span: capped

@@ -15,6 +15,9 @@ import (
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrNotInRun: Step, Sleep, WaitForSignal or CallbackToken was called
@@ -49,6 +52,10 @@ type steps struct {
 	// asked to stop and compensate refused something new (stopping).
 	comps                         []compensation
 	marked, compensating, stopped bool
+	// tracer makes a span for each step that runs its function (nil:
+	// tracing off): the run's child, the parent of what the function does
+	// (a child job's enqueue, its own calls).
+	tracer trace.Tracer
 }
 
 func (s *steps) recorded(ctx context.Context, name string) (string, bool, error) {
@@ -168,7 +175,7 @@ func step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 }
 
 // stepWith is step with a step's own retries (o nil: one call of fn).
-func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(ctx context.Context) (T, error)) (T, error) {
+func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(ctx context.Context) (T, error)) (_ T, err error) {
 	var zero T
 	s := stepsOf(ctx)
 	if s == nil {
@@ -206,6 +213,17 @@ func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(c
 			}
 			return zero, err
 		}
+	}
+	if s.tracer != nil {
+		var span trace.Span
+		ctx, span = s.tracer.Start(ctx, "step", trace.WithAttributes(attribute.String("nexjob.step", name), attribute.String("nexjob.job_id", s.rec.ID)))
+		defer span.End()
+		defer func() {
+			if err != nil && !IsSleep(err) {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, "step failed")
+			}
+		}()
 	}
 	v, err := callStep(ctx, s, name, o, fn)
 	if err != nil {
