@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/ledger"
@@ -149,8 +150,8 @@ func checkChildName(name string) error {
 	switch {
 	case strings.HasPrefix(name, "nexjob:"):
 		return Permanent(&ledger.StepError{Name: name, Reason: `names beginning "nexjob:" are the package's own`})
-	case name == "" || len(name) > ledger.MaxStepName:
-		return Permanent(&ledger.StepError{Name: name, Reason: fmt.Sprintf("a child's name is 1 to %d bytes", ledger.MaxStepName)})
+	case name == "" || len(name) > ledger.MaxStepName || !utf8.ValidString(name):
+		return Permanent(&ledger.StepError{Name: name, Reason: fmt.Sprintf("a child's name is 1 to %d bytes of UTF-8", ledger.MaxStepName)})
 	}
 	return nil
 }

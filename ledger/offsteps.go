@@ -120,7 +120,7 @@ func (s *Store) CheckOffStep(have OffSteps, name, result string) error {
 
 func checkOffStep(have OffSteps, name, result string, most int) error {
 	switch {
-	case name == "" || len(name) > MaxStepName || !utf8.ValidString(name):
+	case usersName(name) == "" || len(usersName(name)) > MaxStepName || !utf8.ValidString(name):
 		return &StepError{Name: truncate(name, MaxStepName), Reason: fmt.Sprintf("a step's name is 1 to %d bytes of UTF-8", MaxStepName)}
 	case len(result) > most && most == MaxStepValueBytes:
 		return &StepError{Name: name, Reason: fmt.Sprintf("its result is %d bytes, the limit is %d (ledger.MaxStepValueBytes; a blob bucket takes up to ledger.MaxBlobStepBytes)", len(result), most)}

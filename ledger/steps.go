@@ -87,13 +87,7 @@ func CheckStep(rec Record, name, result string) error {
 	// A signal's, a wait's or a token's name is the user's, under the
 	// package's prefix: the limit is the user's name's (a wait of 116
 	// bytes or more began, and no signal could complete it).
-	base := name
-	for _, p := range []string{signalStep, waitStep, tokenStep} {
-		if b, ok := strings.CutPrefix(name, p); ok {
-			base = b
-			break
-		}
-	}
+	base := usersName(name)
 	switch {
 	case base == "" || len(base) > MaxStepName || !utf8.ValidString(name):
 		return &StepError{Name: truncate(name, MaxStepName), Reason: fmt.Sprintf("a step's name is 1 to %d bytes of UTF-8", MaxStepName)}
@@ -330,4 +324,16 @@ func (s *Store) RequestCancel(ctx context.Context, id, reason string) (Record, b
 		return nc.Current, false, nil
 	}
 	return rec, err == nil, err
+}
+
+// usersName is the user's name in step name: a signal's, a wait's, a
+// token's or a started child's (InvokeStep) name is the user's under the
+// package's prefix, and the limit (MaxStepName) is the user's name's.
+func usersName(name string) string {
+	for _, p := range []string{signalStep, waitStep, tokenStep, invokeStep} {
+		if b, ok := strings.CutPrefix(name, p); ok {
+			return b
+		}
+	}
+	return name
 }

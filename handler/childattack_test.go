@@ -1,0 +1,274 @@
+package handler_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/handler/poller"
+	"github.com/nexjob/nexjob-aws/internal/proof/faults"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+)
+
+// Attacks on child jobs' promises (handler.Invoke, docs/durable-jobs.md
+// "Child jobs with results").
+
+type ckKid struct {
+	Name  string `json:"name"`
+	Mode  string `json:"mode,omitempty"`  // "", "fail", "sleep"
+	Sleep int64  `json:"sleep,omitempty"` // "sleep": how long (ns)
+}
+
+type ckCaller struct {
+	Kids    []ckKid `json:"kids"`
+	Timeout int64   `json:"timeout,omitempty"` // the wait's (ns), 24 h when 0
+}
+
+func (ckCaller) Kind() string { return "atk-caller" }
+
+type ckChild struct {
+	N     int    `json:"n"`
+	Mode  string `json:"mode,omitempty"`
+	Sleep int64  `json:"sleep,omitempty"`
+}
+
+func (ckChild) Kind() string { return "atk-child" }
+
+type childRig struct {
+	e        *nexjobtest.Env
+	h        *handler.Handler
+	ft       *faults.Transport
+	mu       sync.Mutex
+	runs     map[string]int // "child <n>" → runs that got past its sleep; "caller <id>" → runs
+	got      map[string][]label
+	errs     map[string]error
+	attempts map[string][]int // caller id → Job.Attempt of each run
+}
+
+func newChildRig(t *testing.T) *childRig {
+	t.Helper()
+	r := &childRig{e: nexjobtest.New(t, nil), runs: map[string]int{}, got: map[string][]label{}, errs: map[string]error{}, attempts: map[string][]int{}}
+	r.ft = faults.New(nil)
+	r.e.Cfg = faults.Config(r.e.Cfg, r.ft)
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[ckCaller](func(ctx context.Context, j *handler.Job[ckCaller]) error {
+		r.mu.Lock()
+		r.runs["caller "+j.ID]++
+		r.attempts[j.ID] = append(r.attempts[j.ID], j.Attempt)
+		r.mu.Unlock()
+		var cs []handler.Child
+		for i, k := range j.Args.Kids {
+			c, err := handler.InvokeAsync(ctx, k.Name, ckChild{N: i, Mode: k.Mode, Sleep: k.Sleep}, nil)
+			if err != nil {
+				r.mu.Lock()
+				r.errs[j.ID] = err
+				r.mu.Unlock()
+				return err
+			}
+			cs = append(cs, c)
+		}
+		timeout := time.Duration(j.Args.Timeout)
+		if timeout == 0 {
+			timeout = 24 * time.Hour
+		}
+		got, err := handler.AwaitAll[label](ctx, cs, timeout)
+		if handler.IsSleep(err) {
+			return err
+		}
+		r.mu.Lock()
+		r.got[j.ID], r.errs[j.ID] = got, err
+		r.mu.Unlock()
+		return nil
+	}), nil)
+	handler.AddWorkerResult(reg, handler.ResultFunc[ckChild, label](func(ctx context.Context, j *handler.Job[ckChild]) (label, error) {
+		if j.Args.Mode == "sleep" {
+			if err := handler.Sleep(ctx, "nap", time.Duration(j.Args.Sleep)); err != nil {
+				return label{}, err
+			}
+		}
+		r.mu.Lock()
+		r.runs[fmt.Sprintf("child %d", j.Args.N)]++
+		r.mu.Unlock()
+		if j.Args.Mode == "fail" {
+			return label{}, handler.Permanent(errors.New("no carrier"))
+		}
+		return label{Tracking: fmt.Sprintf("TRK-%d", j.Args.N)}, nil
+	}), nil)
+	r.h = r.e.Handler(t, reg, &handler.Options{Logger: quiet})
+	return r
+}
+
+func (r *childRig) ran(k string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.runs[k]
+}
+
+func (r *childRig) result(id string) ([]label, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[id], r.errs[id]
+}
+
+// kid is the id of the child the caller started under name.
+func (r *childRig) kid(t *testing.T, caller, name string) string {
+	t.Helper()
+	rec := r.e.Get(t, caller)
+	v, ok := rec.Steps[ledger.InvokeStep(name)]
+	if !ok {
+		t.Fatalf("caller %s started no child %q (steps %v)", caller, name, rec.Steps)
+	}
+	var id string
+	if err := json.Unmarshal([]byte(v), &id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// A name of 128 bytes (the limit the docs give) works; 129 bytes are
+// refused with nothing enqueued.
+func TestChildAttackNameOf128Bytes(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{strings.Repeat("n", 128), strings.Repeat("n", 129)} {
+		r := newChildRig(t)
+		id := enqueueOne(t, r.e.Client, ckCaller{Kids: []ckKid{{Name: name}}}, nil)
+		r.e.Drain(t, r.h)
+		rec := r.e.Get(t, id)
+		got, err := r.result(id)
+		var se *ledger.StepError
+		switch ok := len(name) <= ledger.MaxStepName && utf8.ValidString(name); {
+		case ok && (rec.State != ledger.Succeeded || err != nil || len(got) != 1 || got[0].Tracking != "TRK-0"):
+			t.Errorf("a %d-byte name: caller %s (%s), %v, %v", len(name), rec.State, rec.LastError, got, err)
+		case !ok && (rec.State != ledger.Failed || !errors.As(err, &se) || len(r.e.Scan(t)) != 1):
+			t.Errorf("name %q: caller %s, %v, %d records; want Failed by a *StepError and no child", name, rec.State, err, len(r.e.Scan(t)))
+		}
+	}
+}
+
+// childRunsFirst has the caller's sleep in its wait for children (its
+// record's write with awaitEnd) held until every child due ran to its
+// end: the children end while the caller still runs, after its look at
+// its steps.
+func (r *childRig) childRunsFirst(t *testing.T, n int) faults.Handle {
+	return r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Pass,
+		Match: func(b []byte) bool { return strings.Contains(string(b), ledger.AttrAwaitEnd) },
+		Before: func(*http.Request, []byte) {
+			p := poller.New(r.e.SQS, r.e.QueueURL, r.h.Handle, &poller.Options{WaitTime: -1})
+			for range 50 {
+				if _, err := p.Poll(context.Background()); err != nil {
+					t.Error(err)
+					return
+				}
+				ended := 0
+				for _, rec := range r.e.Scan(t) {
+					if rec.Kind == "atk-child" && rec.State.Terminal() {
+						ended++
+					}
+				}
+				if ended == n {
+					return
+				}
+			}
+			t.Error("the children did not end")
+		}})
+}
+
+// Children that end while their caller runs, between its look at its
+// steps and its sleep, wake it: it does not sleep to its wait's end.
+func TestChildAttackChildrenEndBeforeTheCallerSleeps(t *testing.T) {
+	t.Parallel()
+	r := newChildRig(t)
+	held := r.childRunsFirst(t, 3)
+	start := r.e.Now()
+	id := enqueueOne(t, r.e.Client, ckCaller{Kids: []ckKid{{Name: "a"}, {Name: "b"}, {Name: "c"}}}, nil)
+	r.e.Drain(t, r.h)
+	got, err := r.result(id)
+	if held.Fired() != 1 || err != nil || len(got) != 3 || got[2].Tracking != "TRK-2" {
+		t.Fatalf("hold fired %d; caller read %v, %v; want the 3 labels", held.Fired(), got, err)
+	}
+	if waited := r.e.Now().Sub(start); waited > time.Hour {
+		t.Fatalf("the caller woke %s later: it slept to its wait's end", waited)
+	}
+	if rec := r.e.Get(t, id); rec.Attempt != 1 || rec.ChildEnds != 3 {
+		t.Fatalf("caller at attempt %d with %d child ends; want 1 and 3", rec.Attempt, rec.ChildEnds)
+	}
+}
+
+
+// A child's message delivered again after its end, and a forged body
+// naming the caller: nothing counted twice, the outcome unchanged, the
+// child not run again, no attempt spent.
+func TestChildAttackDuplicateAndForgedDeliveries(t *testing.T) {
+	t.Parallel()
+	r := newChildRig(t)
+	id := enqueueOne(t, r.e.Client, ckCaller{Kids: []ckKid{{Name: "a"}, {Name: "b", Mode: "sleep", Sleep: int64(2 * time.Hour)}}}, nil)
+	r.e.Drain(t, r.h)
+	a := r.kid(t, id, "a")
+	send := func(jobID, kind string) {
+		body := fmt.Sprintf(`{"v":1,"id":%q,"kind":%q}`, jobID, kind)
+		if _, err := r.e.SQS.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(r.e.QueueURL), MessageBody: aws.String(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(a, "atk-child") // while the caller sleeps for b
+	r.e.Drain(t, r.h)
+	send(id, "atk-caller") // a forged wake
+	r.e.Drain(t, r.h)
+	r.e.Advance(t, 2*time.Hour+time.Minute)
+	r.e.Drain(t, r.h)
+	rec := r.e.Get(t, id)
+	got, err := r.result(id)
+	if rec.State != ledger.Succeeded || err != nil || len(got) != 2 || got[0].Tracking != "TRK-0" || got[1].Tracking != "TRK-1" {
+		b := r.e.Get(t, r.kid(t, id, "b"))
+		t.Fatalf("caller %s (run at %v, await end %d, ends %d), read %v, %v; b %s at %v, now %v", rec.State, ledger.Millis(rec.RunAt), rec.AwaitEnd, rec.ChildEnds, got, err, b.State, ledger.Millis(b.RunAt), r.e.Now())
+	}
+	if rec.ChildEnds != 2 || rec.Attempt != 1 || r.ran("child 0") != 1 || r.ran("child 1") != 1 {
+		t.Fatalf("caller counted %d ends at attempt %d; children ran %d and %d times", rec.ChildEnds, rec.Attempt, r.ran("child 0"), r.ran("child 1"))
+	}
+	send(a, "atk-child") // after the caller's end
+	r.e.Drain(t, r.h)
+	if after := r.e.Get(t, id); after.ChildEnds != 2 || after.Steps[ledger.ChildStep(a)] != rec.Steps[ledger.ChildStep(a)] {
+		t.Fatalf("after a late duplicate: %d ends, outcome %q", after.ChildEnds, after.Steps[ledger.ChildStep(a)])
+	}
+}
+
+// The caller is woken by each of several children, sleeping between: no
+// attempt spent on any wait.
+func TestChildAttackAttemptUnchangedAcrossWaits(t *testing.T) {
+	t.Parallel()
+	r := newChildRig(t)
+	id := enqueueOne(t, r.e.Client, ckCaller{Kids: []ckKid{
+		{Name: "a", Mode: "sleep", Sleep: int64(time.Hour)},
+		{Name: "b", Mode: "sleep", Sleep: int64(2 * time.Hour)},
+		{Name: "c", Mode: "sleep", Sleep: int64(3 * time.Hour)},
+	}}, nil)
+	for range 4 {
+		r.e.Drain(t, r.h)
+		r.e.Advance(t, time.Hour+time.Minute)
+	}
+	rec := r.e.Get(t, id)
+	r.mu.Lock()
+	attempts := r.attempts[id]
+	r.mu.Unlock()
+	if rec.State != ledger.Succeeded || rec.Attempt != 1 || len(attempts) < 4 {
+		t.Fatalf("caller %s at attempt %d after runs %v", rec.State, rec.Attempt, attempts)
+	}
+	for _, a := range attempts {
+		if a != 1 {
+			t.Fatalf("runs at attempts %v, want all 1", attempts)
+		}
+	}
+}
+
