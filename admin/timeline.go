@@ -100,10 +100,10 @@ func (a *Admin) describe(ctx context.Context, it ledger.StepItem, children *int)
 	if _, ok := cut(ledger.AwaitStep("")); ok {
 		return fmt.Sprintf("waits for children until %s", when(it.Value))
 	}
-	if s, ok := cut("nexjob:comp:"); ok {
+	if s, ok := cut(ledger.CompensationStep("")); ok {
 		return fmt.Sprintf("compensation %q ran", s)
 	}
-	if s, ok := cut("nexjob:cond:"); ok {
+	if s, ok := cut(ledger.ConditionStep("", "")); ok {
 		name, look, isLook := strings.Cut(s, "#")
 		switch {
 		case isLook && look == "end":

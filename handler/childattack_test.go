@@ -206,7 +206,6 @@ func TestChildAttackChildrenEndBeforeTheCallerSleeps(t *testing.T) {
 	}
 }
 
-
 // A child's message delivered again after its end, and a forged body
 // naming the caller: nothing counted twice, the outcome unchanged, the
 // child not run again, no attempt spent.
@@ -271,4 +270,3 @@ func TestChildAttackAttemptUnchangedAcrossWaits(t *testing.T) {
 		}
 	}
 }
-

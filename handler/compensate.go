@@ -49,9 +49,6 @@ type compensation struct {
 	fn   func(context.Context) error
 }
 
-// compensationStep is the step that records compensation name's run.
-func compensationStep(name string) string { return "nexjob:comp:" + name }
-
 // CompensationTries is how many times a compensation's fn is called
 // before its error is kept.
 const CompensationTries = 3
@@ -114,7 +111,7 @@ func (h *Handler) compensate(ctx context.Context, rec ledger.Record, cause strin
 	o := &StepOptions{MaxAttempts: CompensationTries, Backoff: func(n int) time.Duration { return time.Duration(n) * 200 * time.Millisecond }}
 	for i := len(comps) - 1; i >= 0; i-- {
 		c := comps[i]
-		_, err := stepWith(ctx, compensationStep(c.name), o, func(ctx context.Context) (bool, error) { return true, c.fn(ctx) })
+		_, err := stepWith(ctx, ledger.CompensationStep(c.name), o, func(ctx context.Context) (bool, error) { return true, c.fn(ctx) })
 		if err != nil {
 			h.log.ErrorContext(ctx, "nexjob: compensation failed", "job_id", rec.ID, "kind", rec.Kind, "compensation", c.name, "err", err)
 			cause = fmt.Sprintf("%s; compensation %q failed: %v", cause, c.name, err)

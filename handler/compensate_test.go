@@ -191,3 +191,34 @@ func TestCompensationLostReplyRunsOnce(t *testing.T) {
 		t.Fatalf("fault fired %d; %s (%s), refunded %d", lost.Fired(), rec.State, rec.LastError, r.called("refund"))
 	}
 }
+
+// A compensation's and a condition's name of 128 bytes (the documented
+// limit is the user's name's, not the package's prefix and the name's)
+// are recorded; 129 are refused up front.
+func TestLongCompensationAndConditionNames(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{128, 129} {
+		e := nexjobtest.New(t, nil)
+		reg := handler.NewRegistry()
+		name := strings.Repeat("n", n)
+		refunds := 0
+		handler.AddWorker(reg, handler.WorkFunc[payJob](func(ctx context.Context, j *handler.Job[payJob]) error {
+			if err := handler.Compensate(ctx, name, func(context.Context) error { refunds++; return nil }); err != nil {
+				return err
+			}
+			if _, err := handler.WaitForCondition(ctx, name, func(context.Context) (int, bool, error) { return 1, true, nil }, nil); err != nil {
+				return err
+			}
+			return handler.Permanent(errors.New("no carrier"))
+		}), nil)
+		h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+		id := enqueueOne(t, e.Client, payJob{}, nil)
+		rec := e.RunToEnd(t, h, id)
+		switch {
+		case n == 128 && (rec.State != ledger.Failed || !strings.Contains(rec.LastError, "no carrier") || refunds != 1 || strings.Contains(rec.LastError, "compensation")):
+			t.Errorf("128 bytes: %s (%s), refunded %d times; want the job's own failure and one refund", rec.State, rec.LastError, refunds)
+		case n == 129 && (rec.State != ledger.Failed || !strings.Contains(rec.LastError, "1 to 128 bytes") || refunds != 0):
+			t.Errorf("129 bytes: %s (%s), refunded %d; want refused up front", rec.State, rec.LastError, refunds)
+		}
+	}
+}

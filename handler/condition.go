@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nexjob/nexjob-aws/ledger"
@@ -78,8 +79,7 @@ func WaitForCondition[T any](ctx context.Context, name string, check func(ctx co
 	if timeout > MaxWait {
 		return zero, Permanent(&WaitTooLongError{Name: name, Wait: timeout})
 	}
-	base := "nexjob:cond:" + name
-	end, err := step(ctx, base+"#end", func(context.Context) (int64, error) {
+	end, err := step(ctx, ledger.ConditionStep(name, "end"), func(context.Context) (int64, error) {
 		return s.store.Now().Add(timeout).UnixMilli(), nil
 	})
 	if err != nil {
@@ -106,7 +106,7 @@ func WaitForCondition[T any](ctx context.Context, name string, check func(ctx co
 		}
 		return v, nil
 	}
-	if raw, ok, err := peek(base); err != nil || ok {
+	if raw, ok, err := peek(ledger.ConditionStep(name, "")); err != nil || ok {
 		if err != nil {
 			return zero, err
 		}
@@ -116,7 +116,7 @@ func WaitForCondition[T any](ctx context.Context, name string, check func(ctx co
 	// sleep after it (base#n), recorded with its end.
 	n := 0
 	for ; ; n++ {
-		raw, ok, err := peek(fmt.Sprintf("%s#%d", base, n))
+		raw, ok, err := peek(ledger.ConditionStep(name, strconv.Itoa(n)))
 		if err != nil {
 			return zero, err
 		}
@@ -143,12 +143,12 @@ func WaitForCondition[T any](ctx context.Context, name string, check func(ctx co
 			}
 			out.Value = b
 		}
-		raw, err := step(ctx, base, func(context.Context) (conditionOutcome, error) { return out, nil })
+		raw, err := step(ctx, ledger.ConditionStep(name, ""), func(context.Context) (conditionOutcome, error) { return out, nil })
 		if err != nil {
 			return zero, err
 		}
 		b, _ := json.Marshal(raw)
 		return decode(string(b))
 	}
-	return zero, sleepUntil(ctx, fmt.Sprintf("%s#%d", base, n), ledger.Millis(min(now.Add(every).UnixMilli(), end)))
+	return zero, sleepUntil(ctx, ledger.ConditionStep(name, strconv.Itoa(n)), ledger.Millis(min(now.Add(every).UnixMilli(), end)))
 }

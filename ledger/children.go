@@ -40,7 +40,23 @@ const (
 	childStep  = reservedStep + "child:"  // a child's outcome (ChildStep)
 	invokeStep = reservedStep + "invoke:" // the id of the child a run started under a name (InvokeStep)
 	awaitStep  = reservedStep + "await:"  // the end of a wait for children (AwaitStep)
+	compStep   = reservedStep + "comp:"   // a compensation that ran (CompensationStep)
+	condStep   = reservedStep + "cond:"   // a condition's looks and outcome (ConditionStep)
 )
+
+// CompensationStep is the step that records compensation name's run
+// (handler.Compensate).
+func CompensationStep(name string) string { return compStep + name }
+
+// ConditionStep is the step of condition name's (handler.WaitForCondition)
+// outcome, with part "" ; its end ("end") and its looks ("0", "1", ...)
+// otherwise, after a "#".
+func ConditionStep(name, part string) string {
+	if part == "" {
+		return condStep + name
+	}
+	return condStep + name + "#" + part
+}
 
 // ChildStep is the step that holds child job childID's outcome in its
 // caller's steps (a ChildOutcome as JSON).

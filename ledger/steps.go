@@ -329,11 +329,21 @@ func (s *Store) RequestCancel(ctx context.Context, id, reason string) (Record, b
 // usersName is the user's name in step name: a signal's, a wait's, a
 // token's or a started child's (InvokeStep) name is the user's under the
 // package's prefix, and the limit (MaxStepName) is the user's name's.
+//
+// A compensation's (CompensationStep) too, and a condition's
+// (ConditionStep: the user's name, then "#" and the package's own
+// suffix, which is cut as well).
 func usersName(name string) string {
-	for _, p := range []string{signalStep, waitStep, tokenStep, invokeStep} {
+	for _, p := range []string{signalStep, waitStep, tokenStep, invokeStep, compStep} {
 		if b, ok := strings.CutPrefix(name, p); ok {
 			return b
 		}
+	}
+	if b, ok := strings.CutPrefix(name, condStep); ok {
+		if i := strings.LastIndexByte(b, '#'); i >= 0 {
+			return b[:i]
+		}
+		return b
 	}
 	return name
 }

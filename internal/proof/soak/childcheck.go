@@ -117,7 +117,7 @@ func checkChildren(_ context.Context, f *facts) []string {
 				undos++
 			}
 		}
-		_, compensated := rec.Steps["nexjob:comp:undo"+a.Sfx]
+		_, compensated := rec.Steps[ledger.CompensationStep("undo"+a.Sfx)]
 		if compensated && f.rep != nil && f.rep.Flow != nil {
 			f.rep.Flow["compensated"]++
 		}

@@ -61,7 +61,9 @@ type (
 	}
 )
 
-// Invoker is a job that starts Kids children (Kid, named "kid<i>"+Sfx),
+// Invoker is a job that maps over MapItems items (handler.Map: each item's
+// value, the time it ran, logged as got "item<i>": every run reads the
+// same), starts Kids children (Kid, named "kid<i>"+Sfx),
 // declares a compensation ("undo"+Sfx, logged as the step "undo" when it
 // runs), awaits them all (handler.AwaitAll) and records the sum of their
 // results and the count of those that failed as its step "sum" and its
@@ -81,6 +83,9 @@ type Kid struct {
 
 // InvokerResult is what an Invoker read of its children.
 type InvokerResult struct{ Sum, Failed, TimedOut int }
+
+// MapItems is how many items an Invoker maps over (handler.Map).
+const MapItems = 6
 
 // KidWait is how long an Invoker waits for its children: short, as
 // DurableWait, because the wait's message hops until its end even once
@@ -266,6 +271,25 @@ func invoker(ctx context.Context, l *RunLog, j *handler.Job[Invoker]) (InvokerRe
 	failing := map[int]bool{}
 	for _, i := range j.Args.Fail {
 		failing[i] = true
+	}
+	// Parallel steps first: a map over MapItems items, three at a time,
+	// each item's call logged as a step "item<i>" and its return as got
+	// (checker durable: an item recorded never runs again, and returns
+	// one value).
+	items := make([]int, MapItems)
+	for i := range items {
+		items[i] = i
+	}
+	lines, err := handler.Map(ctx, "lines"+j.Args.Sfx, items, func(_ context.Context, i, _ int) (int64, error) {
+		v := time.Now().UnixNano()
+		l.line("step %s item%d %d %d %d", j.ID, i, v, time.Now().UnixNano(), l.pid)
+		return v, nil
+	}, &handler.MapOptions{MaxConcurrency: 3})
+	if err != nil {
+		return r, err
+	}
+	for i, v := range lines.Values {
+		l.line("got %s item%d %d %d %d", j.ID, i, v, time.Now().UnixNano(), l.pid)
 	}
 	kids := make([]handler.Child, j.Args.Kids)
 	for i := range kids {
