@@ -7,8 +7,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nexjob/nexjob-aws/internal/caller"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
+
+// childKeyPrefix begins a child job's idempotency key (its caller's id
+// and name follow): the package's own, refused to any other enqueue.
+const childKeyPrefix = "nexjob-child:"
 
 // Child jobs: the producer's half of handler.Invoke. See ledger's
 // ChildEnded for how a child's end reaches its caller.
@@ -22,17 +27,26 @@ import (
 // package's; its other fields apply as to Enqueue. The child's record
 // names caller (Record.Caller): its end is recorded in the caller's steps
 // and wakes it.
-func (c *Client) EnqueueChild(ctx context.Context, caller ledger.Record, name string, args JobArgs, opts *Opts) (Result, error) {
+//
+// Only the caller's run can call it: a caller.Caller is made by package
+// handler, and by no code outside this module (the zero one is refused),
+// so nobody who can enqueue can name another's job as a child's caller.
+// Keys beginning "nexjob-child:" are refused to every other enqueue.
+func (c *Client) EnqueueChild(ctx context.Context, from caller.Caller, name string, args JobArgs, opts *Opts) (Result, error) {
 	if c.store.StepsTable() == "" {
 		return Result{}, ledger.ErrNoStepsTable
+	}
+	caller := from.Record()
+	if caller.ID == "" {
+		return Result{}, invalid("caller", "no job: a child is started by its caller's run (handler.InvokeAsync)")
 	}
 	o := effective(args, opts)
 	if o.Debounce != nil {
 		return Result{}, invalid("Debounce", "a child job is not debounced")
 	}
-	o.IdempotencyKey = "nexjob-child:" + caller.ID + ":" + name
+	o.IdempotencyKey = childKeyPrefix + caller.ID + ":" + name
 	o.DuplicatePolicy, o.RequestID, o.RequestTime, o.ReplaceEnded = RejectAlways, "", time.Time{}, false
-	rec, err := c.newRecord(args, &o, viaEnqueue)
+	rec, err := c.newRecord(args, &o, viaChild)
 	if err != nil {
 		return Result{}, err
 	}

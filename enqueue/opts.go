@@ -101,6 +101,7 @@ var (
 	viaEnqueueMany = entry{"EnqueueMany", true, true}
 	viaEnqueueTx   = entry{"EnqueueTx", false, false}      // a transaction commits a new job; a fold is no part of it, and it moves an ended holder aside
 	viaContinue    = entry{"a continuation", false, false} // it runs when its parents are done, not after a quiet period
+	viaChild       = entry{"EnqueueChild", false, false}   // a child's key is its caller's and its name's
 )
 
 // newRecord validates the input for the entry point via and builds the
@@ -129,6 +130,11 @@ func (c *Client) newRecord(args JobArgs, o *Opts, via entry) (ledger.Record, err
 	}
 	if err := checkKey(o.IdempotencyKey); err != nil {
 		return ledger.Record{}, err
+	}
+	if via != viaChild && strings.HasPrefix(o.IdempotencyKey, childKeyPrefix) {
+		// Taken first, a child's key would make the caller await a job of
+		// someone else's making, which never tells it its end.
+		return ledger.Record{}, invalid("IdempotencyKey", `keys beginning "`+childKeyPrefix+`" are the package's own (a child job's)`)
 	}
 	if o.IdempotencyKey == "" && o.DuplicatePolicy != AllowAfterFailed {
 		// A policy decides between jobs of one key: with none it would be

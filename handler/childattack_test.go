@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
+	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/handler/poller"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
@@ -267,6 +269,50 @@ func TestChildAttackAttemptUnchangedAcrossWaits(t *testing.T) {
 	for _, a := range attempts {
 		if a != 1 {
 			t.Fatalf("runs at attempts %v, want all 1", attempts)
+		}
+	}
+}
+
+// forgeChild calls Client.EnqueueChild as code outside the module can:
+// with whatever value of its caller parameter's type it can make (a
+// ledger.Record naming victim, when that is the type; the zero value
+// otherwise).
+func forgeChild(c *enqueue.Client, victim, name string, args enqueue.JobArgs) error {
+	m := reflect.ValueOf(c).MethodByName("EnqueueChild")
+	if !m.IsValid() {
+		return nil // no such method: nothing to forge with
+	}
+	caller := reflect.New(m.Type().In(1)).Elem()
+	if rec, ok := caller.Addr().Interface().(*ledger.Record); ok {
+		rec.ID = victim
+	}
+	out := m.Call([]reflect.Value{reflect.ValueOf(context.Background()), caller, reflect.ValueOf(name), reflect.ValueOf(args), reflect.Zero(m.Type().In(4))})
+	err, _ := out[1].Interface().(error)
+	return err
+}
+
+// A user who can enqueue must not make a caller read a child of the
+// user's making: neither by enqueueing a child that names the caller (the
+// exported EnqueueChild) nor by taking the child's idempotency key first.
+func TestChildAttackForgedChildIsNotRead(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"EnqueueChild", "key"} {
+		r := newChildRig(t)
+		id := enqueueOne(t, r.e.Client, ckCaller{Kids: []ckKid{{Name: "k0"}}}, nil)
+		var err error
+		switch how {
+		case "EnqueueChild":
+			err = forgeChild(r.e.Client, id, "k0", ckChild{N: 99})
+		case "key":
+			_, err = r.e.Client.Enqueue(context.Background(), ckChild{N: 99}, &enqueue.Opts{IdempotencyKey: "nexjob-child:" + id + ":k0"})
+		}
+		r.e.Drain(t, r.h)
+		got, werr := r.result(id)
+		if len(got) != 1 || got[0].Tracking != "TRK-0" || werr != nil {
+			t.Errorf("forged by %s (its enqueue's error: %v): the caller read %v, %v; want its own child's TRK-0", how, err, got, werr)
+		}
+		if !errors.Is(err, enqueue.ErrInvalidInput) {
+			t.Errorf("forged by %s: the enqueue gave %v, want a refusal (enqueue.ErrInvalidInput)", how, err)
 		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/internal/caller"
 	"github.com/nexjob/nexjob-aws/ledger"
 )
 
@@ -127,7 +128,7 @@ func InvokeAsync(ctx context.Context, name string, args enqueue.JobArgs, o *Invo
 		opts = &o.Enqueue
 	}
 	id, err := step(ctx, ledger.InvokeStep(name), func(ctx context.Context) (string, error) {
-		res, err := client.EnqueueChild(ctx, s.rec, name, args, opts)
+		res, err := client.EnqueueChild(ctx, caller.Of(s.rec), name, args, opts)
 		var de *enqueue.DispatchError
 		if errors.As(err, &de) {
 			// Recorded, not sent: the dispatch guard sends it; the child
