@@ -316,3 +316,37 @@ func TestChildAttackForgedChildIsNotRead(t *testing.T) {
 		}
 	}
 }
+
+// A cancel that reaches the caller while a replay runs (a child's end
+// woke it; the replay writes no step before it sleeps again) is not
+// lost: the caller ends cancelled, its unfinished child with it, whose
+// end is recorded in the caller.
+func TestChildAttackCancelDuringAReplay(t *testing.T) {
+	t.Parallel()
+	r := newChildRig(t)
+	id := enqueueOne(t, r.e.Client, ckCaller{Kids: []ckKid{{Name: "a", Mode: "sleep", Sleep: int64(time.Hour)}, {Name: "b", Mode: "sleep", Sleep: int64(5 * time.Hour)}}}, nil)
+	r.e.Drain(t, r.h) // both children asleep, the caller in its wait
+	var cancelErr error
+	hook := r.ft.Add(faults.Rule{Op: "DynamoDB.Query", Fault: faults.Pass,
+		Match: func(b []byte) bool { return strings.Contains(string(b), id) },
+		Before: func(*http.Request, []byte) {
+			_, cancelErr = r.e.Client.Cancel(context.Background(), id, "", 0)
+		}})
+	r.e.Advance(t, time.Hour+time.Minute) // a ends and wakes the caller, whose replay loads its steps
+	r.e.Drain(t, r.h)
+	var asked *enqueue.CancelRequestedError
+	if hook.Fired() != 1 || !errors.As(cancelErr, &asked) {
+		t.Fatalf("the hook fired %d times; Cancel: %v", hook.Fired(), cancelErr)
+	}
+	r.e.Advance(t, 5*time.Hour) // b's nap ends, if it was not cancelled
+	r.e.Drain(t, r.h)
+	rec := r.e.Get(t, id)
+	b := r.kid(t, id, "b")
+	child := r.e.Get(t, b)
+	if rec.State != ledger.Failed || !rec.Cancelled || child.State != ledger.Failed || !child.Cancelled || r.ran("child 1") != 0 {
+		t.Fatalf("caller %s cancelled=%v; child b %s cancelled=%v, ran %d", rec.State, rec.Cancelled, child.State, child.Cancelled, r.ran("child 1"))
+	}
+	if o := rec.Steps[ledger.ChildStep(b)]; !strings.Contains(o, `"cancelled":true`) {
+		t.Fatalf("b's end in the caller: %q", o)
+	}
+}

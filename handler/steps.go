@@ -496,6 +496,20 @@ func (h *Handler) childrenEndedMeanwhile(ctx context.Context, claimed ledger.Rec
 		h.log.WarnContext(ctx, "nexjob: reading a job that began to wait for children failed; its message comes back to look again", "job_id", claimed.ID, "err", err)
 		return false
 	}
+	if cur.State == ledger.Scheduled && cur.Token == claimed.Token && cur.CancelReq != "" {
+		// An operator's cancel reached this run after its last step (a
+		// replay that wrote none, woken by one child, asleep again for
+		// the others): no later step of this run sees it, and the next
+		// run's claim drops it. It is honoured here: the job is withdrawn
+		// asleep, and its unfinished children with it (Cancel).
+		_, err := h.producer.Cancel(ctx, cur.ID, cur.CancelReq, h.retention(cur.Kind).For(ledger.Failed))
+		var notNow *enqueue.NotCancellableError
+		if err != nil && !errors.As(err, &notNow) {
+			h.log.WarnContext(ctx, "nexjob: cancelling a job asked to stop while it began to wait for children failed; its message comes back", "job_id", cur.ID, "err", err)
+			return false
+		}
+		return true
+	}
 	if cur.State != ledger.Scheduled || cur.ChildEnds == claimed.ChildEnds {
 		return true // a child's end since wakes it when it comes
 	}
