@@ -34,9 +34,9 @@ func (c *Client) requestCompensation(ctx context.Context, jobID, reason string) 
 // record becomes Failed, marked Cancelled, with the reason (default
 // "cancelled by an operator") and kept for retention (0 keeps it until
 // deleted); its continuations end Failed too, down the whole tree (see
-// CancelContinuations). If they cannot all be ended the error says so,
-// and the job's message (a far job's schedule is kept for it) ends them
-// when it comes. Its message, when it comes,
+// CancelContinuations). If they cannot all be ended (or its caller told,
+// or its children cancelled) the error says so, and a message sent at
+// once has the worker do it (a far job's schedule is kept too). Its message, when it comes,
 // is acknowledged without a run. A running job (Processing) is asked to
 // stop at its next step: a *CancelRequestedError. An ended one gives a
 // *NotCancellableError and nothing is written; an unknown job,
@@ -115,6 +115,16 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 		}
 	}
 	err = errors.Join(err, c.CancelChildren(ctx, rec, retention))
+	if err != nil {
+		// What failed is the worker's to finish, now: its message, due at
+		// once, finds the job ended and does it again until it succeeds
+		// (a caller told of its child's end, its children cancelled),
+		// rather than when its own message comes (a sleeping job's, maybe
+		// after its caller's wait ended, or its children's own ends).
+		msg, _ := c.message(rec)
+		msg.RunAt = 0
+		err = errors.Join(err, c.Send(ctx, msg, 0))
+	}
 	if err == nil && ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
 		c.unschedule(ctx, rec.ID, rec.RunAt) // it was far: its message waits in a schedule
 	}

@@ -350,3 +350,48 @@ func TestChildAttackCancelDuringAReplay(t *testing.T) {
 		t.Fatalf("b's end in the caller: %q", o)
 	}
 }
+
+// An operator cancels a child asleep beyond its caller's wait; the
+// child's end in the caller throttled past the SDK's retries: the
+// caller still reads the cancel, not its wait's timeout.
+func TestChildAttackCancelledChildsEndThrottled(t *testing.T) {
+	t.Parallel()
+	r := newChildRig(t)
+	id := enqueueOne(t, r.e.Client, ckCaller{Timeout: int64(time.Hour), Kids: []ckKid{{Name: "a", Mode: "sleep", Sleep: int64(5 * time.Hour)}}}, nil)
+	r.e.Drain(t, r.h) // the child asleep for 5 h, the caller waits 1 h
+	a := r.kid(t, id, "a")
+	thr := r.ft.Add(faults.Rule{Op: "DynamoDB.TransactWriteItems", Fault: faults.Throttle, Times: 4,
+		Match: func(b []byte) bool { return strings.Contains(string(b), ledger.AttrChildEnds) }})
+	_, cerr := r.h.Producer().Cancel(context.Background(), a, "", 0)
+	r.e.Drain(t, r.h)
+	r.e.Advance(t, time.Hour+time.Minute)
+	r.e.Drain(t, r.h)
+	_, err := r.result(id)
+	var failed *handler.ChildFailedError
+	if thr.Fired() != 4 || !errors.As(err, &failed) || !failed.Cancelled {
+		t.Fatalf("throttled %d (Cancel: %v); the caller read %v, want the child's cancel", thr.Fired(), cerr, err)
+	}
+}
+
+// Cancelling a caller whose look at its children is throttled past the
+// SDK's retries still cancels them before they run on.
+func TestChildAttackCancelledCallersChildrenThrottled(t *testing.T) {
+	t.Parallel()
+	r := newChildRig(t)
+	id := enqueueOne(t, r.e.Client, ckCaller{Kids: []ckKid{{Name: "a", Mode: "sleep", Sleep: int64(time.Hour)}}}, nil)
+	r.e.Drain(t, r.h) // the child asleep for 1 h, the caller waits 24 h
+	thr := r.ft.Add(faults.Rule{Op: "DynamoDB.Query", Fault: faults.Throttle, Times: 4,
+		Match: func(b []byte) bool { return strings.Contains(string(b), id) }})
+	_, cerr := r.h.Producer().Cancel(context.Background(), id, "", 0)
+	r.e.Drain(t, r.h)
+	r.e.Advance(t, time.Hour+time.Minute)
+	r.e.Drain(t, r.h)
+	a := r.kid(t, id, "a")
+	child := r.e.Get(t, a)
+	if thr.Fired() != 4 || child.State != ledger.Failed || !child.Cancelled || r.ran("child 0") != 0 {
+		t.Fatalf("throttled %d (Cancel: %v); the child %s cancelled=%v ran %d times; want it cancelled before it ran", thr.Fired(), cerr, child.State, child.Cancelled, r.ran("child 0"))
+	}
+	if o := r.e.Get(t, id).Steps[ledger.ChildStep(a)]; !strings.Contains(o, `"cancelled":true`) {
+		t.Fatalf("the child's end in the caller: %q", o)
+	}
+}
