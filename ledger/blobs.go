@@ -86,7 +86,7 @@ func (s *Store) getBlob(ctx context.Context, key string) (string, error) {
 		}
 		return "", fmt.Errorf("nexjob: read %s from the blob bucket: %w", key, err)
 	}
-	defer out.Body.Close()
+	defer func() { _ = out.Body.Close() }()
 	var b bytes.Buffer
 	if _, err := io.Copy(&b, io.LimitReader(out.Body, MaxBlobStepBytes+1)); err != nil {
 		return "", fmt.Errorf("nexjob: read %s from the blob bucket: %w", key, err)
