@@ -73,6 +73,10 @@ type Invoker struct {
 	N, Kids int
 	Fail    []int  `json:",omitempty"` // the kids that fail
 	Sfx     string `json:",omitempty"`
+	// Steps, if set, is how many more steps it records first (one in
+	// eight: a hundred), each logged for checker durable; and one step
+	// under a retry policy ("retried") whose first call in each run fails.
+	Steps int `json:",omitempty"`
 }
 
 // Kid is an Invoker's child: its result is I*10, or a permanent failure.
@@ -272,6 +276,24 @@ func invoker(ctx context.Context, l *RunLog, j *handler.Job[Invoker]) (InvokerRe
 	for _, i := range j.Args.Fail {
 		failing[i] = true
 	}
+	for i := range j.Args.Steps {
+		if _, err := loggedStep(ctx, l, j.ID, fmt.Sprintf("many%d", i), "", func() int { return i }); err != nil {
+			return r, err
+		}
+	}
+	calls := 0
+	retried, err := handler.StepWith(ctx, "retried", &handler.StepOptions{MaxAttempts: 3, Backoff: func(int) time.Duration { return 50 * time.Millisecond }}, func(context.Context) (int64, error) {
+		if calls++; calls == 1 {
+			return 0, errors.New("soak: the first call of a retried step fails")
+		}
+		v := time.Now().UnixNano()
+		l.line("step %s retried %d %d %d", j.ID, v, time.Now().UnixNano(), l.pid)
+		return v, nil
+	})
+	if err != nil {
+		return r, err
+	}
+	l.line("got %s retried %d %d %d", j.ID, retried, time.Now().UnixNano(), l.pid)
 	// Parallel steps first: a map over MapItems items, three at a time,
 	// each item's call logged as a step "item<i>" and its return as got
 	// (checker durable: an item recorded never runs again, and returns

@@ -259,10 +259,14 @@ func (p *producer) one(ctx context.Context, kind string, o *enqueue.Opts) {
 }
 
 // invoker enqueues an Invoker job of 1 to 4 children, one in five of
-// them failing, the children's names ending in one of DurableSuffixes.
+// them failing, the children's names ending in one of DurableSuffixes;
+// one in eight records a hundred steps first.
 func (p *producer) invoker(ctx context.Context) {
 	p.seq++
 	a := Invoker{N: p.id*1_000_000 + p.seq, Kids: 1 + p.rng.IntN(4), Sfx: DurableSuffixes[p.rng.IntN(len(DurableSuffixes))]}
+	if p.rng.IntN(8) == 0 {
+		a.Steps = 100 // a hundred steps before its map and children
+	}
 	for i := range a.Kids {
 		if p.rng.IntN(5) == 0 {
 			a.Fail = append(a.Fail, i)
