@@ -346,11 +346,16 @@ func TestInvokeCosts(t *testing.T) {
 	if n := count(calls, "DynamoDB.TransactWriteItems"); n != 1 {
 		t.Errorf("%d transactions, want the child's end's one", n)
 	}
-	// The kit's send of the child's due message; the child's claim, Query
-	// and end (2 WU); its end in the caller (GetItem, the transaction's 2
-	// items at 2 WU each, GetItem); the wake (1 WU) and its send; the
-	// caller's claim, Query and end (2 WU).
-	if len(calls) != 12 || u.Write != 9 || u.Read != 4 || u.Sends != 2 {
-		t.Errorf("%d requests, %v; want 12 requests, 9 write units, 4 read units, 2 sends", len(calls), u)
+	// The child's claim, Query and end (2 WU); its end in the caller
+	// (GetItem, the transaction's 2 items at 2 WU each, GetItem); the wake
+	// (1 WU) and its send; the caller's claim, Query and end (2 WU): 10
+	// DynamoDB requests. Sends: the wake's and the kit's of the child's
+	// due message; and, when its SQS hop comes round within the drain,
+	// one carry of the caller's own sleep message (its wait's end is a
+	// year ahead: a cost of the sleep, not of the child's end; CI saw it
+	// in 1 of 2 runs).
+	ddb := len(calls) - count(calls, "SQS.SendMessage")
+	if ddb != 10 || u.Write != 9 || u.Read != 4 || u.Sends < 2 || u.Sends > 3 {
+		t.Errorf("%d DynamoDB requests, %v; want 10 DynamoDB requests, 9 write units, 4 read units, 2 sends (3 with the sleep's carry)", ddb, u)
 	}
 }
