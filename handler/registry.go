@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -88,6 +89,11 @@ type KindOptions struct {
 	// Concurrency limits how many of this kind's jobs run at once per
 	// key (see Concurrency). Defaults to none.
 	Concurrency *Concurrency
+	// Patches are the patches this kind's code knows (Patched): a job
+	// records them at its first run and answers Patched from that record
+	// for ever. Append a name when a deploy changes what a sleeping job
+	// would do; remove it once no open job lacks it. Defaults to none.
+	Patches []string
 }
 
 type entry struct {
@@ -153,6 +159,10 @@ func add[T enqueue.JobArgs](r *Registry, work func(context.Context, ledger.Recor
 	}}
 	if opts != nil {
 		e.opts = *opts
+		e.opts.Patches = slices.Clone(opts.Patches)
+	}
+	if err := checkPatches(e.opts.Patches); err != nil {
+		panic(err.Error()) // a bad registration fails at start
 	}
 	// The args type's own defaults (enqueue.KindDefaults) fill what opts leaves unset.
 	if d, ok := any(zero).(enqueue.KindDefaults); ok {

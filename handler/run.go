@@ -56,6 +56,13 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	}
 	runCtx, cancel := context.WithDeadlineCause(ctx, deadline, cause)
 	defer cancel()
+	if len(e.opts.Patches) > 0 {
+		if err := runOf(ctx).steps.settlePatches(ctx, e.opts.Patches); err != nil {
+			// Before any of the worker's code: the run fails as a step's
+			// record would fail it (a throttle is retried).
+			return h.runFailed(ctx, e, rec, runCtx, err, start)
+		}
+	}
 	// A worker's error text is stored, logged and put on the span: capped
 	// here as the ledger caps it, so no one error fills a log line (or
 	// carries 8 KB of someone's data) where the record would not.

@@ -52,6 +52,9 @@ type steps struct {
 	// asked to stop and compensate refused something new (stopping).
 	comps                         []compensation
 	marked, compensating, stopped bool
+	// patches are the patches the job's code knew at its first run
+	// (settlePatches; nil for a kind with none).
+	patches []string
 	// tracer makes a span for each step that runs its function (nil:
 	// tracing off): the run's child, the parent of what the function does
 	// (a child job's enqueue, its own calls).

@@ -47,6 +47,7 @@ usage: nexjob COMMAND [flags] [args]
   list [STATE | --state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
                                       jobs in a state (default Failed), newest first
   get ID [--show-args] [--show-result] [--show-steps]
+  patches KIND NAME                  open jobs of KIND by whether their code knew patch NAME (exits 1 while any lacks it)
                                       one job's record (args, result only when asked)
   holder KEY [--show-args]            the job that holds an idempotency key (as get prints it), or
                                       that none does: who blocks my enqueue?
@@ -231,7 +232,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return c.provision(ctx, cfg, rest[0], f.queues, f.recurring)
-	case "list", "get", "holder", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules", "signal":
+	case "list", "get", "holder", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules", "signal", "patches":
 	default:
 		return usageError(fmt.Sprintf("unknown command %q", cmd))
 	}
@@ -261,6 +262,11 @@ func (c *cli) run(ctx context.Context, args []string) error {
 		return op.holder(ctx, rest[0], show{args: f.showArgs, result: f.showResult, steps: f.showSteps})
 	case "stats":
 		return op.stats(ctx)
+	case "patches":
+		if err := want(2); err != nil {
+			return err
+		}
+		return op.patches(ctx, rest[0], rest[1])
 	case "schedules":
 		return op.schedules(ctx)
 	case "cancel":

@@ -460,3 +460,24 @@ func (c *cli) provision(ctx context.Context, cfg aws.Config, name, queues string
 	c.printExports(cfg, vars)
 	return nil
 }
+
+// errPatchInUse: open jobs still take a patch's old branch.
+var errPatchInUse = errors.New("open jobs still take the old branch: keep it")
+
+// patches prints how the open jobs of kind stand on patch name
+// (admin.PatchUse) and fails while any lacks it: a deploy that retires
+// the old branch waits for 0.
+func (o *ops) patches(ctx context.Context, kind, name string) error {
+	old, patched, fresh, ids, err := o.a.PatchUse(ctx, kind, name)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.stdout, "%d open %s jobs take the old branch of %q, %d the new, %d have not run\n", old, clean(kind), clean(name), patched, fresh)
+	for _, id := range ids {
+		fmt.Fprintf(o.stdout, "  old: %s\n", id)
+	}
+	if old > 0 {
+		return errPatchInUse
+	}
+	return nil
+}
