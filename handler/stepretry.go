@@ -31,6 +31,12 @@ type StepOptions struct {
 	// fails with a *StepTimeoutError (retried as any error). Zero: no
 	// bound but the run's.
 	Timeout time.Duration
+	// Aliases are the names this step was recorded under before it was
+	// renamed in code: a job that recorded it under one of them gets that
+	// result back, its function not called again (a rename never repeats
+	// a side effect). Keep handing the provider StepKey of the first name,
+	// so a call whose record was lost is recognised too. Defaults to none.
+	Aliases []string
 	// WaitInRun: a pause up to this long is waited in the run; a longer
 	// one ends the run in a durable sleep (no compute held, no attempt of
 	// the job spent) and the run that wakes calls fn again. Defaults to

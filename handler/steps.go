@@ -191,10 +191,25 @@ func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(c
 	if err != nil {
 		return zero, err
 	}
+	if !done && o != nil {
+		// Renamed in code: the result recorded under a former name is
+		// this step's (its function is not called again).
+		for _, alias := range o.Aliases {
+			s.mu.Lock()
+			raw, done, err = s.value(ctx, alias)
+			s.mu.Unlock()
+			if err != nil {
+				return zero, err
+			}
+			if done {
+				break
+			}
+		}
+	}
 	if done {
 		var v T
 		if err := json.Unmarshal([]byte(raw), &v); err != nil {
-			return zero, Permanent(fmt.Errorf("nexjob: step %q: its recorded result does not decode: %w", name, err))
+			return zero, Permanent(&ResultTypeError{Step: name, Recorded: jsonShape(raw), Want: fmt.Sprintf("%T", v), Err: err})
 		}
 		return v, nil
 	}
@@ -578,4 +593,47 @@ func CallbackToken(ctx context.Context, name string) (string, error) {
 		return "", err
 	}
 	return s.store.CallbackToken(s.rec.ID, name, nonce)
+}
+
+// ResultTypeError: a step's recorded result does not decode as the type
+// the code now asks for (the step's result type changed while jobs that
+// recorded it were asleep). The way forward: decode the recorded shape
+// (a type that takes both), or give the step a new name (its function
+// then runs again for those jobs: only if that is safe), or let those
+// jobs fail (Permanent: the job fails at once, no retry) and requeue them
+// once fixed.
+type ResultTypeError struct {
+	Step     string // the step's name
+	Recorded string // its recorded result's shape ("a JSON object of 42 bytes"): never its data
+	Want     string // the Go type the code asks for
+	Err      error
+}
+
+func (e *ResultTypeError) Error() string {
+	return fmt.Sprintf("nexjob: step %q: its recorded result, %s, does not decode as %s (the step's result type changed while the job slept: decode the old shape, or rename the step if running it again is safe)", e.Step, e.Recorded, e.Want)
+}
+
+func (e *ResultTypeError) Unwrap() error { return e.Err }
+
+// jsonShape says what a recorded result is without its data: errors are
+// logged and kept on the record, and a result may be anyone's.
+func jsonShape(s string) string {
+	kind := "a JSON value"
+	if t := strings.TrimSpace(s); t != "" {
+		switch t[0] {
+		case '{':
+			kind = "a JSON object"
+		case '[':
+			kind = "a JSON array"
+		case '"':
+			kind = "a JSON string"
+		case 't', 'f':
+			kind = "a JSON boolean"
+		case 'n':
+			kind = "JSON null"
+		default:
+			kind = "a JSON number"
+		}
+	}
+	return fmt.Sprintf("%s of %d bytes", kind, len(s))
 }
