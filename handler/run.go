@@ -50,6 +50,15 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	}
 	start := time.Now()
 	ctx = withRun(ctx, h.log, rec, start) // the job's logger, for the worker and for what follows the run
+	if rec.CancelReq != "" && !rec.Compensable {
+		// An operator asked the job to stop while a run of it went on, and
+		// that run ended without meeting a step's record (a replay that
+		// slept again, a retry): this run stops it before any of its code
+		// (a compensable job runs its compensations instead: stopping).
+		cause := fmt.Errorf("%w: %s", ledger.ErrCancelRequested, rec.CancelReq)
+		h.runLog(ctx, slog.LevelWarn, "nexjob: job cancelled by an operator while it ran; stopped before its next run", rec, start)
+		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: cause.Error(), Cancelled: true}, cause)
+	}
 	runOf(ctx).steps = &steps{store: h.store, rec: rec, looked: h.store.Now()}
 	if h.o.TracerProvider != nil {
 		runOf(ctx).steps.tracer = h.tracer
