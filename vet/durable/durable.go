@@ -208,4 +208,3 @@ func trim(s string) string {
 	}
 	return s
 }
-
