@@ -124,7 +124,8 @@ func TestDrainNeverWaits(t *testing.T) {
 		t.Fatalf("after Drain: attempt %d, want 2", rec.Attempt)
 	}
 	if moved := e.Now().Sub(start); moved < handler.FloorBackoff(1) || moved > handler.FloorBackoff(1)+2*time.Second {
-		t.Fatalf("Drain moved the clock %s; want to the retry (%s)", moved, handler.FloorBackoff(1))
+		f := e.Get(t, flaky.ID)
+		t.Fatalf("Drain moved the clock %s; want to the retry (%s); the flaky job: %s, attempt %d, cut-offs %d, defers %d, runs %+v; pending:\n%s", moved, handler.FloorBackoff(1), f.State, f.Attempt, f.CutOffs, f.Defers, f.Attempts(), e.Pending(t))
 	}
 	e.RequireState(t, hour.ID, ledger.Scheduled)
 	e.RequireState(t, month.ID, ledger.Scheduled)
