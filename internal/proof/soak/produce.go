@@ -274,7 +274,10 @@ func (p *producer) invoker(ctx context.Context) {
 	}
 	r := &result{call: "enqueue", kind: a.Kind()}
 	r.at = time.Now()
-	res, err := p.c.Enqueue(ctx, a, &enqueue.Opts{MaxAttempts: 4})
+	// Ten attempts: a hundred steps' writes under the fault rate, and
+	// kills spending attempts (seed 1796624232777544508: two kills, then
+	// a throttle past the retries at attempt 4 of 4 failed one).
+	res, err := p.c.Enqueue(ctx, a, &enqueue.Opts{MaxAttempts: 10})
 	r.done = time.Now()
 	p.led.add(record(r, res, err))
 }
