@@ -22,9 +22,7 @@ func (c *Client) requestCompensation(ctx context.Context, jobID, reason string) 
 	if !asked {
 		return rec, fmt.Errorf("nexjob: cancel job %s: it moved on (%s) while it was asked to compensate; try again", jobID, rec.State)
 	}
-	msg, _ := c.message(rec)
-	msg.RunAt = 0
-	if err := c.Send(ctx, msg, 0); err != nil {
+	if err := c.sendNow(ctx, rec); err != nil {
 		return rec, fmt.Errorf("nexjob: cancel job %s: asked to compensate, not sent (Cancel again sends it): %w", jobID, err)
 	}
 	return rec, &CancelRequestedError{JobID: jobID}
@@ -108,9 +106,7 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 	// role writes no steps). A caller takes the children it started and
 	// that still go with it (CancelChildren).
 	if rec.Caller != "" {
-		msg, _ := c.message(rec)
-		msg.RunAt = 0
-		if serr := c.Send(ctx, msg, 0); serr != nil {
+		if serr := c.sendNow(ctx, rec); serr != nil {
 			err = errors.Join(err, fmt.Errorf("nexjob: cancel job %s: its caller %s is told when its message comes: %w", rec.ID, rec.Caller, serr))
 		}
 	}
@@ -121,9 +117,7 @@ func (c *Client) Cancel(ctx context.Context, jobID, reason string, retention tim
 		// (a caller told of its child's end, its children cancelled),
 		// rather than when its own message comes (a sleeping job's, maybe
 		// after its caller's wait ended, or its children's own ends).
-		msg, _ := c.message(rec)
-		msg.RunAt = 0
-		err = errors.Join(err, c.Send(ctx, msg, 0))
+		err = errors.Join(err, c.sendNow(ctx, rec))
 	}
 	if err == nil && ledger.Millis(rec.RunAt).Sub(c.store.Now()) > c.farAfter {
 		c.unschedule(ctx, rec.ID, rec.RunAt) // it was far: its message waits in a schedule

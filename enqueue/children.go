@@ -89,9 +89,7 @@ func (c *Client) wakeForChildren(ctx context.Context, rec ledger.Record) error {
 	if !ok {
 		return nil // it moved on: whatever moved it sends it
 	}
-	msg, _ := c.message(out)
-	msg.RunAt = 0 // due now, by the worker's clock (see wake)
-	return c.Send(ctx, msg, 0)
+	return c.sendNow(ctx, out)
 }
 
 // CancelChildren cancels the children rec started (handler.InvokeAsync)

@@ -34,6 +34,17 @@ func (c *Client) message(rec ledger.Record) (Message, time.Duration) {
 	return msg, delay
 }
 
+// sendNow sends rec's message due now, with no run time of its own: the
+// worker that takes it reads the record and goes by its own clock (a
+// caller's clock ahead of the workers' would have the message carried
+// forward unread). Wakes, a cancel's follow-ups and a compensation's
+// request send so.
+func (c *Client) sendNow(ctx context.Context, rec ledger.Record) error {
+	msg, _ := c.message(rec)
+	msg.RunAt = 0
+	return c.Send(ctx, msg, 0)
+}
+
 // delaySeconds is an SQS delay: whole seconds rounded up, capped at MaxDelay.
 func (c *Client) delaySeconds(delay time.Duration) int32 {
 	delay = max(0, min(delay, c.maxDelay))

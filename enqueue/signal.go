@@ -54,9 +54,7 @@ func (c *Client) wake(ctx context.Context, jobID, name string, record func() (le
 	// and a message carrying that time would be carried forward to it
 	// unread; one with none has the worker read the record and wake the
 	// job by its own clock.
-	msg, _ := c.message(out)
-	msg.RunAt = 0
-	return c.Send(ctx, msg, 0)
+	return c.sendNow(ctx, out)
 }
 
 // SignalByKey is Signal to the job that holds idempotency key key (a

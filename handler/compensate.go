@@ -58,7 +58,7 @@ const CompensationTries = 3
 // fn runs once if the job then fails for good or is cancelled. Call it
 // after the step it undoes returned.
 func Compensate(ctx context.Context, name string, fn func(ctx context.Context) error) error {
-	if err := checkChildName(name); err != nil {
+	if err := checkUserName(name); err != nil {
 		return err
 	}
 	s := stepsOf(ctx)

@@ -62,7 +62,7 @@ type conditionOutcome struct {
 // can call back.
 func WaitForCondition[T any](ctx context.Context, name string, check func(ctx context.Context) (T, bool, error), o *ConditionOptions) (T, error) {
 	var zero T
-	if err := checkChildName(name); err != nil {
+	if err := checkUserName(name); err != nil {
 		return zero, err
 	}
 	s := stepsOf(ctx)

@@ -112,7 +112,7 @@ func Invoke[T any](ctx context.Context, name string, args enqueue.JobArgs, o *In
 // is up to the caller (Await, AwaitAll), or not at all: a child nobody
 // awaits runs to its end all the same.
 func InvokeAsync(ctx context.Context, name string, args enqueue.JobArgs, o *InvokeOptions) (Child, error) {
-	if err := checkChildName(name); err != nil {
+	if err := checkUserName(name); err != nil {
 		return Child{}, err
 	}
 	s := stepsOf(ctx)
@@ -146,8 +146,9 @@ func InvokeAsync(ctx context.Context, name string, args enqueue.JobArgs, o *Invo
 	return Child{ID: id, Name: name}, nil
 }
 
-// checkChildName refuses a name a step may not take.
-func checkChildName(name string) error {
+// checkUserName refuses a user's name (a child's, a compensation's,
+// a condition's, a patch's) that a step's name could not carry.
+func checkUserName(name string) error {
 	switch {
 	case strings.HasPrefix(name, "nexjob:"):
 		return Permanent(&ledger.StepError{Name: name, Reason: `names beginning "nexjob:" are the package's own`})

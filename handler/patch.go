@@ -88,7 +88,7 @@ func (s *steps) settlePatches(ctx context.Context, declared []string) error {
 // checkPatches refuses patch names a step's name could not hold.
 func checkPatches(names []string) error {
 	for _, n := range names {
-		if err := checkChildName(n); err != nil {
+		if err := checkUserName(n); err != nil {
 			return fmt.Errorf("nexjob: KindOptions.Patches: %w", err)
 		}
 	}

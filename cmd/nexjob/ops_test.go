@@ -65,8 +65,14 @@ func newRig(t *testing.T) *rig {
 // cli runs the command line in process against the rig's deployment.
 func (r *rig) cli(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	t.Helper()
+	return runCLI(r.e, args...)
+}
+
+// runCLI runs the command line in process against e's deployment (its
+// table, steps table and queues).
+func runCLI(e *awstest.Env, args ...string) (stdout, stderr string, err error) {
 	var out, errOut bytes.Buffer
-	env := map[string]string{settings.EnvTable: r.e.Table, settings.EnvQueueURL: r.e.QueueURL, settings.EnvDLQURL: r.e.DLQURL}
+	env := map[string]string{settings.EnvTable: e.Table, settings.EnvStepsTable: e.StepsTable, settings.EnvQueueURL: e.QueueURL, settings.EnvDLQURL: e.DLQURL}
 	c := &cli{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
 	err = c.run(context.Background(), args)
 	return out.String(), errOut.String(), err

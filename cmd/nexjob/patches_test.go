@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
-	"github.com/nexjob/nexjob-aws/settings"
 )
 
 type pJob struct{}
@@ -49,12 +47,8 @@ func TestPatchesTellsWhenAPatchCanGo(t *testing.T) {
 	e.DrainNow(t, deployed)
 	e.RequireState(t, newer.ID, ledger.Scheduled)
 	run := func(args ...string) (string, error) {
-		t.Helper()
-		var out, errOut bytes.Buffer
-		env := map[string]string{settings.EnvTable: e.Table, settings.EnvStepsTable: e.StepsTable, settings.EnvQueueURL: e.QueueURL, settings.EnvDLQURL: e.DLQURL}
-		c := &cli{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
-		err := c.run(ctx, args)
-		return out.String(), err
+		out, _, err := runCLI(e, args...)
+		return out, err
 	}
 	out, err := run("patches", "p-job", "v2")
 	if !errors.Is(err, errPatchInUse) || !strings.Contains(out, "1 open p-job jobs take the old branch of \"v2\", 1 the new, 0 have not run") || !strings.Contains(out, "old: "+old.ID) {

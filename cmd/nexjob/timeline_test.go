@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -10,7 +9,6 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
-	"github.com/nexjob/nexjob-aws/settings"
 )
 
 type tlOrder struct{}
@@ -52,13 +50,11 @@ func TestGetShowsTheTimeline(t *testing.T) {
 	e.RequireState(t, res.ID, ledger.Failed)
 	run := func(args ...string) string {
 		t.Helper()
-		var out, errOut bytes.Buffer
-		env := map[string]string{settings.EnvTable: e.Table, settings.EnvStepsTable: e.StepsTable, settings.EnvQueueURL: e.QueueURL, settings.EnvDLQURL: e.DLQURL}
-		c := &cli{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
-		if err := c.run(ctx, args); err != nil {
-			t.Fatalf("nexjob %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+		out, errOut, err := runCLI(e, args...)
+		if err != nil {
+			t.Fatalf("nexjob %s: %v\n%s", strings.Join(args, " "), err, errOut)
 		}
-		return out.String()
+		return out
 	}
 	out := run("get", res.ID)
 	order := []string{`step "charge.card[0]" (`, `child "ship" started: job `, `(Succeeded)`, ` ended Succeeded`, `compensation "refund" ran`}
