@@ -125,6 +125,9 @@ func (a *Admin) Schedules(ctx context.Context) ([]ScheduledJob, error) {
 // Table is the ledger table's name.
 func (a *Admin) Table() string { return a.store.Table() }
 
+// Store is the ledger store a reads (replay's Read takes it).
+func (a *Admin) Store() *ledger.Store { return a.store }
+
 // HasDLQ reports whether the settings name a DLQ (Redrive needs one).
 func (a *Admin) HasDLQ() bool { return a.dlqURL != "" }
 

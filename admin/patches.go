@@ -17,40 +17,24 @@ import (
 // Query of the byState index per page of each state, and one Query of
 // each job's steps.
 func (a *Admin) PatchUse(ctx context.Context, kind, name string) (old, patched, fresh int, oldIDs []string, err error) {
-	for _, st := range []ledger.State{ledger.Enqueued, ledger.Scheduled, ledger.Processing, ledger.AwaitingContinuation} {
-		f := ledger.Filter{State: st, Kind: kind}
-		for {
-			recs, next, err := a.store.Find(ctx, f)
-			if err != nil {
-				return 0, 0, 0, nil, err
+	err = a.store.OpenJobs(ctx, kind, func(full ledger.Record, _ []ledger.StepItem) error {
+		v, ok := full.Steps["nexjob:patches"]
+		var list []string
+		switch {
+		case !ok && !full.Ran() && len(full.Steps) == 0:
+			fresh++
+		case json.Unmarshal([]byte(v), &list) == nil && slices.Contains(list, name):
+			patched++
+		default:
+			old++
+			if len(oldIDs) < 20 {
+				oldIDs = append(oldIDs, full.ID)
 			}
-			for _, r := range recs {
-				full, err := a.store.Get(ctx, r.ID)
-				if err != nil {
-					continue // gone meanwhile
-				}
-				if full, err = a.store.WithSteps(ctx, full); err != nil {
-					return 0, 0, 0, nil, err
-				}
-				v, ok := full.Steps["nexjob:patches"]
-				var list []string
-				switch {
-				case !ok && !full.Ran() && len(full.Steps) == 0:
-					fresh++
-				case json.Unmarshal([]byte(v), &list) == nil && slices.Contains(list, name):
-					patched++
-				default:
-					old++
-					if len(oldIDs) < 20 {
-						oldIDs = append(oldIDs, r.ID)
-					}
-				}
-			}
-			if next == "" {
-				break
-			}
-			f.Cursor = next
 		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, 0, nil, err
 	}
 	return old, patched, fresh, oldIDs, nil
 }

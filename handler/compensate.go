@@ -79,7 +79,7 @@ func Compensate(ctx context.Context, name string, fn func(ctx context.Context) e
 		}
 	}
 	s.comps = append(s.comps, compensation{name: name, fn: fn})
-	mark := !s.rec.Compensable && !s.marked
+	mark := !s.rec.Compensable && !s.marked && s.replay == nil
 	s.marked = true
 	s.mu.Unlock()
 	if mark {

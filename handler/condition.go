@@ -123,11 +123,19 @@ func WaitForCondition[T any](ctx context.Context, name string, check func(ctx co
 		if !ok {
 			break
 		}
+		if s.replay != nil {
+			s.replay.seen(s, ledger.ConditionStep(name, strconv.Itoa(n)))
+		}
 		var until int64
 		_ = json.Unmarshal([]byte(raw), &until)
 		if s.store.Now().UnixMilli() < until {
 			return zero, s.sleep(&sleepError{name: name, until: ledger.Millis(until)}) // back early (a duplicate): sleep on
 		}
+	}
+	if s.replay != nil {
+		// A look is a call to another system: a replay reaches it and
+		// stops, as at a step not recorded.
+		return zero, s.replay.reach(s, ledger.ConditionStep(name, strconv.Itoa(n)))
 	}
 	v, done, err := check(ctx)
 	if err != nil {

@@ -119,15 +119,15 @@ func InvokeAsync(ctx context.Context, name string, args enqueue.JobArgs, o *Invo
 	if s == nil {
 		return Child{}, ErrNotInRun
 	}
-	client, err := ClientFrom(ctx)
-	if err != nil {
-		return Child{}, err
-	}
 	var opts *enqueue.Opts
 	if o != nil {
 		opts = &o.Enqueue
 	}
 	id, err := step(ctx, ledger.InvokeStep(name), func(ctx context.Context) (string, error) {
+		client, err := ClientFrom(ctx) // only to start it: a replay of a started child needs none
+		if err != nil {
+			return "", err
+		}
 		res, err := client.EnqueueChild(ctx, caller.Of(s.rec), name, args, opts)
 		var de *enqueue.DispatchError
 		if errors.As(err, &de) {

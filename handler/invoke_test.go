@@ -350,12 +350,14 @@ func TestInvokeCosts(t *testing.T) {
 	// (GetItem, the transaction's 2 items at 2 WU each, GetItem); the wake
 	// (1 WU) and its send; the caller's claim, Query and end (2 WU): 10
 	// DynamoDB requests. Sends: the wake's and the kit's of the child's
-	// due message; and, when its SQS hop comes round within the drain,
-	// one carry of the caller's own sleep message (its wait's end is a
-	// year ahead: a cost of the sleep, not of the child's end; CI saw it
-	// in 1 of 2 runs).
+	// due message, at least; and a carry of the sleeping messages (the
+	// caller's wait, a year ahead) each time their SQS hop comes round
+	// within the drain: the kit hops every second (DefaultMaxDelay, a
+	// deployment every 15 minutes), so their count is the drain's wall
+	// time, not the child's end's cost (CI saw 3; beside a soak, 5).
+	// Hops are a cost of the sleep, pinned by its own tests.
 	ddb := len(calls) - count(calls, "SQS.SendMessage")
-	if ddb != 10 || u.Write != 9 || u.Read != 4 || u.Sends < 2 || u.Sends > 3 {
-		t.Errorf("%d DynamoDB requests, %v; want 10 DynamoDB requests, 9 write units, 4 read units, 2 sends (3 with the sleep's carry)", ddb, u)
+	if ddb != 10 || u.Write != 9 || u.Read != 4 || u.Sends < 2 {
+		t.Errorf("%d DynamoDB requests, %v; want 10 DynamoDB requests, 9 write units, 4 read units, 2 sends (and the sleeps' hops)", ddb, u)
 	}
 }

@@ -75,7 +75,7 @@ func (s *steps) sleep(e *sleepError) error {
 // Called with s.mu held.
 func (s *steps) lookIfDue(ctx context.Context) error {
 	now := s.store.Now()
-	if now.Sub(s.looked) < ledger.CancelLook || s.compensating {
+	if now.Sub(s.looked) < ledger.CancelLook || s.compensating || s.replay != nil {
 		return nil
 	}
 	if err := s.store.Look(ctx, s.rec); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sync"
@@ -206,4 +207,11 @@ func (r *Registry) lookup(kind string) (*entry, bool) {
 	defer r.mu.RUnlock()
 	e, ok := r.kinds[kind]
 	return e, ok
+}
+
+// Kinds are the registered kinds, sorted.
+func (r *Registry) Kinds() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return slices.Sorted(maps.Keys(r.kinds))
 }

@@ -59,6 +59,9 @@ type steps struct {
 	// tracing off): the run's child, the parent of what the function does
 	// (a child job's enqueue, its own calls).
 	tracer trace.Tracer
+	// replay, set, makes the run a replay (Registry.Replay): no function
+	// of a step is called and nothing is written; what it met is noted.
+	replay *replayLog
 }
 
 func (s *steps) recorded(ctx context.Context, name string) (string, bool, error) {
@@ -81,6 +84,12 @@ func (s *steps) recorded(ctx context.Context, name string) (string, bool, error)
 func (s *steps) record(ctx context.Context, name, result string) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.replay != nil {
+		// The package's own records (a job's patches, a wait for children
+		// that timed out) as the live run would write them, in memory.
+		s.rec.Steps[name] = result
+		return result, nil
+	}
 	if !s.store.OffRecord(name) {
 		steps, err := s.store.RecordStep(ctx, s.rec, name, result)
 		if err != nil {
@@ -122,8 +131,10 @@ func (s *steps) record(ctx context.Context, name, result string) (string, error)
 func (s *steps) timeout(ctx context.Context, name string) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	payload, err := s.store.RecordTimeout(ctx, s.rec, name)
-	if err != nil {
+	payload, err := "", error(nil)
+	if s.replay != nil {
+		payload = s.rec.Steps[ledger.SignalStep(name)] // what landed first, in the replay's records
+	} else if payload, err = s.store.RecordTimeout(ctx, s.rec, name); err != nil {
 		return "", err
 	}
 	if payload == "" {
@@ -205,6 +216,12 @@ func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(c
 				break
 			}
 		}
+	}
+	if s.replay != nil {
+		if !done {
+			return zero, s.replay.reach(s, name) // a live run would call fn here
+		}
+		s.replay.reached(s, name, o, raw)
 	}
 	if done {
 		var v T
@@ -307,6 +324,9 @@ type sleepError struct {
 	// (Finish.AwaitChildren), and the run looks for an end that came
 	// meanwhile (childrenEndedMeanwhile).
 	children bool
+	// frontier: not a sleep but a replay's end at step name, the first it
+	// reached that was not recorded (Registry.Replay).
+	frontier bool
 }
 
 func (e *sleepError) Error() string {

@@ -96,7 +96,7 @@ func WaitForAny(ctx context.Context, names []string, timeout time.Duration) (Rec
 		return Received{}, s.sleep(&sleepError{name: names[0], until: ledger.Millis(at), signals: names})
 	}
 	s.mu.Lock()
-	landed, err := s.store.RecordTimeouts(ctx, s.rec, names)
+	landed, err := s.recordTimeouts(ctx, names)
 	if err == nil {
 		for _, name := range names {
 			if p, ok := landed[name]; ok {

@@ -371,3 +371,54 @@ func (s *Store) CountJobs(ctx context.Context, since time.Time) (JobCounts, erro
 	}
 	return c, nil
 }
+
+// OpenStates are the states of a job that has not ended (OpenJobs).
+var OpenStates = []State{Enqueued, Scheduled, Processing, AwaitingContinuation}
+
+// OpenJobs calls fn with each open job of kind (OpenStates), its record
+// read whole (strongly consistent) with its steps (Record.Steps whole, as
+// WithSteps reads them, and as StepItems lists them in the order they
+// were written, each value read),
+// until fn returns an error, which it returns; each job once. It writes
+// nothing. One
+// Query of the byState index per page of each state (a Scan of the table
+// for a state the index does not hold: Enqueued and Processing unless
+// IndexAllStates), then a GetItem and a Query of its steps per job.
+func (s *Store) OpenJobs(ctx context.Context, kind string, fn func(Record, []StepItem) error) error {
+	seen := map[string]bool{} // a job that moved from one state to another as they were listed comes once
+	for _, st := range OpenStates {
+		f := Filter{State: st, Kind: kind}
+		for {
+			recs, next, err := s.Find(ctx, f)
+			if err != nil {
+				return err
+			}
+			for _, r := range recs {
+				full, err := s.Get(ctx, r.ID)
+				if err != nil {
+					continue // gone meanwhile
+				}
+				if full.Kind != kind || full.State.Terminal() || seen[full.ID] {
+					continue // ended, or listed already, since the index was read
+				}
+				seen[full.ID] = true
+				items, err := s.stepItems(ctx, full, true)
+				if err != nil {
+					return err
+				}
+				full.Steps = make(StepMap, len(items))
+				for _, it := range items {
+					full.Steps[it.Name] = it.Value
+				}
+				if err := fn(full, items); err != nil {
+					return err
+				}
+			}
+			if next == "" {
+				break
+			}
+			f.Cursor = next
+		}
+	}
+	return nil
+}

@@ -323,17 +323,20 @@ func CreateStepsTableInput(table string) *dynamodb.CreateTableInput {
 // WithSteps is rec with its Steps whole: those on the record and those in
 // the steps table (its generation's), in one map, as a run sees them. A
 // reader's view (the test kit, the CLI, the dashboard); a job with no
-// steps table costs no request.
+// steps table costs no request. It writes nothing: one strongly
+// consistent Query per MB of steps (and a GetObject per value kept in the
+// blob bucket).
 func (s *Store) WithSteps(ctx context.Context, rec Record) (Record, error) {
 	if s.steps == "" {
 		return rec, nil
 	}
-	off, err := s.LoadSteps(ctx, rec)
-	if err != nil || len(off.Values) == 0 {
+	// Read only (a run's LoadSteps renews old steps' expiry; a reader
+	// writes nothing).
+	all := StepMap{}
+	err := s.querySteps(ctx, rec, true, func(name, v string, _ map[string]types.AttributeValue) { all[name] = v })
+	if err != nil || len(all) == 0 {
 		return rec, err
 	}
-	all := make(StepMap, len(rec.Steps)+len(off.Values))
-	maps.Copy(all, off.Values)
 	maps.Copy(all, rec.Steps)
 	rec.Steps = all
 	return rec, nil
@@ -354,13 +357,22 @@ type StepItem struct {
 // not kept, last by name). A reader's view (the CLI's get, the
 // dashboard's job page): one Query per MB of the job's steps.
 func (s *Store) StepItems(ctx context.Context, rec Record) ([]StepItem, error) {
+	return s.stepItems(ctx, rec, false)
+}
+
+// stepItems is StepItems; with blobs, a value kept in the blob bucket is
+// read from it (its Where still "blob bucket").
+func (s *Store) stepItems(ctx context.Context, rec Record, blobs bool) ([]StepItem, error) {
 	var out []StepItem
 	if s.steps != "" {
-		err := s.querySteps(ctx, rec, false, func(name, v string, it map[string]types.AttributeValue) {
+		err := s.querySteps(ctx, rec, blobs, func(name, v string, it map[string]types.AttributeValue) {
 			at, _ := num(it[AttrStepAt])
 			item := StepItem{Name: name, Value: v, At: at, Where: "steps table"}
 			if k, ok := it[AttrBlob].(*types.AttributeValueMemberS); ok {
-				item.Where, item.Value = "blob bucket", k.Value // not read: a reader sees where, not megabytes
+				item.Where = "blob bucket"
+				if !blobs {
+					item.Value = k.Value // not read: a reader sees where, not megabytes
+				}
 			}
 			out = append(out, item)
 		})

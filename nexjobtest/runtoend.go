@@ -1,6 +1,7 @@
 package nexjobtest
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/replay"
 )
 
 // RunSteps bounds RunToEnd: how many times it may move the clock to the
@@ -75,4 +77,39 @@ func (e *Env) Pending(t testing.TB) string {
 		return "  (none)"
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Export is replay's export of the Env's open jobs of kind (the steps
+// whole), at the Env's clock: what `nexjob export KIND` prints for a
+// deployment. Write it to a file with replay.Write to commit it for
+// CheckReplay.
+func (e *Env) Export(t testing.TB, kind string, o *replay.Options) replay.Export {
+	t.Helper()
+	ex, err := replay.Read(context.Background(), e.Client.Store(), kind, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ex
+}
+
+// CheckReplay replays the open jobs exported to path (`nexjob export
+// KIND > path`, or replay.Write) against reg, with no side effects and
+// no AWS call (package replay), and fails the test with each divergence:
+// a recorded step the code no longer reaches, a wait it no longer waits
+// in, a value that no longer decodes. A team's CI runs it on a committed
+// export before a deploy.
+func CheckReplay(t testing.TB, reg *handler.Registry, path string) replay.Report {
+	t.Helper()
+	ex, err := replay.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := replay.Check(context.Background(), reg, ex)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range rep.Divergences {
+		t.Errorf("replay check: %s", d)
+	}
+	return rep
 }

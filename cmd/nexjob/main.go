@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -25,6 +26,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 
 	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/replay"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -48,6 +50,7 @@ usage: nexjob COMMAND [flags] [args]
                                       jobs in a state (default Failed), newest first
   get ID [--show-args] [--show-result] [--show-steps]
   patches KIND NAME                  open jobs of KIND by whether their code knew patch NAME (exits 1 while any lacks it)
+  export KIND [--redact]             the open jobs of KIND with their steps, as JSON, for a deploy's replay check (package replay)
                                       one job's record (args, result only when asked)
   holder KEY [--show-args]            the job that holds an idempotency key (as get prints it), or
                                       that none does: who blocks my enqueue?
@@ -132,6 +135,7 @@ type flags struct {
 	allowRemote         bool
 	allowHosts          hostList
 	yes, dryRun         bool
+	redact              bool // export: blank args and values
 }
 
 // hostList is a repeatable flag.
@@ -166,6 +170,7 @@ func (c *cli) parse(cmd string, args []string) (*flags, []string, error) {
 	fs.BoolVar(&f.allowRemote, "allow-remote", false, "let the dashboard listen on a non-loopback address")
 	fs.Var(&f.allowHosts, "allow-host", "a further Host the dashboard answers (a proxy's name); repeatable")
 	fs.BoolVar(&f.yes, "yes", false, "do not ask before a bulk action or a real AWS account")
+	fs.BoolVar(&f.redact, "redact", false, "export: blank args and values (strings, numbers, booleans), keeping their shape")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "say what a bulk action would do, and do nothing")
 	// Flags anywhere: parse, take one argument, parse the rest again.
 	var rest []string
@@ -232,7 +237,7 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return c.provision(ctx, cfg, rest[0], f.queues, f.recurring)
-	case "list", "get", "holder", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules", "signal", "patches":
+	case "list", "get", "holder", "stats", "cancel", "requeue", "delete", "redrive", "move-queue", "dashboard", "schedules", "signal", "patches", "export":
 	default:
 		return usageError(fmt.Sprintf("unknown command %q", cmd))
 	}
@@ -267,6 +272,17 @@ func (c *cli) run(ctx context.Context, args []string) error {
 			return err
 		}
 		return op.patches(ctx, rest[0], rest[1])
+	case "export":
+		if err := want(1); err != nil {
+			return err
+		}
+		ex, err := replay.Read(ctx, op.a.Store(), rest[0], &replay.Options{Redact: f.redact, Limit: f.limit})
+		if err != nil {
+			return err
+		}
+		enc := json.NewEncoder(c.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ex)
 	case "schedules":
 		return op.schedules(ctx)
 	case "cancel":
