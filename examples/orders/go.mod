@@ -7,6 +7,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/config v1.33.19
 	github.com/aws/aws-sdk-go-v2/service/sqs v1.53.0
 	github.com/nexjob/nexjob-aws v0.0.0
+	golang.org/x/tools v0.52.0
 )
 
 require (
@@ -41,6 +42,8 @@ require (
 	go.opentelemetry.io/otel/metric v1.47.0 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/exp v0.0.0-20230314191032-db074128a8ec // indirect
+	golang.org/x/mod v0.42.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
 )
 
 replace github.com/nexjob/nexjob-aws => ../..

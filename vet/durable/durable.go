@@ -29,6 +29,7 @@
 package durable
 
 import (
+	"fmt"
 	"go/ast"
 	"go/constant"
 	"go/types"
@@ -118,13 +119,14 @@ func checkCall(pass *analysis.Pass, call *ast.CallExpr, stack []ast.Node, mapVar
 	if name == "" {
 		return
 	}
+	what := called(pass, name, call)
 	if waits[name] && len(stack) >= 2 {
 		switch p := stack[len(stack)-2].(type) {
 		case *ast.ExprStmt:
-			pass.Reportf(call.Pos(), "the error of handler.%s is dropped: return it (the run must end in the sleep or wait)", name)
+			pass.Reportf(call.Pos(), "the error of %s is dropped: return it (the run must end in the sleep or wait)", what)
 		case *ast.AssignStmt:
 			if last, ok := p.Lhs[len(p.Lhs)-1].(*ast.Ident); ok && last.Name == "_" && len(p.Rhs) == 1 {
-				pass.Reportf(call.Pos(), "the error of handler.%s is assigned to _: return it (the run must end in the sleep or wait)", name)
+				pass.Reportf(call.Pos(), "the error of %s is assigned to _: return it (the run must end in the sleep or wait)", what)
 			}
 		}
 	}
@@ -139,7 +141,7 @@ func checkCall(pass *analysis.Pass, call *ast.CallExpr, stack []ast.Node, mapVar
 				pass.Reportf(arg.Pos(), "handler.%s's name %q: names beginning \"nexjob:\" are the package's own", name, trim(s))
 			}
 		} else if why := unstable(pass, arg, mapVars); why != "" {
-			pass.Reportf(arg.Pos(), "handler.%s's name is built from %s: the next run names it differently and runs it again", name, why)
+			pass.Reportf(arg.Pos(), "%s: its name is built from %s: the next run names it differently and runs it again", what, why)
 		}
 	}
 	if steps[name] {
@@ -147,13 +149,26 @@ func checkCall(pass *analysis.Pass, call *ast.CallExpr, stack []ast.Node, mapVar
 			if lit, ok := stack[i].(*ast.FuncLit); ok && i > 0 {
 				if g, ok := stack[i-1].(*ast.CallExpr); ok && i > 1 {
 					if _, ok := stack[i-2].(*ast.GoStmt); ok && g.Fun == lit {
-						pass.Reportf(call.Pos(), "handler.%s in a goroutine: use handler.Map, which records each item's step and bounds how many run", name)
+						pass.Reportf(call.Pos(), "%s in a goroutine: use handler.Map, which records each item's step and bounds how many run", what)
 						return
 					}
 				}
 			}
 		}
 	}
+}
+
+// called is the call as a report names it: handler.Name and its step's
+// name, as written (handler.Step("charge"), handler.Step("t-" + tenant)).
+func called(pass *analysis.Pass, name string, call *ast.CallExpr) string {
+	if !named[name] || len(call.Args) < 2 {
+		return "handler." + name
+	}
+	arg := call.Args[1]
+	if tv, ok := pass.TypesInfo.Types[arg]; ok && tv.Value != nil && tv.Value.Kind() == constant.String {
+		return fmt.Sprintf("handler.%s(%q)", name, trim(constant.StringVal(tv.Value)))
+	}
+	return fmt.Sprintf("handler.%s(%s)", name, trim(types.ExprString(arg)))
 }
 
 // unstable says what in e changes from run to run ("" if nothing seen).

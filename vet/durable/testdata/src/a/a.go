@@ -30,17 +30,17 @@ func work(ctx context.Context, ids []string, tenants map[string]int, args struct
 	}
 
 	// Bad.
-	handler.Sleep(ctx, "nap", time.Hour)                                   // want `the error of handler.Sleep is dropped`
-	_, _ = handler.WaitForSignal[string](ctx, "approval", time.Hour)       // want `the error of handler.WaitForSignal is assigned to _`
+	handler.Sleep(ctx, "nap", time.Hour)                                   // want `the error of handler.Sleep\("nap"\) is dropped`
+	_, _ = handler.WaitForSignal[string](ctx, "approval", time.Hour)       // want `the error of handler.WaitForSignal\("approval"\) is assigned to _`
 	_, _ = handler.Step(ctx, "", charge)                                   // want `a step's name is 1 to 128 bytes`
 	_, _ = handler.Step(ctx, "nexjob:mine", charge)                        // want `names beginning "nexjob:" are the package's own`
-	_, _ = handler.Step(ctx, fmt.Sprint("at-", time.Now().Unix()), charge) // want `built from time.Now`
+	_, _ = handler.Step(ctx, fmt.Sprint("at-", time.Now().Unix()), charge) // want `handler.Step\(fmt.Sprint\("at-", time.Now\(\).Unix\(\)\)\): its name is built from time.Now`
 	_, _ = handler.Step(ctx, fmt.Sprint("r-", rand.IntN(10)), charge)      // want `built from a random number`
 	for tenant := range tenants {
 		_, _ = handler.Step(ctx, "t-"+tenant, charge) // want `built from a map's range variable`
 	}
 	go func() {
-		_, _ = handler.Step(ctx, "in-a-goroutine", charge) // want `in a goroutine: use handler.Map`
+		_, _ = handler.Step(ctx, "in-a-goroutine", charge) // want `handler.Step\("in-a-goroutine"\) in a goroutine: use handler.Map`
 	}()
 	if time.Now().Hour() < 12 { // want `decided by time.Now outside a step`
 		_, _ = handler.Step(ctx, "morning", charge)
