@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/replay"
 )
 
 type pJob struct{}
@@ -60,4 +62,54 @@ func TestPatchesTellsWhenAPatchCanGo(t *testing.T) {
 	if out, err := run("patches", "p-job", "v2"); err != nil || !strings.Contains(out, "0 open p-job jobs take the old branch") {
 		t.Fatalf("patches once the old job ended: %v\n%s", err, out)
 	}
+}
+
+// TestExportPrintsTheOpenJobs (issue 40 item 3): `nexjob export KIND`
+// prints the open jobs of the kind with their steps as the replay check
+// reads them, writes nothing (the record unchanged), and with --redact
+// holds no value of theirs.
+func TestExportPrintsTheOpenJobs(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[pJob](func(ctx context.Context, j *handler.Job[pJob]) error {
+		if _, err := handler.Step(ctx, "a", func(context.Context) (string, error) { return "secret-value", nil }); err != nil {
+			return err
+		}
+		return handler.Sleep(ctx, "wait", time.Hour)
+	}), nil)
+	ctx := context.Background()
+	res, err := e.Client.Enqueue(ctx, pJob{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.DrainNow(t, e.Handler(t, reg, &handler.Options{Logger: quiet}))
+	before := e.Get(t, res.ID)
+	out, _, err := runCLI(e, "export", "p-job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex := decodeExport(t, out)
+	if len(ex.Jobs) != 1 || ex.Jobs[0].ID != res.ID || ex.Jobs[0].Steps["a"] != `"secret-value"` || ex.Kind != "p-job" {
+		t.Fatalf("export: %s", out)
+	}
+	if rep, err := replay.Check(ctx, reg, ex); err != nil || rep.Jobs != 1 || len(rep.Divergences) != 0 {
+		t.Fatalf("the export does not replay against its own code: %v %v", err, rep.Err())
+	}
+	if after := e.Get(t, res.ID); after.UpdatedAt != before.UpdatedAt || after.Token != before.Token {
+		t.Fatalf("export changed the job: %+v -> %+v", before, after)
+	}
+	out, _, err = runCLI(e, "export", "p-job", "--redact")
+	if err != nil || strings.Contains(out, "secret-value") || !decodeExport(t, out).Redacted {
+		t.Fatalf("export --redact: %v\n%s", err, out)
+	}
+}
+
+func decodeExport(t *testing.T, out string) replay.Export {
+	t.Helper()
+	var ex replay.Export
+	if err := json.Unmarshal([]byte(out), &ex); err != nil {
+		t.Fatalf("export is not JSON: %v\n%s", err, out)
+	}
+	return ex
 }
