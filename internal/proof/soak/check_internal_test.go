@@ -267,3 +267,37 @@ func TestCallsCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestSelectCheck: each break of an Invoker's select (handler.WaitForAny)
+// is a violation, and a select that kept its promises is none.
+func TestSelectCheck(t *testing.T) {
+	rec := ledger.Record{ID: "i1", Kind: "soak.invoker", State: ledger.Succeeded, Args: `{"N":1,"Kids":0,"Select":true}`}
+	got := func(v string) []stepLine { return []stepLine{{name: "select", value: v, at: 5, pid: 1, got: true}} }
+	run := func(lines []stepLine, rec ledger.Record, sent ...signalSent) []string {
+		f := &facts{rs: runs{steps: map[string][]stepLine{"i1": lines}}}
+		return f.checkSelect(rec, Invoker{Select: true}, sent)
+	}
+	goSent := signalSent{id: "i1", payload: 0}
+	stopLate := signalSent{id: "i1", payload: 1, err: ledger.ErrSignalTooLate}
+	for _, c := range []struct {
+		name  string
+		lines []stepLine
+		sent  []signalSent
+		want  string // "" no violation
+	}{
+		{"chose the signal sent", got("0"), []signalSent{goSent}, ""},
+		{"timed out, the late signal refused", got("-1"), []signalSent{stopLate}, ""},
+		{"chose the first, the other accepted after", got("0"), []signalSent{goSent, {id: "i1", payload: 1}}, ""},
+		{"timed out with a signal accepted", got("-1"), []signalSent{goSent}, `the signal "go" was accepted`},
+		{"chose a name no one signalled", got("1"), []signalSent{goSent}, "chose 1, a name no one signalled"},
+		{"Succeeded with no choice", nil, []signalSent{goSent}, "chose nothing"},
+	} {
+		bad := run(c.lines, rec, c.sent...)
+		switch {
+		case c.want == "" && len(bad) != 0:
+			t.Errorf("%s: %v, want none", c.name, bad)
+		case c.want != "" && (len(bad) != 1 || !strings.Contains(bad[0], c.want)):
+			t.Errorf("%s: got %v, want one violation saying %q", c.name, bad, c.want)
+		}
+	}
+}

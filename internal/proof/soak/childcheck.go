@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/nexjob/nexjob-aws/ledger"
@@ -49,6 +50,12 @@ func checkChildren(_ context.Context, f *facts) []string {
 			bad = append(bad, f.fail(id, "%d children name it as their caller, and it has no record", len(kids[id])))
 		}
 	}
+	selects := map[string][]signalSent{}
+	f.led.mu.Lock()
+	for _, s := range f.led.selects {
+		selects[s.id] = append(selects[s.id], s)
+	}
+	f.led.mu.Unlock()
 	for _, rec := range f.recs {
 		if rec.Kind != (Invoker{}).Kind() {
 			continue
@@ -107,6 +114,7 @@ func checkChildren(_ context.Context, f *facts) []string {
 				bad = append(bad, f.fail(rec.ID, "its run read %s of its children, their outcomes make %s", s, want))
 			}
 		}
+		bad = append(bad, f.checkSelect(rec, a, selects[rec.ID])...)
 		if f.rep != nil && f.rep.Flow != nil {
 			f.rep.Flow["children"] += len(byIndex)
 			f.rep.Flow["child timeouts"] += late
@@ -139,6 +147,50 @@ func checkChildren(_ context.Context, f *facts) []string {
 		}
 		if rec.State == ledger.Succeeded && len(byIndex) != a.Kids {
 			bad = append(bad, f.fail(rec.ID, "Succeeded with %d children recorded, it starts %d", len(byIndex), a.Kids))
+		}
+	}
+	return bad
+}
+
+// checkSelect holds an Invoker's select (handler.WaitForAny) to its
+// promises, over the signals its producer sent (sent) and what its runs
+// got (one value on every run: checker durable):
+//   - it chose a name only if a signal of that name was sent;
+//   - it timed out only if no signal of its names was accepted (a call
+//     that returned nil landed before the choice, or after it, never
+//     after the timeout: ErrSignalTooLate);
+//   - a Succeeded Invoker with a select made its choice (logged it).
+func (f *facts) checkSelect(rec ledger.Record, a Invoker, sent []signalSent) []string {
+	if !a.Select {
+		return nil
+	}
+	var bad []string
+	chosen, ok := "", false
+	for _, l := range f.rs.steps[rec.ID] {
+		if l.got && l.name == "select" {
+			chosen, ok = l.value, true
+		}
+	}
+	if f.rep != nil && f.rep.Flow != nil && ok {
+		f.rep.Flow["selects"]++
+	}
+	switch {
+	case !ok && rec.State == ledger.Succeeded:
+		bad = append(bad, f.fail(rec.ID, "Succeeded with a select that chose nothing"))
+	case !ok:
+	case chosen == "-1":
+		for _, s := range sent {
+			if s.err == nil {
+				bad = append(bad, f.fail(rec.ID, "its select timed out, and the signal %q was accepted", SelectNames[s.payload]+a.Sfx))
+			}
+		}
+	default:
+		found := false
+		for _, s := range sent {
+			found = found || strconv.Itoa(s.payload) == chosen
+		}
+		if !found {
+			bad = append(bad, f.fail(rec.ID, "its select chose %s, a name no one signalled", chosen))
 		}
 	}
 	return bad

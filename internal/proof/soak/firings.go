@@ -25,6 +25,7 @@ const (
 
 // ledgerOn is a ledger store over env's table with opts, through no fault.
 func ledgerOn(env Env, opts ledger.Options) *ledger.Store {
+	opts.BlobBucket = "" // its steps are not read here
 	st, err := ledger.New(dynamodb.NewFromConfig(env.Cfg), env.Table, &opts)
 	if err != nil {
 		panic(err) // options the soak set itself

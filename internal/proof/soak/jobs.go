@@ -2,9 +2,13 @@ package soak
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -77,7 +81,33 @@ type Invoker struct {
 	// eight: a hundred), each logged for checker durable; and one step
 	// under a retry policy ("retried") whose first call in each run fails.
 	Steps int `json:",omitempty"`
+	// Big, set, records a step "big" of BigStep bytes (over
+	// ledger.MaxStepValueBytes: kept in the blob bucket), logged by its
+	// hash: every run reads the same.
+	Big bool `json:",omitempty"`
+	// Select, set, waits for whichever comes first of the signals
+	// SelectNames (with Sfx) and SelectWait (handler.WaitForAny), logged
+	// as got "select": the index chosen, -1 for the timeout. The producer
+	// signals one, both or neither. Checker children.
+	Select bool `json:",omitempty"`
+	// Cond, set, waits for a condition polled every second
+	// (handler.WaitForCondition "cond"+Sfx) that holds from a second
+	// after its first look's step "t0": the value returned, the time of
+	// the look that found it, logged as got "cond" (one value, every run).
+	Cond bool `json:",omitempty"`
 }
+
+// BigStep is the size of an Invoker's big step: past what a step item
+// holds, so it goes to the blob bucket.
+const BigStep = 300_000
+
+// SelectNames are the signals an Invoker's select waits for (each with
+// its Sfx), and SelectWait how long.
+var SelectNames = []string{"go", "stop"}
+
+// SelectWait is how long an Invoker's select waits: as short as KidWait,
+// for the same reason.
+const SelectWait = 20 * time.Second
 
 // Kid is an Invoker's child: its result is I*10, or a permanent failure.
 type Kid struct {
@@ -294,6 +324,17 @@ func invoker(ctx context.Context, l *RunLog, j *handler.Job[Invoker]) (InvokerRe
 		return r, err
 	}
 	l.line("got %s retried %d %d %d", j.ID, retried, time.Now().UnixNano(), l.pid)
+	if j.Args.Big {
+		v, err := handler.Step(ctx, "big", func(context.Context) (string, error) {
+			v := strings.Repeat(strconv.FormatInt(time.Now().UnixNano(), 10), BigStep/19+1)[:BigStep]
+			l.line("step %s big %s %d %d", j.ID, hashOf(v), time.Now().UnixNano(), l.pid)
+			return v, nil
+		})
+		if err != nil {
+			return r, err
+		}
+		l.line("got %s big %s %d %d", j.ID, hashOf(v), time.Now().UnixNano(), l.pid)
+	}
 	// Parallel steps first: a map over MapItems items, three at a time,
 	// each item's call logged as a step "item<i>" and its return as got
 	// (checker durable: an item recorded never runs again, and returns
@@ -347,6 +388,41 @@ func invoker(ctx context.Context, l *RunLog, j *handler.Job[Invoker]) (InvokerRe
 		case errors.As(childErr(err, kids[i]), &late):
 			r.TimedOut++
 		}
+	}
+	if j.Args.Select {
+		names := make([]string, len(SelectNames))
+		for i, n := range SelectNames {
+			names[i] = n + j.Args.Sfx
+		}
+		got, err := handler.WaitForAny(ctx, names, SelectWait)
+		chosen := slices.Index(names, got.Name)
+		var late *handler.SignalTimeoutError
+		switch {
+		case errors.As(err, &late):
+			chosen = -1
+		case err != nil:
+			return r, err
+		}
+		l.line("got %s select %d %d %d", j.ID, chosen, time.Now().UnixNano(), l.pid)
+	}
+	if j.Args.Cond {
+		t0, err := loggedStep(ctx, l, j.ID, "t0", "", func() int64 { return time.Now().UnixMilli() })
+		if err != nil {
+			return r, err
+		}
+		v, err := handler.WaitForCondition(ctx, "cond"+j.Args.Sfx, func(context.Context) (int64, bool, error) {
+			now := time.Now().UnixMilli()
+			l.line("step %s look %d %d %d", j.ID, now, time.Now().UnixNano(), l.pid)
+			return now, now >= t0+1000, nil
+		}, &handler.ConditionOptions{Every: time.Second, Timeout: 30 * time.Second})
+		var late *handler.ConditionTimeoutError
+		switch {
+		case errors.As(err, &late):
+			v = -1
+		case err != nil:
+			return r, err
+		}
+		l.line("got %s cond %d %d %d", j.ID, v, time.Now().UnixNano(), l.pid)
 	}
 	// What the run read, as one number (the checker compares it with the
 	// children's records): sum×10,000 + failed×100 + timed out.
@@ -415,6 +491,12 @@ func durable(ctx context.Context, l *RunLog, j *handler.Job[Durable]) (DurableRe
 		return r, errors.New("soak: durable, not yet")
 	}
 	return r, nil
+}
+
+// hashOf is a short hash of a big value, for the logs.
+func hashOf(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(sum[:8])
 }
 
 // loggedStep is handler.Step of fn under the name name+sfx, logging

@@ -33,6 +33,7 @@ const (
 	envChild = "NEXJOB_SOAK_CHILD" // the child's seed
 	envTable = "NEXJOB_SOAK_TABLE"
 	envSteps = "NEXJOB_SOAK_STEPS_TABLE"
+	envBlobs = "NEXJOB_SOAK_BLOB_BUCKET"
 	envQueue = "NEXJOB_SOAK_QUEUE"
 	envBulk  = "NEXJOB_SOAK_BULK"
 	envRuns  = "NEXJOB_SOAK_RUNS"
@@ -95,7 +96,7 @@ func ChildMain() {
 	log := logTo(os.Getenv(envRuns) + ".log")
 	env := Env{QueueURL: os.Getenv(envQueue), BulkURL: os.Getenv(envBulk)}
 	h, err := handler.New(fc, os.Getenv(envTable), env.QueueURL, Registry(l), &handler.Options{Logger: log, Lease: 20 * time.Second, Queues: env.queues(), GuardAfter: 2 * time.Second,
-		Ledger: ledger.Options{StepsTable: os.Getenv(envSteps)}})
+		Ledger: ledger.Options{StepsTable: os.Getenv(envSteps), BlobBucket: os.Getenv(envBlobs)}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -193,7 +194,7 @@ func (k *killer) spawn(i int) (*exec.Cmd, error) {
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		envChild+"="+strconv.FormatUint(k.rng.Uint64(), 10),
-		envTable+"="+k.env.Table, envSteps+"="+k.env.StepsTable, envQueue+"="+k.env.QueueURL, envBulk+"="+k.env.BulkURL,
+		envTable+"="+k.env.Table, envSteps+"="+k.env.StepsTable, envBlobs+"="+k.env.BlobBucket, envQueue+"="+k.env.QueueURL, envBulk+"="+k.env.BulkURL,
 		envRuns+"="+filepath.Join(k.c.Dir, fmt.Sprintf("child-%d.runs", i)),
 		envRate+"="+strconv.FormatFloat(k.c.FaultRate, 'f', -1, 64),
 		envQuiet+"="+k.quietFile())

@@ -57,6 +57,7 @@ type ledgerOf struct {
 	results map[string]*result // created jobs by id
 	n       int
 	signals []signalSent // the Signal calls to Durable jobs
+	selects []signalSent // the Signal calls to Invokers' selects (payload: the name's index in SelectNames)
 	// misreports are calls that said what did not happen (a Cancel that
 	// reported an active job not cancellable).
 	misreports []string
@@ -267,6 +268,11 @@ func (p *producer) invoker(ctx context.Context) {
 	if p.rng.IntN(8) == 0 {
 		a.Steps = 100 // a hundred steps before its map and children
 	}
+	a.Big = p.rng.IntN(8) == 0
+	a.Select = p.rng.IntN(3) == 0
+	a.Cond = p.rng.IntN(3) == 0
+	send := p.rng.IntN(4) // the select's signals: none, "go", "stop", both
+	after := time.Duration(p.rng.IntN(2000)) * time.Millisecond
 	for i := range a.Kids {
 		if p.rng.IntN(5) == 0 {
 			a.Fail = append(a.Fail, i)
@@ -280,6 +286,25 @@ func (p *producer) invoker(ctx context.Context) {
 	res, err := p.c.Enqueue(ctx, a, &enqueue.Opts{MaxAttempts: 10})
 	r.done = time.Now()
 	p.led.add(record(r, res, err))
+	if !a.Select || !r.created || send == 0 {
+		return
+	}
+	p.signals.Go(func() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(after):
+		}
+		for i := range SelectNames {
+			if send&(1<<i) == 0 {
+				continue
+			}
+			err := p.c.Signal(ctx, r.id, SelectNames[i]+a.Sfx, i)
+			p.led.mu.Lock()
+			p.led.selects = append(p.led.selects, signalSent{id: r.id, payload: i, err: err})
+			p.led.mu.Unlock()
+		}
+	})
 }
 
 // durable enqueues a Durable job and signals it 0 to 3 s later, from

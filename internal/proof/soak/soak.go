@@ -110,6 +110,10 @@ type Env struct {
 	// StepsTable is the steps table every process's ledger uses (durable
 	// jobs' steps off their records); "" keeps them on the records.
 	StepsTable string
+	// BlobBucket is the blob bucket every process's ledger uses (step
+	// values over ledger.MaxStepValueBytes: an Invoker's big step); ""
+	// none (the big step then fails its job for good).
+	BlobBucket string
 	// BulkURL and BulkDLQURL are the named queue "bulk" (enqueue.Opts.Queue)
 	// and its DLQ: part of the mix goes there, and every worker polls it
 	// too. Empty: the mix stays on the job queue.
@@ -204,7 +208,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		fc := faulty(env.Cfg, nemesis())
 		wlog := logTo(filepath.Join(c.Dir, fmt.Sprintf("worker-%d.runs.log", i)))
 		o := &handler.Options{Logger: wlog, Lease: 20 * time.Second, Queues: env.queues(), GuardAfter: 2 * time.Second}
-		o.Ledger.StepsTable = env.StepsTable
+		o.Ledger.StepsTable, o.Ledger.BlobBucket = env.StepsTable, env.BlobBucket
 		switch i {
 		case 0:
 			o.Ledger.Now = func() time.Time { return time.Now().Add(c.Skew) }
@@ -252,7 +256,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 		}
 		fc := faulty(env.Cfg, nemesis())
 		co := &enqueue.ClientOptions{Logger: logTo(filepath.Join(c.Dir, fmt.Sprintf("producer-%d.log", i))), RedispatchAfter: 3 * time.Second, Queues: env.queues()}
-		co.Ledger.StepsTable = env.StepsTable
+		co.Ledger.StepsTable, co.Ledger.BlobBucket = env.StepsTable, env.BlobBucket
 		switch i {
 		case 1: // a producer whose clock runs ahead (rate limits under skew)
 			co.Ledger.Now = func() time.Time { return time.Now().Add(producerSkew) }
@@ -290,7 +294,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	callRng := rand.New(rand.NewPCG(root.Uint64(), 13))
 	prod.Go(func() { runCalls(ctx, callers, c.Calls, max(4, c.Calls/4), callRng, calls) })
 	opLog := logTo(filepath.Join(c.Dir, "operator.log"))
-	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: opLog, Queues: env.queues(), Ledger: ledger.Options{StepsTable: env.StepsTable}})
+	op, err := enqueue.New(faulty(env.Cfg, nemesis()), env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: opLog, Queues: env.queues(), Ledger: ledger.Options{StepsTable: env.StepsTable, BlobBucket: env.BlobBucket}})
 	if err != nil {
 		return rep, err
 	}
@@ -333,7 +337,7 @@ func Run(ctx context.Context, env Env, c Config) (Report, error) {
 	kills.stop()
 	<-killDone
 	start := time.Now()
-	checkClient, err := enqueue.New(env.Cfg, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), Queues: env.queues(), Ledger: ledger.Options{StepsTable: env.StepsTable}})
+	checkClient, err := enqueue.New(env.Cfg, env.Table, env.QueueURL, &enqueue.ClientOptions{Logger: quietLog(), Queues: env.queues(), Ledger: ledger.Options{StepsTable: env.StepsTable, BlobBucket: env.BlobBucket}})
 	if err != nil {
 		return rep, err
 	}

@@ -23,8 +23,8 @@ func TestMain(m *testing.M) {
 
 func soakOnce(t *testing.T, seed uint64, jobs int) soak.Report {
 	t.Helper()
-	e := nexjobtest.New(t, &nexjobtest.Options{Queues: []string{soak.Bulk}})
-	rep, err := soak.Run(context.Background(), soak.Env{Cfg: e.Cfg, Table: e.Table, StepsTable: e.StepsTable, QueueURL: e.QueueURL, DLQURL: e.DLQURL,
+	e := nexjobtest.New(t, &nexjobtest.Options{Queues: []string{soak.Bulk}, BlobBucket: true})
+	rep, err := soak.Run(context.Background(), soak.Env{Cfg: e.Cfg, Table: e.Table, StepsTable: e.StepsTable, BlobBucket: e.BlobBucket, QueueURL: e.QueueURL, DLQURL: e.DLQURL,
 		BulkURL: e.Queues[soak.Bulk], BulkDLQURL: e.QueueDLQs[soak.Bulk]},
 		soak.Config{Seed: seed, Jobs: jobs, Dir: logDir(t, seed), Logf: t.Logf})
 	if err != nil {
