@@ -60,13 +60,13 @@ func TestAttackSignalRetryWakesAJobNotInTheWait(t *testing.T) {
 	if err := e.Client.Signal(ctx, res.ID, "approval", approval{By: "ada"}); err != nil {
 		t.Fatal(err)
 	}
-	e.Drain(t, h)
+	e.DrainNow(t, h)
 	before := e.RequireState(t, res.ID, ledger.Scheduled) // in its 10-minute RetryAfter
 	// The caller's retry of the same signal (as the docs invite).
 	if err := e.Client.Signal(ctx, res.ID, "approval", approval{By: "ada"}); err != nil {
 		t.Fatalf("the caller's retry of its signal: %v", err)
 	}
-	e.Drain(t, h) // no clock moved
+	e.DrainNow(t, h) // no clock moved
 	rec := e.Get(t, res.ID)
 	mu.Lock()
 	runs := afterSignal[res.ID]

@@ -88,7 +88,7 @@ func TestSlowCancelSparesTheRequeuedRunsSchedule(t *testing.T) {
 	if _, err := r.h.Producer().Requeue(ctx, res.ID); err != nil {
 		t.Fatalf("operator B's requeue: %v", err)
 	}
-	r.e.Drain(t, r.h) // the requeued run fails, retried 40 days on
+	r.e.DrainNow(t, r.h) // the requeued run fails, retried 40 days on
 	rec := r.e.Get(t, res.ID)
 	if rec.State != ledger.Scheduled || rec.Attempt != 1 {
 		t.Fatalf("the requeued run: %s attempt %d, want Scheduled (a far retry) attempt 1", rec.State, rec.Attempt)
@@ -165,7 +165,7 @@ func TestNoScheduleNameServesTwoRunTimes(t *testing.T) {
 	if n := r.fire(t); n != 1 {
 		t.Fatalf("%d fired at the folded run time, want 1", n)
 	}
-	r.e.Drain(t, r.h) // runs, retried 40 days on: another schedule
+	r.e.DrainNow(t, r.h) // runs, retried 40 days on: another schedule
 	if rec := r.e.Get(t, res.ID); rec.State != ledger.Scheduled || rec.Attempt != 1 {
 		t.Fatalf("the job: %s attempt %d, want a far retry", rec.State, rec.Attempt)
 	}

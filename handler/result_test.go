@@ -85,7 +85,7 @@ func TestFailedAttemptKeepsNoResult(t *testing.T) {
 		return price{Amount: 2, Note: "second"}, nil
 	}, &handler.KindOptions{Backoff: func(int) time.Duration { return time.Hour }})
 	id := enqueueOne(t, e.Client, quote{Item: "retry"}, &enqueue.Opts{MaxAttempts: 3})
-	e.Drain(t, h)
+	e.DrainNow(t, h)
 	if rec := e.RequireState(t, id, ledger.Scheduled); rec.Result != "" || rec.LastError != "supplier down" {
 		t.Fatalf("after the failed attempt: result %q, last error %q; want none and the error", rec.Result, rec.LastError)
 	}
@@ -154,7 +154,7 @@ func TestLargestArgsAndResultFit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.Drain(t, h)
+	e.DrainNow(t, h)
 	e.RequireState(t, id, ledger.Scheduled)
 	e.Advance(t, time.Hour)
 	e.Drain(t, h)

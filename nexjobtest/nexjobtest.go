@@ -133,12 +133,20 @@ type Options struct {
 // ahead waits in hops of a second, not in one 15-minute delay.
 const DefaultMaxDelay = time.Second
 
-// DrainHorizon is how far ahead Drain waits, in real time, for jobs that
-// come due: a job due later is left Scheduled (Advance the clock, then
-// Drain again).
+// DrainHorizon is how far ahead Drain moves the clock to a job Scheduled
+// for a reason other than its retry (a deferral, a debounce window, a
+// short sleep); a job due later is left Scheduled (Advance the clock,
+// then Drain again). A retry's backoff is followed whatever its length.
 const DrainHorizon = 30 * time.Second
 
-// DrainLimit bounds one Drain in all, whatever its progress.
+// DrainSteps bounds one Drain: how many times it may move the clock to
+// the next job due (a retry, a deferral). A job retried more often than
+// this fails the test, naming what is pending.
+const DrainSteps = 1000
+
+// DrainLimit bounds one Drain in real time, whatever its progress: a
+// safety net for a queue that never empties (each move of the clock is
+// bounded by DrainSteps, not by it).
 const DrainLimit = 10 * time.Minute
 
 // clock is the Env's clock: real time plus what Advance added.
@@ -295,19 +303,23 @@ func (e *Env) Handler(t testing.TB, reg *handler.Registry, opts *handler.Options
 
 // Drain feeds the job queue (and the named queues) to h.Handle, as
 // Lambda's event source mappings do, until nothing is left to run: no
-// message visible or in flight and no job Scheduled within DrainHorizon
-// of h's clock. It never waits for the clock: when all that is left is
-// Scheduled within DrainHorizon (a retry's backoff, a throttle or
-// concurrency deferral, a debounce window, a short sleep), it moves the
-// Env's clock to the first of them (Advance) and goes on, so a retry 16 s
-// out runs in well under a second, every time (the kit's handlers retry
-// with handler.FloorBackoff: no jitter). A job due later (a 1-hour delay,
-// a 10-minute backoff) is left Scheduled: Advance past it and Drain
-// again. With a clock of the test's own (Options.Ledger.Now) it cannot
-// move the clock and waits for those jobs in real time, as before. Drain
-// fails the test if no message was handled for a minute while work
-// remained (a stuck queue), or after DrainLimit in all. DrainNow runs
-// only what is due now.
+// message visible or in flight, no retry Scheduled, and no job Scheduled
+// within DrainHorizon of h's clock. It never waits for the clock: when all
+// that is left is Scheduled, it moves the Env's clock to the first of them
+// (Advance) and goes on: every retry whatever its backoff (the second,
+// 31 s out, the tenth, hours out: the kit's handlers retry with
+// handler.FloorBackoff, no jitter), and a throttle or concurrency
+// deferral, a debounce window or a short sleep within DrainHorizon. So a
+// job that fails twice and succeeds runs three times in one Drain, in
+// well under a second. A job due later for another reason (a 1-hour
+// delay, a long sleep, a wait) is left Scheduled: Advance past it and
+// Drain again, or RunToEnd. With a clock of the test's own
+// (Options.Ledger.Now) it cannot move the clock and waits for those jobs
+// in real time. Drain fails the test, naming each job still pending (its
+// state, run time, attempt and last error), after DrainSteps moves of the
+// clock, when no message was handled for a minute while work remained (a
+// stuck queue), or after DrainLimit in all. DrainNow runs only what is
+// due now.
 func (e *Env) Drain(t testing.TB, h *handler.Handler) {
 	t.Helper()
 	e.drain(t, h, DrainHorizon)
@@ -332,6 +344,7 @@ func (e *Env) drain(t testing.TB, h *handler.Handler, horizon time.Duration) {
 	// Quiet twice in a row: SQS's counts are read one after another, so a
 	// message that turns visible between them is in neither once.
 	limit := time.Now().Add(DrainLimit)
+	moves := 0
 	for end, quiet := time.Now().Add(time.Minute), 0; time.Now().Before(end) && time.Now().Before(limit); {
 		n := 0
 		for _, p := range ps {
@@ -345,7 +358,7 @@ func (e *Env) drain(t testing.TB, h *handler.Handler, horizon time.Duration) {
 			quiet, end = 0, time.Now().Add(time.Minute) // progress
 			continue
 		}
-		next, waiting := e.nextScheduled(t, now(), horizon)
+		next, waiting := e.nextScheduled(t, now(), horizon, own && horizon > 0)
 		switch {
 		case e.visible(t) > 0:
 			quiet = 0 // in flight elsewhere, or just turned visible
@@ -355,6 +368,9 @@ func (e *Env) drain(t testing.TB, h *handler.Handler, horizon time.Duration) {
 			}
 			continue
 		case own && next.After(now()):
+			if moves++; moves > DrainSteps {
+				t.Fatalf("Drain moved the clock %d times (DrainSteps) and jobs are still pending (a job retried for ever?); pending:\n%s", DrainSteps, e.Pending(t))
+			}
 			e.clock.off.Add(int64(next.Sub(now()))) // nothing else to run: its time, now
 			if now().Before(next) {
 				own = false // h reads a clock of its own: wait for it in real time
@@ -366,7 +382,7 @@ func (e *Env) drain(t testing.TB, h *handler.Handler, horizon time.Duration) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("queue %s did not drain (no message handled for a minute, or %s in all; %d messages left); pending:\n%s", e.QueueURL, DrainLimit, e.QueueDepth(t, e.QueueURL), e.Pending(t))
+	t.Fatalf("queue %s did not drain (no message handled for a minute, or %s in all; %d messages left); pending (Advance past a run time, or RunToEnd a job, to go on):\n%s", e.QueueURL, DrainLimit, e.QueueDepth(t, e.QueueURL), e.Pending(t))
 }
 
 // queueURLs are the job queue's URL and the named queues', in name order.
@@ -403,17 +419,18 @@ func (e *Env) visible(t testing.TB) int {
 }
 
 // nextScheduled is the earliest run time of a job Scheduled before
-// now+horizon (its message may be delayed: the queue's visible count
-// misses it), and whether there is one; with horizon 0, of a job due now.
-// Enqueued and running jobs have their message visible or in flight.
-// One consistent Scan: a test's table is small.
-func (e *Env) nextScheduled(t testing.TB, now time.Time, horizon time.Duration) (time.Time, bool) {
+// now+horizon, or (retries) for its retry whatever its time (its
+// message may be delayed: the queue's visible count misses it), and
+// whether there is one; with horizon 0, of a job due now. Enqueued and
+// running jobs have their message visible or in flight. One consistent
+// Scan: a test's table is small.
+func (e *Env) nextScheduled(t testing.TB, now time.Time, horizon time.Duration, retries bool) (time.Time, bool) {
 	t.Helper()
 	var next time.Time
 	found := false
 	for _, r := range e.Scan(t) {
 		at := ledger.Millis(r.RunAt)
-		if r.State != ledger.Scheduled || r.ID == "" || r.ExpiredAt(now) || at.After(now.Add(horizon)) {
+		if r.State != ledger.Scheduled || r.ID == "" || r.ExpiredAt(now) || at.After(now.Add(horizon)) && (!retries || !retrying(r)) {
 			continue
 		}
 		if !found || at.Before(next) {
@@ -421,6 +438,19 @@ func (e *Env) nextScheduled(t testing.TB, now time.Time, horizon time.Duration) 
 		}
 	}
 	return next, found
+}
+
+// retrying reports whether r is Scheduled for a retry: its last run
+// failed and set its run time (the history's last attempt is that
+// failure, written with the record's last change). A sleep, a wait or a
+// deferral writes no attempt; a delay never ran.
+func retrying(r ledger.Record) bool {
+	hist := r.Attempts() // newest first
+	if len(hist) == 0 {
+		return false
+	}
+	last := hist[0]
+	return last.State == ledger.Scheduled && last.At == r.UpdatedAt
 }
 
 // Scan reads every item of the table, decoded, archived and expired ones

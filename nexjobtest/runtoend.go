@@ -44,7 +44,7 @@ func (e *Env) RunToEnd(t testing.TB, h *handler.Handler, id string) ledger.Recor
 		if rec.State.Terminal() {
 			return rec
 		}
-		next, ok := e.nextScheduled(t, e.Now(), runHorizon)
+		next, ok := e.nextScheduled(t, e.Now(), runHorizon, false)
 		if !ok {
 			t.Fatalf("nexjobtest: job %s is %s and nothing is scheduled to move it (it waits for a signal or a callback the test must send?); pending:\n%s", id, rec.State, e.Pending(t))
 		}

@@ -39,13 +39,12 @@ func TestTimeControl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.Drain(t, h)
+	e.DrainNow(t, h)
 	e.RequireState(t, later.ID, ledger.Scheduled)
 	if rec := e.RequireState(t, flaky.ID, ledger.Scheduled); rec.Attempt != 1 {
 		t.Fatalf("flaky: attempt %d", rec.Attempt)
 	}
-	e.Advance(t, 10*time.Minute) // skip the backoff
-	e.Drain(t, h)
+	e.Drain(t, h) // follows the retry's 10 minutes, not the hour's delay
 	e.RequireState(t, flaky.ID, ledger.Succeeded)
 	e.RequireState(t, later.ID, ledger.Scheduled)
 	e.RunNow(t, later.ID) // the hour
@@ -136,4 +135,42 @@ func TestDrainNeverWaits(t *testing.T) {
 	e.Advance(t, 30*24*time.Hour)
 	e.Drain(t, h)
 	e.RequireState(t, month.ID, ledger.Succeeded)
+}
+
+// TestDrainRunsEveryRetry (issue 41 item 1): a job that fails four times
+// runs its fifth attempt in one Drain, whatever the backoffs (16 s, 31 s,
+// 61 s, 121 s: the kit's FloorBackoff), and a job a day away is left
+// Scheduled; a job retried past DrainSteps fails the Drain naming it
+// (checked through a stand-in testing.TB).
+func TestDrainRunsEveryRetry(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[greet](func(_ context.Context, j *handler.Job[greet]) error {
+		if j.Args.Name == "flaky" && j.Attempt < 5 {
+			return errors.New("not yet")
+		}
+		return nil
+	}), nil)
+	h := e.Handler(t, reg, nil)
+	ctx := context.Background()
+	flaky, err := e.Client.Enqueue(ctx, greet{Name: "flaky"}, &enqueue.Opts{MaxAttempts: 6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	day, err := e.Client.Enqueue(ctx, greet{Name: "day"}, &enqueue.Opts{Delay: 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := e.Now()
+	e.Drain(t, h)
+	rec := e.RequireState(t, flaky.ID, ledger.Succeeded)
+	var backoffs time.Duration
+	for n := 1; n < 5; n++ {
+		backoffs += handler.FloorBackoff(n)
+	}
+	if moved := e.Now().Sub(start); rec.Attempt != 5 || moved < backoffs {
+		t.Fatalf("attempt %d, the clock moved %s; want attempt 5 after the four backoffs (%s)", rec.Attempt, moved, backoffs)
+	}
+	e.RequireState(t, day.ID, ledger.Scheduled)
 }
