@@ -27,6 +27,7 @@ func (a39) Kind() string { return "a39" }
 type a39Kid struct {
 	N    int    `json:"n"`
 	Mode string `json:"mode,omitempty"`
+	H    int    `json:"h,omitempty"` // hours, for the modes that sleep
 }
 
 func (a39Kid) Kind() string { return "a39-kid" }
