@@ -17,63 +17,74 @@ import (
 
 // More attacks across Map, children and compensations.
 
-// BREAK: "Compensate declares fn as the compensation of what the run did
-// before it ...: fn runs once if the job then fails for good or is
-// cancelled. Call it after the step it undoes returned." (go doc
-// handler.Compensate) with Map's "fn may call Step with names of its own"
-// and "every later run of the job gets it back without calling fn": a
-// compensation declared in a map's item, after the item's own step
-// returned, never runs when the job fails for good in a later run (the
-// item replayed, its fn not called, its compensation not declared again).
-//
-// Compensations declared inside a map's items, after each item's own step
-// returned (Compensate: "Call it after the step it undoes returned"); the
-// job sleeps after the map and fails for good in the woken run, whose map
-// replays the items without calling them: "fn runs once if the job then
-// fails for good" (go doc handler.Compensate).
+// Helper-9's break, fixed: a compensation declared inside a map item's
+// function (after the item's own step returned) was never declared again
+// once the item replayed (its fn not called), so a job failing for good in
+// a later run refunded nothing. Compensate inside a step's or an item's
+// function is now refused (*handler.CompensateInStepError, naming the
+// step), and the documented way, one declaration per item after Map
+// returned, refunds each item once when the job fails in a later run.
 func TestAttack39CompensationDeclaredInAMapItem(t *testing.T) {
 	t.Parallel()
-	var r *rig39
-	r = newRig39(t, rig39Opts{work: func(ctx context.Context, j *handler.Job[a39]) error {
-		r.call("run")
-		_, err := handler.Map(ctx, "lines", []int{0, 1, 2}, func(ctx context.Context, i, _ int) (string, error) {
-			if _, err := handler.Step(ctx, fmt.Sprint("charge-", i), func(context.Context) (int, error) {
-				r.call("charge %d", i)
-				return 1, nil
-			}); err != nil {
-				return "", err
+	for _, inside := range []bool{true, false} {
+		t.Run(fmt.Sprint("inside=", inside), func(t *testing.T) {
+			t.Parallel()
+			var r *rig39
+			var refused error
+			r = newRig39(t, rig39Opts{work: func(ctx context.Context, j *handler.Job[a39]) error {
+				r.call("run")
+				_, err := handler.Map(ctx, "lines", []int{0, 1, 2}, func(ctx context.Context, i, _ int) (string, error) {
+					if _, err := handler.Step(ctx, fmt.Sprint("charge-", i), func(context.Context) (int, error) {
+						r.call("charge %d", i)
+						return 1, nil
+					}); err != nil {
+						return "", err
+					}
+					if inside {
+						err := handler.Compensate(ctx, fmt.Sprint("refund-", i), func(context.Context) error { return nil })
+						refused = err
+						return "", err
+					}
+					return "ok", nil
+				}, nil)
+				if err != nil {
+					return err
+				}
+				for i := range 3 {
+					if err := handler.Compensate(ctx, fmt.Sprint("refund-", i), func(context.Context) error {
+						r.call("refund %d", i)
+						return nil
+					}); err != nil {
+						return err
+					}
+				}
+				if err := handler.Sleep(ctx, "cool", time.Hour); err != nil {
+					return err
+				}
+				return handler.Permanent(errors.New("booking refused"))
+			}})
+			id := enqueueOne(t, r.e.Client, a39{}, nil)
+			for range 3 {
+				r.e.Drain(t, r.h)
+				r.e.Advance(t, time.Hour+time.Minute)
 			}
-			if err := handler.Compensate(ctx, fmt.Sprint("refund-", i), func(context.Context) error {
-				r.call("refund %d", i)
-				return nil
-			}); err != nil {
-				return "", err
+			rec := r.e.Get(t, id)
+			if inside {
+				var in *handler.CompensateInStepError
+				if rec.State != ledger.Failed || !errors.As(refused, &in) || in.Step != "lines#0" && in.Step != "lines#1" && in.Step != "lines#2" {
+					t.Fatalf("Compensate inside a map item: job %s (%s), Compensate returned %v; want a *CompensateInStepError naming the item", rec.State, rec.LastError, refused)
+				}
+				return
 			}
-			return "ok", nil
-		}, nil)
-		if err != nil {
-			return err
-		}
-		if err := handler.Sleep(ctx, "cool", time.Hour); err != nil {
-			return err
-		}
-		return handler.Permanent(errors.New("booking refused"))
-	}})
-	id := enqueueOne(t, r.e.Client, a39{}, nil)
-	rec := func() ledger.Record {
-		for range 3 {
-			r.e.Drain(t, r.h)
-			r.e.Advance(t, time.Hour+time.Minute)
-		}
-		return r.e.Get(t, id)
-	}()
-	if rec.State != ledger.Failed || r.n("run") != 2 {
-		t.Fatalf("job %s (%s) after %d runs", rec.State, rec.LastError, r.n("run"))
-	}
-	for i := range 3 {
-		if r.n("charge %d", i) != 1 || r.n("refund %d", i) != 1 {
-			t.Errorf("promise \"fn runs once if the job then fails for good\": item %d charged %d times, refunded %d times", i, r.n("charge %d", i), r.n("refund %d", i))
-		}
+			if rec.State != ledger.Failed || r.n("run") != 2 {
+				t.Fatalf("job %s (%s) after %d runs", rec.State, rec.LastError, r.n("run"))
+			}
+			for i := range 3 {
+				if r.n("charge %d", i) != 1 || r.n("refund %d", i) != 1 {
+					t.Errorf("item %d charged %d times, refunded %d times; want once each", i, r.n("charge %d", i), r.n("refund %d", i))
+				}
+			}
+		})
 	}
 }
 

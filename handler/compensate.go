@@ -2,6 +2,7 @@ package handler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -43,6 +44,20 @@ import (
 // Cost: the first declaration of a job marks its record (one UpdateItem,
 // once a job); each compensation that runs is a step (one PutItem).
 
+// CompensateInStepError refuses Compensate called inside a step's
+// function (a Step's, a Map item's): a replay that replays the step does
+// not call its function, so the compensation would not be declared in
+// the run that ends the job, and would never run. Declare it after the
+// step returned (after Map returned, one per item that needs one).
+type CompensateInStepError struct {
+	Name string // the compensation's
+	Step string // the step whose function it was called in
+}
+
+func (e *CompensateInStepError) Error() string {
+	return fmt.Sprintf("nexjob: compensation %q declared inside step %q's function: a replay does not call it, and would not declare it; declare it after the step returned", e.Name, e.Step)
+}
+
 // compensation is a declared compensation.
 type compensation struct {
 	name string
@@ -56,7 +71,9 @@ const CompensationTries = 3
 // Compensate declares fn as the compensation of what the run did before
 // it, under name (1 to 128 bytes, not beginning "nexjob:", once a run):
 // fn runs once if the job then fails for good or is cancelled. Call it
-// after the step it undoes returned.
+// after the step it undoes returned, in the worker's own code: inside a
+// step's or a Map item's function it is refused
+// (*CompensateInStepError, permanent).
 func Compensate(ctx context.Context, name string, fn func(ctx context.Context) error) error {
 	if err := checkUserName(name); err != nil {
 		return err
@@ -64,6 +81,9 @@ func Compensate(ctx context.Context, name string, fn func(ctx context.Context) e
 	s := stepsOf(ctx)
 	if s == nil {
 		return ErrNotInRun
+	}
+	if in, ok := ctx.Value(inStepKey{}).(string); ok {
+		return Permanent(&CompensateInStepError{Name: name, Step: in})
 	}
 	if s.store.StepsTable() == "" {
 		return Permanent(ledger.ErrNoStepsTable)
@@ -108,10 +128,38 @@ func (h *Handler) compensate(ctx context.Context, rec ledger.Record, cause strin
 	if len(comps) == 0 {
 		return cause
 	}
-	o := &StepOptions{MaxAttempts: CompensationTries, Backoff: func(n int) time.Duration { return time.Duration(n) * 200 * time.Millisecond }}
+	backoff := func(n int) time.Duration { return time.Duration(n) * 200 * time.Millisecond }
+	o := &StepOptions{MaxAttempts: CompensationTries, Backoff: backoff}
 	for i := len(comps) - 1; i >= 0; i-- {
 		c := comps[i]
-		_, err := stepWith(ctx, ledger.CompensationStep(c.name), o, func(ctx context.Context) (bool, error) { return true, c.fn(ctx) })
+		if i < len(comps)-1 {
+			// Still the job's run? A run whose lease a newer run took
+			// (it compensates too, from the records) stops here: each
+			// compensation once (one GetItem per compensation after the
+			// first).
+			if err := s.store.Look(ctx, rec); errors.Is(err, ledger.ErrFenced) {
+				h.log.WarnContext(ctx, "nexjob: a newer run took the job while it compensated; it compensates the rest", "job_id", rec.ID, "kind", rec.Kind)
+				return cause
+			}
+		}
+		step := ledger.CompensationStep(c.name)
+		ran := false
+		_, err := stepWith(ctx, step, o, func(ctx context.Context) (bool, error) {
+			err := c.fn(ctx)
+			ran = err == nil
+			return true, err
+		})
+		for try := 1; err != nil && ran && try < CompensationTries && !errors.Is(err, ledger.ErrFenced); try++ {
+			// It ran; its record failed (a throttle past the SDK's
+			// retries): the record is written again, fn not called.
+			time.Sleep(backoff(try))
+			_, err = s.record(ctx, step, "true")
+		}
+		if err != nil && ran {
+			h.log.ErrorContext(ctx, "nexjob: compensation ran, and its record could not be written", "job_id", rec.ID, "kind", rec.Kind, "compensation", c.name, "err", err)
+			cause = fmt.Sprintf("%s; compensation %q ran and its record failed (it may run again): %v", cause, c.name, err)
+			continue
+		}
 		if err != nil {
 			h.log.ErrorContext(ctx, "nexjob: compensation failed", "job_id", rec.ID, "kind", rec.Kind, "compensation", c.name, "err", err)
 			cause = fmt.Sprintf("%s; compensation %q failed: %v", cause, c.name, err)

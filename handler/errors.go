@@ -14,11 +14,23 @@ import (
 // from Work through Permanent.
 type PermanentError struct{ Err error }
 
-func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Error() string {
+	if e.Err == nil {
+		return "permanent: (no error)"
+	}
+	return "permanent: " + e.Err.Error()
+}
 func (e *PermanentError) Unwrap() error { return e.Err }
 
-// Permanent marks err as not worth retrying.
-func Permanent(err error) error { return &PermanentError{Err: err} }
+// Permanent marks err as not worth retrying. Permanent(nil) is nil (as
+// with fmt.Errorf's %w and errors.Join): `return handler.Permanent(err)`
+// with a nil err ends the run in success.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
 
 // RetryAfterError asks for the next attempt after Delay instead of the
 // backoff. It spends an attempt like any failure.

@@ -158,10 +158,11 @@ func checkUserName(name string) error {
 	return nil
 }
 
-// Await waits up to timeout (at most MaxWait) for child c's end and
-// returns its result decoded as T: a *ChildFailedError when it failed or
-// expired, a *ChildTimeoutError when the wait ended first. Until it
-// ends, the run ends in a sleep: the worker must return Await's error.
+// Await waits up to timeout (at most MaxWait; zero or less: MaxWait) for
+// child c's end and returns its result decoded as T: a *ChildFailedError
+// when it failed or expired, a *ChildTimeoutError when the wait ended
+// first. A timeout over MaxWait is a permanent *WaitTooLongError. Until
+// it ends, the run ends in a sleep: the worker must return Await's error.
 func Await[T any](ctx context.Context, c Child, timeout time.Duration) (T, error) {
 	out, err := AwaitAll[T](ctx, []Child{c}, timeout)
 	if err != nil {
@@ -200,8 +201,11 @@ func AwaitAll[T any](ctx context.Context, cs []Child, timeout time.Duration) ([]
 	if len(cs) == 0 {
 		return nil, nil
 	}
-	if timeout <= 0 || timeout > MaxWait {
-		return nil, Permanent(&WaitTooLongError{Name: cs[0].Name, Wait: timeout, Signal: true})
+	if timeout <= 0 {
+		timeout = MaxWait // no bound given: the longest, as InvokeOptions.Timeout's zero
+	}
+	if timeout > MaxWait {
+		return nil, Permanent(&WaitTooLongError{Name: cs[0].Name, Wait: timeout, Children: true})
 	}
 	if s.store.StepsTable() == "" {
 		return nil, Permanent(ledger.ErrNoStepsTable)

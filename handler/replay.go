@@ -2,9 +2,11 @@ package handler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
@@ -37,9 +39,9 @@ type Replayed struct {
 	Err error
 }
 
-// errReplayCall refuses every AWS call of a replay: a replay writes
-// nothing and reads nothing but what it was given.
-var errReplayCall = errors.New("nexjob: a replay makes no AWS call (the worker or the package reached one outside its recorded steps)")
+// ErrReplayCall refuses every AWS call of a replay (Registry.Replay): a
+// replay writes nothing and reads nothing but what it was given.
+var ErrReplayCall = errors.New("nexjob: a replay makes no AWS call (the worker or the package reached one outside its recorded steps)")
 
 // Replay runs rec's job through its kind's worker in reg against the
 // steps rec holds (Record.Steps whole: ledger's WithSteps, or an export's),
@@ -61,13 +63,16 @@ func (r *Registry) Replay(ctx context.Context, rec ledger.Record, now time.Time)
 	if !ok {
 		return Replayed{}, fmt.Errorf("nexjob: replay of job %s: kind %q is not registered", rec.ID, rec.Kind)
 	}
-	store, err := ledger.New(refuseAll{}, "replay", &ledger.Options{Now: func() time.Time { return now }, StepsTable: "replay"})
+	// A key secret of its own: a callback token a replay makes is never
+	// handed to anyone.
+	store, err := ledger.New(refuseAll{}, "replay", &ledger.Options{Now: func() time.Time { return now }, StepsTable: "replay", KeySecret: []byte("nexjob replay")})
 	if err != nil {
 		return Replayed{}, err
 	}
 	if rec.Steps == nil {
 		rec.Steps = ledger.StepMap{}
 	}
+	rec.Token++ // as the next run's claim would: a job that ran once is not taken for one never claimed (its patches)
 	log := &replayLog{}
 	ctx = withRun(ctx, slog.New(slog.DiscardHandler), rec, time.Now())
 	s := &steps{store: store, rec: rec, looked: now, replay: log, off: &ledger.OffSteps{Values: map[string]string{}}}
@@ -151,31 +156,31 @@ func (l *replayLog) result(err error) Replayed {
 type refuseAll struct{}
 
 func (refuseAll) GetItem(context.Context, *dynamodb.GetItemInput, ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
-	return nil, errReplayCall
+	return nil, ErrReplayCall
 }
 
 func (refuseAll) PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error) {
-	return nil, errReplayCall
+	return nil, ErrReplayCall
 }
 
 func (refuseAll) UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
-	return nil, errReplayCall
+	return nil, ErrReplayCall
 }
 
 func (refuseAll) DeleteItem(context.Context, *dynamodb.DeleteItemInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error) {
-	return nil, errReplayCall
+	return nil, ErrReplayCall
 }
 
 func (refuseAll) TransactWriteItems(context.Context, *dynamodb.TransactWriteItemsInput, ...func(*dynamodb.Options)) (*dynamodb.TransactWriteItemsOutput, error) {
-	return nil, errReplayCall
+	return nil, ErrReplayCall
 }
 
 func (refuseAll) Query(context.Context, *dynamodb.QueryInput, ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error) {
-	return nil, errReplayCall
+	return nil, ErrReplayCall
 }
 
 func (refuseAll) Scan(context.Context, *dynamodb.ScanInput, ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error) {
-	return nil, errReplayCall
+	return nil, ErrReplayCall
 }
 
 // recordTimeouts is the ledger's RecordTimeouts for a wait for any of
@@ -192,4 +197,17 @@ func (s *steps) recordTimeouts(ctx context.Context, names []string) (map[string]
 		}
 	}
 	return landed, nil
+}
+
+// strictDecode refuses, in a replay, a recorded value with fields T no
+// longer has (a renamed JSON field decodes to its zero value live,
+// silently): a *ResultTypeError naming step name.
+func strictDecode[T any](name, raw string) error {
+	var v T
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil && strings.Contains(err.Error(), "unknown field") {
+		return Permanent(&ResultTypeError{Step: name, Recorded: jsonShape(raw), Want: fmt.Sprintf("%T", v), Err: err})
+	}
+	return nil
 }

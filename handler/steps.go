@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -113,7 +114,8 @@ func (s *steps) record(ctx context.Context, name, result string) (string, error)
 	s.off.Count++
 	s.off.Bytes += len(result)
 	s.mu.Unlock()
-	v, err := s.store.PutStep(ctx, s.rec, have, name, result)
+	in, _ := ctx.Value(inStepKey{}).(string)
+	v, err := s.store.PutStepIn(ctx, s.rec, have, name, in, result)
 	s.mu.Lock()
 	if err != nil {
 		s.off.Count--
@@ -222,6 +224,9 @@ func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(c
 			return zero, s.replay.reach(s, name) // a live run would call fn here
 		}
 		s.replay.reached(s, name, o, raw)
+		if err := strictDecode[T](name, raw); err != nil {
+			return zero, err
+		}
 	}
 	if done {
 		var v T
@@ -260,8 +265,14 @@ func stepWith[T any](ctx context.Context, name string, o *StepOptions, fn func(c
 			}
 		}()
 	}
-	v, err := callStep(ctx, s, name, o, fn)
+	// fn's context knows its step: a step fn records is nested in it
+	// (a replay that replays this one does not reach them), and a
+	// compensation cannot be declared there (Compensate).
+	v, err := callStep(context.WithValue(ctx, inStepKey{}, name), s, name, o, fn)
 	if err != nil {
+		s.mu.Lock()
+		delete(s.used, name) // not recorded: a retry of an enclosing step (a compensation's tries) may call it again
+		s.mu.Unlock()
 		return zero, err
 	}
 	b, err := json.Marshal(v)
@@ -306,6 +317,10 @@ func shortHash(text string, n int) string {
 	sum := sha256.Sum256([]byte(text))
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:n]))
 }
+
+// inStepKey is a context key: the name of the step whose function ctx is
+// (a string).
+type inStepKey struct{}
 
 // stepsOf is the steps of the run ctx is in, nil outside one.
 func stepsOf(ctx context.Context) *steps {
@@ -393,11 +408,20 @@ func sleepUntil(ctx context.Context, name string, t time.Time) error {
 	if err != nil {
 		return err
 	}
+	if until < minSleepEnd {
+		// Not a sleep's end: a step of this name recorded another value
+		// (a step renamed to a sleep, or a sleep to a step's name).
+		return Permanent(&ResultTypeError{Step: name, Recorded: strconv.FormatInt(until, 10), Want: "a sleep's end (unix ms)", Err: errors.New("the recorded value is not a time")})
+	}
 	if s.store.Now().UnixMilli() < until {
 		return s.sleep(&sleepError{name: name, until: ledger.Millis(until)})
 	}
 	return nil
 }
+
+// minSleepEnd is the earliest a recorded sleep's end can be (2000-01-01,
+// unix ms): a smaller number under a sleep's name is another step's value.
+const minSleepEnd = 946_684_800_000
 
 // MaxWait is the longest sleep (Sleep, SleepUntil) and the longest wait
 // for a signal (WaitForSignal's timeout): the longest schedule, a year and
@@ -418,11 +442,17 @@ type WaitTooLongError struct {
 	Name   string        // the sleep's or the wait's name
 	Wait   time.Duration // how long it asked for
 	Signal bool          // a wait for a signal (else a sleep)
+	// Children: a wait for children (Await, AwaitAll; Name is the first
+	// child's).
+	Children bool
 }
 
 func (e *WaitTooLongError) Error() string {
 	what := "sleep"
-	if e.Signal {
+	switch {
+	case e.Children:
+		what = "wait for child"
+	case e.Signal:
 		what = "wait for signal"
 	}
 	return fmt.Sprintf("nexjob: %s %q of %s is longer than the longest, %s (handler.MaxWait)", what, e.Name, e.Wait, MaxWait)
@@ -464,6 +494,9 @@ func WaitForSignal[T any](ctx context.Context, name string, timeout time.Duratio
 		// Whatever landed: a signal sent first must not make the same
 		// code pass once and fail the next time.
 		return zero, Permanent(&WaitTooLongError{Name: name, Wait: timeout, Signal: true})
+	}
+	if s.replay != nil && begun {
+		s.replay.seen(s, ledger.WaitStep(name)) // the wait is reached, whatever returns below
 	}
 	if payload == ledger.TimedOut {
 		return zero, &SignalTimeoutError{Name: name} // a run before this one timed out

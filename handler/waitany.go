@@ -57,6 +57,16 @@ func WaitForAny(ctx context.Context, names []string, timeout time.Duration) (Rec
 	s.mu.Lock()
 	raw, chosen := s.rec.Steps[choice]
 	s.mu.Unlock()
+	if s.replay != nil {
+		for _, n := range names {
+			s.mu.Lock()
+			_, begun := s.rec.Steps[ledger.WaitStep(n)]
+			s.mu.Unlock()
+			if begun {
+				s.replay.seen(s, ledger.WaitStep(n)) // the wait is reached, whatever it returns
+			}
+		}
+	}
 	if chosen {
 		return s.received(raw, names)
 	}

@@ -72,6 +72,7 @@ const (
 	AttrStepKey   = "sk"       // sort key: "<generation>/<step's name>"
 	AttrStepValue = "v"        // the step's result (JSON)
 	AttrStepAt    = "at"       // when it was written, unix ms
+	AttrStepIn    = "in"       // the step whose function wrote it, if nested (PutStepIn)
 	AttrStepsGen  = "stepsGen" // on the record: ForgetSteps moves it on, and earlier items are left to expire
 	AttrRan       = "ran"      // on the record: a run recorded a step in the steps table (Finish.Ran)
 )
@@ -149,6 +150,13 @@ func offKey(id string, gen int, name string) map[string]types.AttributeValue {
 // holds (LoadSteps), for the limits: a step outside them is a *StepError,
 // nothing written.
 func (s *Store) PutStep(ctx context.Context, rec Record, have OffSteps, name, result string) (string, error) {
+	return s.PutStepIn(ctx, rec, have, name, "", result)
+}
+
+// PutStepIn is PutStep of a step recorded inside step in's function (a
+// Map item's, a step's own nested steps), kept with it (StepItem.In): a
+// replay that replays in without calling its function does not reach it.
+func (s *Store) PutStepIn(ctx context.Context, rec Record, have OffSteps, name, in, result string) (string, error) {
 	if err := s.CheckOffStep(have, name, result); err != nil {
 		return "", err
 	}
@@ -164,6 +172,9 @@ func (s *Store) PutStep(ctx context.Context, rec Record, have OffSteps, name, re
 		item[AttrStepValue] = &types.AttributeValueMemberS{Value: result}
 	}
 	item[AttrStepAt] = &types.AttributeValueMemberN{Value: strconv.FormatInt(now.UnixMilli(), 10)}
+	if in != "" {
+		item[AttrStepIn] = &types.AttributeValueMemberS{Value: in}
+	}
 	item[AttrExpiresAt] = &types.AttributeValueMemberN{Value: strconv.FormatInt(now.Add(StepLife).Unix(), 10)}
 	_, err := s.db.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                           aws.String(s.steps),
@@ -348,6 +359,7 @@ type StepItem struct {
 	Value string
 	At    int64  // unix ms it was written (0 for a step kept on the record: not kept)
 	Where string // "record" or "steps table"
+	In    string // the step whose function recorded it ("" none; kept for steps table items)
 }
 
 // StepItems lists rec's job's steps (a value kept in the blob bucket by
@@ -368,6 +380,9 @@ func (s *Store) stepItems(ctx context.Context, rec Record, blobs bool) ([]StepIt
 		err := s.querySteps(ctx, rec, blobs, func(name, v string, it map[string]types.AttributeValue) {
 			at, _ := num(it[AttrStepAt])
 			item := StepItem{Name: name, Value: v, At: at, Where: "steps table"}
+			if in, ok := it[AttrStepIn].(*types.AttributeValueMemberS); ok {
+				item.In = in.Value
+			}
 			if k, ok := it[AttrBlob].(*types.AttributeValueMemberS); ok {
 				item.Where = "blob bucket"
 				if !blobs {

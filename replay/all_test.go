@@ -2,6 +2,7 @@ package replay_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ func (kid) Kind() string { return "replay.kid" }
 // flowRegistry is a kind that uses every durable call a replay meets: a
 // patch, a map, a compensation, a child awaited, a wait for any of two
 // signals, a condition polled. looks counts the condition's checks.
-func flowRegistry(looks *int) *handler.Registry {
+func flowRegistry(looks *int, calls *atomic.Int64) *handler.Registry {
 	reg := handler.NewRegistry()
 	handler.AddWorkerResult(reg, handler.ResultFunc[kid, int](func(_ context.Context, j *handler.Job[kid]) (int, error) {
 		return j.Args.N * 10, nil
@@ -72,7 +73,8 @@ func TestReplayOfEveryDurableCall(t *testing.T) {
 	t.Parallel()
 	e := nexjobtest.New(t, nil)
 	looks := 0
-	reg := flowRegistry(&looks)
+	calls := new(atomic.Int64)
+	reg := flowRegistry(&looks, calls)
 	h := e.Handler(t, reg, nil)
 	ctx := context.Background()
 	res, err := e.Client.Enqueue(ctx, flow{N: 4}, nil)

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 
 	"github.com/nexjob/nexjob-aws/ledger"
@@ -14,8 +15,8 @@ import (
 func redactStep(name, v string) string {
 	switch {
 	case !strings.HasPrefix(name, "nexjob:"), strings.HasPrefix(name, ledger.SignalStep("")):
-		if v == ledger.TimedOut {
-			return v
+		if v == ledger.TimedOut || isTime(v) {
+			return v // a sleep's end (a bare unix ms of 2000 to 2100) is the code's, not data
 		}
 		return redactJSON(v)
 	case strings.HasPrefix(name, ledger.TokenStep("")):
@@ -71,4 +72,12 @@ func blank(x any) any {
 		return t
 	}
 	return x
+}
+
+// isTime reports whether v is a bare JSON number that reads as a unix ms
+// time of 2000 to 2100: a sleep's end, kept by redaction (a sleep whose
+// end was blanked would not sleep).
+func isTime(v string) bool {
+	n, err := strconv.ParseInt(v, 10, 64)
+	return err == nil && n >= 946_684_800_000 && n < 4_102_444_800_000
 }

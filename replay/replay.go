@@ -22,9 +22,11 @@
 //   - a recorded value that no longer decodes as the step's type (a
 //     *handler.ResultTypeError naming the step, the recorded shape and
 //     the type wanted);
-//   - a replay that ended in an error of its own (a panic, a call to AWS
-//     outside the steps, the worker's error): the next live run would end
-//     the same.
+//   - a replay that ended in an error of the current code's (a panic, a
+//     call to AWS outside the steps, a step name refused or used twice, a
+//     compensation declared inside a step): the next live run would end
+//     the same. The worker's own error (a wait that timed out) is
+//     Report.Unchecked: the recording code would end the same.
 //
 // Each names the job, the recorded step and where the current code went
 // (the step it reached that was not recorded, or the sleep it ended in).
@@ -106,6 +108,10 @@ type Job struct {
 	// known (those kept on the record, whose times are not, last by
 	// name): a divergence names the first recorded step not reached.
 	Order []string `json:"order,omitempty"`
+	// In names, for a step recorded inside another step's function (a
+	// Map item's, a step's nested steps), that step: a replay of the
+	// outer one does not reach it, and need not.
+	In map[string]string `json:"in,omitempty"`
 }
 
 // Options tune Read. The zero value reads values as they are.
@@ -113,7 +119,9 @@ type Options struct {
 	// Redact blanks args and the values of steps, signals and children's
 	// results (strings "", numbers 0, booleans false; arrays keep their
 	// length, objects their keys) and callback tokens' nonces, keeping
-	// the package's own times and ids: an export a team may commit.
+	// the package's own times and ids and a step whose value is a bare
+	// unix-ms time of 2000 to 2100 (a sleep's end): an export a team may
+	// commit.
 	Redact bool
 	// Limit caps the jobs read (0: all).
 	Limit int
@@ -137,6 +145,12 @@ func Read(ctx context.Context, store *ledger.Store, kind string, o *Options) (Ex
 		j := FromRecord(r, o.Redact)
 		for _, it := range items {
 			j.Order = append(j.Order, it.Name)
+			if it.In != "" {
+				if j.In == nil {
+					j.In = map[string]string{}
+				}
+				j.In[it.Name] = it.In
+			}
 		}
 		ex.Jobs = append(ex.Jobs, j)
 		return nil
@@ -255,15 +269,16 @@ func Check(ctx context.Context, reg *handler.Registry, ex Export) (Report, error
 	rep := Report{Kind: ex.Kind}
 	known := slices.Contains(reg.Kinds(), ex.Kind)
 	for _, j := range ex.Jobs {
+		if !known {
+			rep.Jobs++
+			rep.Divergences = append(rep.Divergences, Divergence{JobID: j.ID, Kind: ex.Kind, Problem: "its kind is not registered: the job fails at its next run"})
+			continue
+		}
 		if len(j.Steps) == 0 && !j.Ran {
 			rep.NotStarted++
 			continue
 		}
 		rep.Jobs++
-		if !known {
-			rep.Divergences = append(rep.Divergences, Divergence{JobID: j.ID, Kind: ex.Kind, Problem: "its kind is not registered: the job fails at its next run"})
-			continue
-		}
 		res, err := reg.Replay(ctx, j.record(ex.Kind), ex.At)
 		if err != nil {
 			return rep, err
@@ -285,6 +300,10 @@ func judge(rep *Report, ex Export, j Job, res handler.Replayed) {
 			rep.Unchecked = append(rep.Unchecked, fmt.Sprintf("job %s: the replay ended in an error the redacted values may explain: %v", j.ID, res.Err))
 		case errors.As(res.Err, &rt):
 			add(rt.Step, fmt.Sprintf("recorded value of shape %s does not decode as %s (%v): give the step a new name and keep the old one's value readable, or decode both shapes", rt.Recorded, rt.Want, rt.Err))
+		case !ownFault(res.Err):
+			// The worker's own error (a wait that timed out, a refusal):
+			// the code that recorded the job may end the same way.
+			rep.Unchecked = append(rep.Unchecked, fmt.Sprintf("job %s: the replay ended in the worker's error (the recording code may too): %v", j.ID, res.Err))
 		}
 	}
 	if len(rep.Divergences) > 0 && rep.Divergences[len(rep.Divergences)-1].JobID == j.ID {
@@ -294,10 +313,9 @@ func judge(rep *Report, ex Export, j Job, res handler.Replayed) {
 	for _, n := range res.Reached {
 		reached[n] = true
 	}
-	now := ex.At.UnixMilli()
 	var missed []string
 	for _, name := range j.order() {
-		if !reached[name] && (!strings.HasPrefix(name, "nexjob:") || isInvoke(name) || j.waitsIn(name, now)) {
+		if !reached[name] && required(name) && !j.covered(name, reached) {
 			missed = append(missed, name)
 		}
 	}
@@ -307,10 +325,10 @@ func judge(rep *Report, ex Export, j Job, res handler.Replayed) {
 		switch {
 		case res.Err != nil && !ex.Redacted:
 			problem = fmt.Sprintf("the replay ended in an error before it reached this recorded step: %v", res.Err)
+		case isWait(first) && atoi(j.Steps[first]) > 0:
+			problem = "the job waited here (its end " + time.UnixMilli(atoi(j.Steps[first])).UTC().Format(time.RFC3339) + "); the current code does not reach this wait: it would go on without what the job waits for, or wait for something else"
 		case isInvoke(first):
 			problem = "a child the job started that the current code does not start under this name: it would start another"
-		case strings.HasPrefix(first, "nexjob:"):
-			problem = "the job waits here (until " + time.UnixMilli(atoi(j.Steps[first])).UTC().Format(time.RFC3339) + "); the current code does not reach this wait: it would go on without what the job waits for"
 		}
 		if more := missed[1:]; len(more) > 0 {
 			problem += fmt.Sprintf("; %d more recorded after it not reached (%s)", len(more), strings.Join(quoteCap(more, 5), ", "))
@@ -318,9 +336,43 @@ func judge(rep *Report, ex Export, j Job, res handler.Replayed) {
 		add(first, problem)
 		return
 	}
-	if res.Err != nil && !ex.Redacted && !errors.As(res.Err, new(*handler.ResultTypeError)) {
+	if res.Err != nil && !ex.Redacted && ownFault(res.Err) && !errors.As(res.Err, new(*handler.ResultTypeError)) {
 		add("", fmt.Sprintf("the replay ended in an error: %v", res.Err))
 	}
+}
+
+// ownFault reports whether a replay's error is the current code's fault,
+// not an end the recording code may come to as well: a panic, an AWS call
+// outside the steps, a step's name refused or used twice.
+func ownFault(err error) bool {
+	var p *handler.PanicError
+	var se *ledger.StepError
+	return errors.As(err, &p) || errors.Is(err, handler.ErrReplayCall) || errors.As(err, &se) ||
+		errors.Is(err, handler.ErrStepRepeated) || errors.As(err, new(*handler.CompensateInStepError))
+}
+
+// required reports whether the replay must reach recorded step name: a
+// step of the worker's, a child started, a wait begun (for signals, for
+// children, a condition's end).
+func required(name string) bool {
+	return !strings.HasPrefix(name, "nexjob:") || isInvoke(name) || isWait(name)
+}
+
+// covered reports whether step name was recorded inside a step the
+// replay reached (or one itself so covered): its function, not called,
+// did not reach it again.
+func (j Job) covered(name string, reached map[string]bool) bool {
+	for seen := 0; seen < len(j.In); seen++ {
+		outer, ok := j.In[name]
+		if !ok {
+			return false
+		}
+		if reached[outer] {
+			return true
+		}
+		name = outer
+	}
+	return false
 }
 
 // order is j's step names in the order written (Order, then any it
@@ -369,12 +421,11 @@ func isInvoke(name string) bool {
 	return ok
 }
 
-// waitsIn reports whether the job sleeps, at now, in the wait whose end
-// step name holds (a signal's, a wait for children's, a condition's
-// look): a wait decided (a signal landed, a child ended) is behind it.
-func (j Job) waitsIn(name string, now int64) bool {
-	wait := strings.HasPrefix(name, ledger.WaitStep("")) || strings.HasPrefix(name, ledger.AwaitStep("")) || strings.HasPrefix(name, ledger.ConditionStep("", "")) && strings.Contains(name, "#")
-	return wait && j.State == ledger.Scheduled && j.RunAt > now && atoi(j.Steps[name]) == j.RunAt
+// isWait reports whether name holds the end of a wait the job began:
+// for signals, for children, a condition's.
+func isWait(name string) bool {
+	return strings.HasPrefix(name, ledger.WaitStep("")) || strings.HasPrefix(name, ledger.AwaitStep("")) ||
+		strings.HasPrefix(name, ledger.ConditionStep("", "")) && strings.HasSuffix(name, "#end")
 }
 
 func atoi(v string) int64 {

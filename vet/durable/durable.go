@@ -18,6 +18,8 @@
 //     its function again;
 //   - Step or StepWith called in a goroutine (a go statement's function):
 //     use handler.Map, which records each item's step and bounds them;
+//   - Compensate called inside a Step's, StepWith's or Map's function: a
+//     replay does not call it (handler.CompensateInStepError at run time);
 //   - an if or switch whose condition reads time.Now or a random number
 //     and whose branches record steps: which step runs next must be
 //     decided inside a step (its result recorded), or the replay takes
@@ -33,6 +35,7 @@ import (
 	"go/ast"
 	"go/constant"
 	"go/types"
+	"slices"
 	"strings"
 
 	"golang.org/x/tools/go/analysis"
@@ -142,6 +145,20 @@ func checkCall(pass *analysis.Pass, call *ast.CallExpr, stack []ast.Node, mapVar
 			}
 		} else if why := unstable(pass, arg, mapVars); why != "" {
 			pass.Reportf(arg.Pos(), "%s: its name is built from %s: the next run names it differently and runs it again", what, why)
+		}
+	}
+	if name == "Compensate" {
+		// Inside a step's function (a Step's, a Map item's): a replay
+		// does not call it, so the compensation would not be declared.
+		for i := len(stack) - 2; i > 0; i-- {
+			if lit, ok := stack[i].(*ast.FuncLit); ok {
+				if outer, ok := stack[i-1].(*ast.CallExpr); ok && slices.Contains(outer.Args, ast.Expr(lit)) {
+					if o := handlerFunc(pass.TypesInfo, outer); o == "Step" || o == "StepWith" || o == "Map" {
+						pass.Reportf(call.Pos(), "%s inside %s's function: a replay does not call it, so the compensation is not declared; declare it after the step returned", what, called(pass, o, outer))
+						break
+					}
+				}
+			}
 		}
 	}
 	if steps[name] {

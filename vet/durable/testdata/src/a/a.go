@@ -45,6 +45,13 @@ func work(ctx context.Context, ids []string, tenants map[string]int, args struct
 	if time.Now().Hour() < 12 { // want `decided by time.Now outside a step`
 		_, _ = handler.Step(ctx, "morning", charge)
 	}
+	_, _ = handler.Step(ctx, "book", func(ctx context.Context) (int, error) {
+		_ = handler.Compensate(ctx, "unbook", func(context.Context) error { return nil }) // want `handler.Compensate\("unbook"\) inside handler.Step\("book"\)'s function`
+		return 1, nil
+	})
+	if err := handler.Compensate(ctx, "refund", func(context.Context) error { return nil }); err != nil { // after the step: fine
+		return err
+	}
 	if time.Now().Hour() < 12 { // no step in it: fine
 		fmt.Println("morning")
 	}
