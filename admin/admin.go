@@ -160,7 +160,7 @@ func (a *Admin) Holder(ctx context.Context, key string) (ledger.Record, error) {
 // by an operator: it must be valid JSON): see enqueue.Client.Signal.
 func (a *Admin) Signal(ctx context.Context, id, name, payload string) error {
 	if !json.Valid([]byte(payload)) {
-		return &enqueue.InputError{Field: "payload", Reason: "is not valid JSON"}
+		return &enqueue.InputError{Field: "payload", Reason: `is not valid JSON (a string needs its quotes, inside the shell's: nexjob signal JOB_ID shipped '"1Z999"'; a number or an object as it is: 42, '{"n":1}')`}
 	}
 	return a.client.Signal(ctx, id, name, json.RawMessage(payload))
 }

@@ -109,7 +109,11 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 	switch {
 	case errors.As(err, &sleep):
 		// Not a failure: the job sleeps until its time, no attempt spent.
-		h.runLog(ctx, slog.LevelInfo, "nexjob: job sleeping", rec, start, slog.Time("until", sleep.until))
+		attrs := []slog.Attr{slog.Time("until", sleep.until)}
+		if len(sleep.signals) > 0 {
+			attrs = append(attrs, slog.Any("signals", sleep.signals)) // the names it waits for (never a payload)
+		}
+		h.runLog(ctx, slog.LevelInfo, "nexjob: job sleeping", rec, start, attrs...)
 		done := h.finish(ctx, rec, ledger.Finish{State: ledger.Scheduled, RunAt: sleep.until, Deferred: true, AwaitChildren: sleep.children}, nil)
 		if done && len(sleep.signals) > 0 {
 			return h.signalledMeanwhile(ctx, rec.ID, sleep.signals) // not done: the message comes back and wakes it

@@ -182,7 +182,9 @@ func (o *ops) get(ctx context.Context, id string, sh show) error {
 	}
 	row("created", at(rec.CreatedAt))
 	row("changed", at(rec.UpdatedAt))
-	row("due", at(rec.RunAt))
+	if !rec.State.Terminal() {
+		row("due", at(rec.RunAt)) // an ended job is due nowhere
+	}
 	row("deadline", at(rec.Deadline))
 	row("lease until", at(rec.LeaseUntil))
 	if rec.ExpiresAt > 0 {

@@ -45,8 +45,8 @@ func TestSignalCommand(t *testing.T) {
 	if rec := r.e.Get(t, res.ID); rec.State != ledger.Scheduled {
 		t.Fatalf("the waiting job is %s", rec.State)
 	}
-	if _, _, err := r.cli(t, "signal", res.ID, "approval", "{not json"); err == nil || !strings.Contains(err.Error(), "not valid JSON") {
-		t.Fatalf("a payload that is not JSON: %v", err)
+	if _, _, err := r.cli(t, "signal", res.ID, "approval", "1Z999"); err == nil || !strings.Contains(err.Error(), "not valid JSON") || !strings.Contains(err.Error(), `'"1Z999"'`) {
+		t.Fatalf("a payload that is not JSON: %v; want the error to show how to quote a string", err)
 	}
 	if out := r.must(t, "signal", res.ID, "approval", `{"by":"ada"}`); !strings.Contains(out, "signalled "+res.ID) {
 		t.Fatalf("output %q", out)
@@ -57,5 +57,8 @@ func TestSignalCommand(t *testing.T) {
 	r.e.Drain(t, h)
 	if got := <-by; got != "ada" || r.e.Get(t, res.ID).State != ledger.Succeeded {
 		t.Fatalf("signed off by %q, job %s", got, r.e.Get(t, res.ID).State)
+	}
+	if out := r.must(t, "get", res.ID); strings.Contains(out, "due") {
+		t.Fatalf("an ended job shows a due time:\n%s", out)
 	}
 }
