@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -178,4 +179,31 @@ func lowerHeaderNames(n *parsing.ASTNode, at scope) scope {
 		lowerHeaderNames(&n.Children[i], at)
 	}
 	return atOther
+}
+
+// unquotedDash refuses an expression with a '-' between two letters or
+// digits outside quotes: JMESPath reads headers.Idempotency-Key as a
+// subtraction (headers.Idempotency minus Key), which finds nothing in
+// every event; the name wants its quotes: headers."Idempotency-Key".
+func unquotedDash(src string) error {
+	var quote rune
+	prev := ' '
+	for i, r := range src {
+		switch {
+		case quote != 0:
+			if r == quote && (i == 0 || src[i-1] != '\\') {
+				quote = 0
+			}
+		case r == '"' || r == '\'' || r == '`':
+			quote = r
+		case r == '-' && isNameChar(prev) && i+1 < len(src) && isNameChar(rune(src[i+1])):
+			return fmt.Errorf("%q reads a '-' as a subtraction (%s - %s): quote a name holding one, as headers.\"Idempotency-Key\"", src, strings.TrimSpace(src[:i]), strings.TrimSpace(src[i+1:]))
+		}
+		prev = r
+	}
+	return nil
+}
+
+func isNameChar(r rune) bool {
+	return r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9'
 }

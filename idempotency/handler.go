@@ -61,11 +61,17 @@ func newExtractor[E, R any](o *HandlerOptions[E, R]) (*extractor[E, R], error) {
 	x := &extractor[E, R]{o: *o, folded: isHTTPEvent[E]()}
 	var err error
 	if o.Key == nil {
+		if err := unquotedDash(o.KeyPath); err != nil {
+			return nil, fmt.Errorf("nexjob: idempotency KeyPath: %w", err)
+		}
 		if x.key, err = compile(o.KeyPath, x.folded); err != nil {
 			return nil, fmt.Errorf("nexjob: idempotency KeyPath: %w", err)
 		}
 	}
 	if o.Payload == nil && o.PayloadPath != "" {
+		if err := unquotedDash(o.PayloadPath); err != nil {
+			return nil, fmt.Errorf("nexjob: idempotency PayloadPath: %w", err)
+		}
 		if x.payload, err = compile(o.PayloadPath, x.folded); err != nil {
 			return nil, fmt.Errorf("nexjob: idempotency PayloadPath: %w", err)
 		}
@@ -191,6 +197,10 @@ func Handler[E, R any](s *Store, h func(context.Context, E) (R, error), o *Handl
 				s.count(metrics.CallWithoutKey, "")
 				s.log.LogAttrs(ctx, slog.LevelWarn, "nexjob: idempotency key missing; the event runs without idempotency", slog.String("function", s.function))
 				return h(ctx, ev)
+			}
+			if x.o.Key == nil {
+				// The path is the team's code, not the event's data: safe to name.
+				return zero, fmt.Errorf("%w: KeyPath %q found nothing in the event", ErrNoKey, x.o.KeyPath)
 			}
 			return zero, ErrNoKey
 		}

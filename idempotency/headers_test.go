@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -70,5 +71,33 @@ func caseCheck[E any](t *testing.T, r *rig, multi bool, event func(sent, key str
 		if got, err := h(context.Background(), event("Idempotency-KEY", "k-2")); err != nil || got != "run 2" {
 			t.Fatalf("KeyPath %s, another key: %q %v; want a second run", path, got, err)
 		}
+	}
+}
+
+// TestKeyPathWithAnUnquotedDash (issue 41 item 7): a KeyPath that JMESPath
+// reads as a subtraction (headers.Idempotency-Key) is refused when the
+// handler is built, naming the path and the quoting; quoted, it finds the
+// header; a path that finds nothing in an event fails the call naming
+// the path (never the event's data).
+func TestKeyPathWithAnUnquotedDash(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, nil)
+	run := func(context.Context, events.APIGatewayV2HTTPRequest) (string, error) { return "ok", nil }
+	for _, path := range []string{"headers.Idempotency-Key", "body.order-id", "headers.X-Request-Id || body.id"} {
+		_, err := idempotency.Handler(r.s, run, &idempotency.HandlerOptions[events.APIGatewayV2HTTPRequest, string]{KeyPath: path})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", path)) || !strings.Contains(err.Error(), `"Idempotency-Key"`) {
+			t.Errorf("KeyPath %s: %v; want a refusal naming it and how to quote", path, err)
+		}
+	}
+	h, err := idempotency.Handler(r.s, run, &idempotency.HandlerOptions[events.APIGatewayV2HTTPRequest, string]{KeyPath: `headers."Idempotency-Key"`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h(context.Background(), events.APIGatewayV2HTTPRequest{Headers: map[string]string{"Idempotency-Key": "k-1"}}); err != nil || out != "ok" {
+		t.Fatalf("the quoted path: %q, %v", out, err)
+	}
+	_, err = h(context.Background(), events.APIGatewayV2HTTPRequest{Headers: map[string]string{"Other": "secret-value"}})
+	if !errors.Is(err, idempotency.ErrNoKey) || !strings.Contains(err.Error(), `KeyPath "headers.\"Idempotency-Key\""`) || strings.Contains(err.Error(), "secret-value") {
+		t.Fatalf("an event without the header: %v; want ErrNoKey naming the path", err)
 	}
 }
