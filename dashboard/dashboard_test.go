@@ -340,7 +340,7 @@ func TestSecurityHeaders(t *testing.T) {
 func TestJobPageShowsRuns(t *testing.T) {
 	r := newRig(t, false)
 	_, page := get(t, client(t), r.srv.URL+"/jobs/"+r.failed)
-	if !strings.Contains(page, "run 1 failed: permanent: ledger service unreachable") {
+	if !strings.Contains(page, "run 1 failed: ledger service unreachable") {
 		t.Fatalf("the job page lacks the run's end:\n%s", page)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
@@ -134,7 +135,8 @@ func (h *Handler) runFailed(ctx context.Context, e *entry, rec ledger.Record, ru
 		// An operator's cancel, seen at the next step's record, is marked
 		// as every cancel is (Record.Cancelled). The compensations
 		// declared so far run first.
-		last := h.compensate(ctx, rec, err.Error())
+		// The operator reads what failed, not how the package classed it.
+		last := h.compensate(ctx, rec, strings.TrimPrefix(err.Error(), "permanent: "))
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: last, Cancelled: errors.Is(err, ledger.ErrCancelRequested)}, err)
 	}
 	return h.failed(ctx, rec, err, h.backoffOf(e))
@@ -158,7 +160,8 @@ func (h *Handler) failed(ctx context.Context, rec ledger.Record, err error, back
 	log := h.log.With("job_id", rec.ID, "kind", rec.Kind, "attempt", rec.Attempt)
 	if rec.Attempt >= rec.MaxAttempts {
 		log.WarnContext(ctx, "nexjob: job failed, attempts exhausted", "err", err)
-		last := h.compensate(ctx, rec, err.Error()) // the compensations its run declared, if it ran
+		// The operator reads what failed, not how the package classed it.
+		last := h.compensate(ctx, rec, strings.TrimPrefix(err.Error(), "permanent: ")) // the compensations its run declared, if it ran
 		return h.finish(ctx, rec, ledger.Finish{State: ledger.Failed, LastError: last}, err)
 	}
 	delay := backoff(rec.Attempt)

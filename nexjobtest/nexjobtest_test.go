@@ -47,7 +47,7 @@ func TestKitRunsTheRealHandler(t *testing.T) {
 	}
 	e.Drain(t, e.Handler(t, reg, nil))
 	e.RequireState(t, ok.ID, ledger.Succeeded)
-	if rec := e.RequireState(t, bad.ID, ledger.Failed); rec.LastError != "permanent: no such person" {
+	if rec := e.RequireState(t, bad.ID, ledger.Failed); rec.LastError != "no such person" {
 		t.Fatalf("last error %q", rec.LastError)
 	}
 	if len(ran) != 2 {

@@ -162,7 +162,7 @@ func TestOperatorCommands(t *testing.T) {
 		t.Fatalf("get showed the args without --show-args:\n%s", out)
 	}
 	// get shows the runs the record keeps.
-	if out := r.must(t, "get", failed[0]); !regexpLine(out, `run 1\s+failed: permanent: report store unavailable \((just now|\d+s ago)\)`) {
+	if out := r.must(t, "get", failed[0]); !regexpLine(out, `run 1\s+failed: report store unavailable \((just now|\d+s ago)\)`) {
 		t.Fatalf("get does not show the run's end:\n%s", out)
 	}
 	if out := r.must(t, "get", failed[0], "--show-args"); !strings.Contains(out, `{"name":"broken-0"}`) {
