@@ -32,11 +32,19 @@ const MaxTimelineChildren = 50
 // states, read) and their ends, the compensations that ran, a condition's
 // looks. Values are in Event.Value, for a viewer to show on request. One
 // GetItem, one Query per MB of steps, one GetItem per child (at most
-// MaxTimelineChildren).
+// MaxTimelineChildren), and a GetObject for a result kept in the blob
+// bucket (Record.Result then holds it).
 func (a *Admin) Timeline(ctx context.Context, id string) (ledger.Record, []Event, error) {
 	rec, err := a.store.Get(ctx, id)
 	if err != nil {
 		return rec, nil, err
+	}
+	if rec.ResultBlob != "" {
+		// A result over the record's room: read from the blob bucket, so a
+		// viewer shows it (or its size) as any other.
+		if rec.Result, err = a.store.ResultOf(ctx, rec); err != nil {
+			return rec, nil, err
+		}
 	}
 	items, err := a.store.StepItems(ctx, rec)
 	if err != nil {

@@ -75,18 +75,23 @@ func (e Ended) Decode(v any) error {
 	return nil
 }
 
-// endedOf is rec's end; ok=false while the job has not ended.
-func endedOf(rec ledger.Record) (Ended, bool) {
+// endedOf is rec's end; ok=false while the job has not ended. A result
+// over the record's room is read from the blob bucket (one GetObject).
+func (c *Client) endedOf(ctx context.Context, rec ledger.Record) (Ended, bool, error) {
 	if !rec.State.Terminal() {
-		return Ended{}, false
+		return Ended{}, false, nil
 	}
 	e := Ended{ID: rec.ID, State: rec.State, Cancelled: rec.Cancelled}
-	if r := rec.SucceededResult(); r != "" {
+	r, err := c.store.ResultOf(ctx, rec)
+	if err != nil {
+		return Ended{}, true, err
+	}
+	if r != "" {
 		e.Result = json.RawMessage(r)
 	} else if rec.State != ledger.Succeeded {
 		e.LastError = rec.LastError
 	}
-	return e, true
+	return e, true, nil
 }
 
 // Result reads the result of the job with this id into v (a pointer):
@@ -104,8 +109,11 @@ func (c *Client) Result(ctx context.Context, id string, v any) error {
 	if err != nil {
 		return err
 	}
-	end, ok := endedOf(rec)
-	if !ok {
+	end, ok, err := c.endedOf(ctx, rec)
+	switch {
+	case err != nil:
+		return err
+	case !ok:
 		return &NotEndedError{JobID: id, State: rec.State}
 	}
 	return end.Decode(v)
@@ -167,8 +175,8 @@ func (c *Client) Wait(ctx context.Context, id string, opts *WaitOptions) (Ended,
 			}
 			return Ended{}, err
 		}
-		if end, ok := endedOf(rec); ok {
-			return end, nil
+		if end, ok, err := c.endedOf(ctx, rec); ok {
+			return end, err
 		}
 		last = rec.State
 		timer.Reset(pause)

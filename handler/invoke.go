@@ -286,7 +286,11 @@ func decodeOutcome[T any](ctx context.Context, s *steps, c Child, raw string, ti
 		if err != nil {
 			return fmt.Errorf("nexjob: read the result of child %q (job %s): %w", c.Name, c.ID, err)
 		}
-		result = json.RawMessage(rec.Result)
+		r, err := s.store.ResultOf(ctx, rec) // on the record, or in the blob bucket
+		if err != nil {
+			return fmt.Errorf("nexjob: read the result of child %q (job %s): %w", c.Name, c.ID, err)
+		}
+		result = json.RawMessage(r)
 	}
 	if len(result) == 0 {
 		return nil // a child with no result: T's zero value

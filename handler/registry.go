@@ -135,7 +135,7 @@ func AddWorkerResult[T enqueue.JobArgs, R any](r *Registry, w ResultWorker[T, R]
 		if err != nil {
 			return "", err
 		}
-		return encodeResult(rec, v)
+		return encodeResult(ctx, rec, v)
 	}, opts)
 }
 
@@ -188,16 +188,21 @@ func add[T enqueue.JobArgs](r *Registry, work func(context.Context, ledger.Recor
 }
 
 // encodeResult is a run's result as the record keeps it: its JSON, or
-// the permanent error that fails the run when the record cannot keep it.
-func encodeResult[R any](rec ledger.Record, v R) (string, error) {
+// the permanent error that fails the run when the record cannot keep it
+// (over ResultRoom with no blob bucket, over MaxBlobStepBytes with one).
+func encodeResult[R any](ctx context.Context, rec ledger.Record, v R) (string, error) {
+	room := ledger.ResultRoom(rec)
+	if s := stepsOf(ctx); s != nil && s.store.HasBlobs() {
+		room = ledger.MaxBlobStepBytes // kept in the blob bucket past the record's room (ledger's Finish)
+	}
 	b, err := json.Marshal(v)
 	switch {
 	case err != nil:
 		return "", Permanent(&ResultError{JobID: rec.ID, Type: reflect.TypeFor[R]().String(), Reason: redact.JSON(err)})
 	case !utf8.Valid(b):
 		return "", Permanent(&ResultError{JobID: rec.ID, Type: reflect.TypeFor[R]().String(), Reason: "its JSON is not UTF-8 (a MarshalJSON's raw bytes)"})
-	case len(b) > ledger.ResultRoom(rec):
-		return "", Permanent(&ledger.ResultTooLargeError{JobID: rec.ID, Size: len(b), Limit: ledger.ResultRoom(rec)})
+	case len(b) > room:
+		return "", Permanent(&ledger.ResultTooLargeError{JobID: rec.ID, Size: len(b), Limit: room})
 	}
 	return string(b), nil
 }

@@ -28,6 +28,7 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 	q.grantQueues(grantee, "sqs:SendMessage", "sqs:GetQueueAttributes")
 	q.grantKeySecret(grantee)
 	q.grantFar(grantee)
+	q.grantBlobs(grantee, []string{"results/"}, "s3:GetObject") // Client.Result and Wait of a result over a record's room
 }
 
 // GrantOperate lets grantee operate the jobs (the nexjob CLI, a
@@ -184,7 +185,8 @@ func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 		})
 	}
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
-	q.Steps.Grant(grantee, jsii.String("dynamodb:Query")) // a job's steps (get, the dashboard's job page)
+	q.Steps.Grant(grantee, jsii.String("dynamodb:Query"))                 // a job's steps (get, the dashboard's job page)
+	q.grantBlobs(grantee, []string{"steps/", "results/"}, "s3:GetObject") // its large values and result, read as they are shown (never listed)
 	q.grantQueues(grantee, "sqs:GetQueueAttributes")
 	q.grantDLQs(grantee, "sqs:ReceiveMessage", "sqs:GetQueueAttributes")
 	// Not the key secret: a reader holding it and the table could mint
@@ -218,10 +220,15 @@ func (q *JobQueue) deadLetterQueues() []awssqs.Queue {
 	return dlqs
 }
 
-// grantBlobs grants actions on the blob bucket's step objects alone (no
-// list, no delete: the lifecycle removes them).
-func (q *JobQueue) grantBlobs(grantee awsiam.IGrantable, actions ...string) {
+// grantBlobs grants actions on the blob bucket's objects under prefixes
+// alone (steps/: large step values; results/: results over a record's
+// room), no list, no delete: the lifecycle removes them.
+func (q *JobQueue) grantBlobs(grantee awsiam.IGrantable, prefixes []string, actions ...string) {
+	arns := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		arns[i] = *q.Blobs.ArnForObjects(jsii.String(p + "*"))
+	}
 	awsiam.Grant_AddToPrincipal(&awsiam.GrantOnPrincipalOptions{
-		Grantee: grantee, Actions: jsii.Strings(actions...), ResourceArns: jsii.Strings(*q.Blobs.ArnForObjects(jsii.String("steps/*"))),
+		Grantee: grantee, Actions: jsii.Strings(actions...), ResourceArns: jsii.Strings(arns...),
 	})
 }

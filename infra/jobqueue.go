@@ -27,6 +27,7 @@ package infra
 import (
 	"fmt"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
+	"math"
 	"strconv"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -177,6 +178,10 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 		LifecycleRules: &[]*awss3.LifecycleRule{{
 			Id: jsii.String("steps-expire"), Prefix: jsii.String("steps/"),
 			Expiration: awscdk.Duration_Days(jsii.Number(ledger.StepLife.Hours()/24 + 1)),
+		}, {
+			// A result over a record's room lives as long as its record.
+			Id: jsii.String("results-expire"), Prefix: jsii.String("results/"),
+			Expiration: awscdk.Duration_Days(jsii.Number(math.Ceil(p.succeededRetention().Hours()/24) + 1)),
 		}},
 		RemovalPolicy: p.RemovalPolicy,
 	})
@@ -251,7 +256,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	// Its steps: written once (PutItem), read back (Query), kept (UpdateItem of the expiry).
 	q.Steps.Grant(q.Worker, jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:UpdateItem"))
 	// Large step values: written once, read back (no delete, no list).
-	q.grantBlobs(q.Worker, "s3:PutObject", "s3:GetObject")
+	q.grantBlobs(q.Worker, []string{"steps/", "results/"}, "s3:PutObject", "s3:GetObject")
 	q.grantQueues(q.Worker, "sqs:SendMessage", "sqs:ChangeMessageVisibility")
 	q.DeadLetterQueue.Grant(q.Worker, jsii.String("sqs:SendMessage"))
 	q.Worker.AddEventSource(awslambdaeventsources.NewSqsEventSource(q.Queue, &awslambdaeventsources.SqsEventSourceProps{

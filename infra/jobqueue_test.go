@@ -185,7 +185,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			far, {"iam:PassRole"},
 			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"},
 			{"dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"}, // the steps table
-			{"s3:PutObject", "s3:GetObject"},                              // large step values, under steps/
+			{"s3:PutObject", "s3:GetObject"},                              // large step values and results, under steps/ and results/
 			{"sqs:SendMessage", "sqs:ChangeMessageVisibility"},
 			{"sqs:SendMessage"},
 			{"sqs:ReceiveMessage", "sqs:ChangeMessageVisibility", "sqs:GetQueueUrl", "sqs:DeleteMessage", "sqs:GetQueueAttributes"},
@@ -208,6 +208,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:DescribeTable"},
 			{"sqs:SendMessage", "sqs:GetQueueAttributes"},
 			far, {"iam:PassRole"},
+			{"s3:GetObject"}, // a result over a record's room (Client.Result, Wait), under results/
 		},
 		// Scheduler's role for far jobs: send to the job queue, and to the
 		// DLQ a message the queue refused for 24 hours; nothing else.
@@ -270,7 +271,7 @@ func checkResource(t *testing.T, id string, r any) {
 	case map[string]any:
 		if j, ok := v["Fn::Join"].([]any); ok {
 			parts := j[1].([]any)
-			if last, ok := parts[len(parts)-1].(string); ok && last != "/index/*" && last != "/steps/*" && last[len(last)-1] == '*' && len(parts) < 3 {
+			if last, ok := parts[len(parts)-1].(string); ok && last != "/index/*" && last != "/steps/*" && last != "/results/*" && last[len(last)-1] == '*' && len(parts) < 3 {
 				t.Errorf("%s grants on a wildcard %v", id, parts)
 			}
 		}

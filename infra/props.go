@@ -315,6 +315,14 @@ func (p *JobQueueProps) code(r settings.Role) awslambda.Code {
 }
 
 // retention is NEXJOB_RETENTION's value.
+// succeededRetention is how long a Succeeded record is kept.
+func (p *JobQueueProps) succeededRetention() time.Duration {
+	if p.Retention != nil && p.Retention.Succeeded != nil {
+		return time.Duration(*p.Retention.Succeeded.ToSeconds(nil)) * time.Second
+	}
+	return handler.DefaultRetention.Succeeded
+}
+
 func (p *JobQueueProps) retention() string {
 	r := handler.DefaultRetention
 	if p.Retention != nil {

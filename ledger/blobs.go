@@ -94,6 +94,36 @@ func (s *Store) getBlob(ctx context.Context, key string) (string, error) {
 	return b.String(), nil
 }
 
+// putResultBlob writes a run's result over ResultRoom as an object
+// (results/<job>/<its SHA-256>) and returns its key.
+func (s *Store) putResultBlob(ctx context.Context, rec Record, result string) (string, error) {
+	v := sha256.Sum256([]byte(result))
+	key := fmt.Sprintf("results/%s/%s", rec.ID, hex.EncodeToString(v[:]))
+	_, err := s.blobs.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: aws.String(s.bucket), Key: aws.String(key), Body: strings.NewReader(result),
+		ContentLength: aws.Int64(int64(len(result))), ContentType: aws.String("application/json"),
+	})
+	if err != nil {
+		return "", fmt.Errorf("nexjob: write the result of job %s to the blob bucket: %w", rec.ID, err)
+	}
+	return key, nil
+}
+
+// ResultOf is a Succeeded job's result: the record's (SucceededResult),
+// or the blob bucket's object it names (Record.ResultBlob: one GetObject;
+// ErrBlobMissing when gone, or when this store has no blob bucket). ""
+// when it kept none, or has not succeeded.
+func (s *Store) ResultOf(ctx context.Context, rec Record) (string, error) {
+	if rec.State != Succeeded || rec.ResultBlob == "" {
+		return rec.SucceededResult(), nil
+	}
+	return s.getBlob(ctx, rec.ResultBlob)
+}
+
+// HasBlobs reports whether the store keeps values over a record's room
+// in a blob bucket (Options.BlobBucket).
+func (s *Store) HasBlobs() bool { return s.bucket != "" }
+
 // valueOf is a step item's value: its own, or its blob's.
 func (s *Store) valueOf(ctx context.Context, item map[string]types.AttributeValue) (string, bool, error) {
 	if v, ok := item[AttrStepValue].(*types.AttributeValueMemberS); ok {

@@ -103,8 +103,8 @@ var TimedOutOutcome = `{"state":"TimedOut"}`
 func OutcomeOf(rec Record) string {
 	o := ChildOutcome{State: rec.State, Cancelled: rec.Cancelled}
 	switch {
-	case rec.State == Succeeded && len(rec.Result)+64 > MaxStepValueBytes:
-		o.Big = true
+	case rec.State == Succeeded && (len(rec.Result)+64 > MaxStepValueBytes || rec.ResultBlob != ""):
+		o.Big = true // the caller reads it from the child's record (or its blob)
 	case rec.State == Succeeded && rec.Result != "":
 		o.Result = json.RawMessage(rec.Result)
 	case rec.State != Succeeded:

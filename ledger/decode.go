@@ -59,6 +59,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.LastError, err = str(av)
 		case AttrResult:
 			r.Result, err = str(av)
+		case AttrResultBlob:
+			r.ResultBlob, err = str(av)
 		case AttrExpiresAt:
 			r.ExpiresAt, err = num(av)
 		case AttrParentID:

@@ -31,6 +31,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.n(AttrToken, r.Token, false)
 	e.s(AttrLastError, r.LastError, true)
 	e.s(AttrResult, r.Result, true)
+	e.s(AttrResultBlob, r.ResultBlob, true)
 	e.n(AttrExpiresAt, r.ExpiresAt, true)
 	e.s(AttrParentID, r.ParentID, true)
 	e.ss(AttrChildren, r.Children)

@@ -33,7 +33,7 @@ type Record struct {
 	LeaseUntil  int64    `dynamodbav:"leaseUntil,omitempty"`
 	Token       int64    `dynamodbav:"token"`
 	LastError   string   `dynamodbav:"lastError,omitempty"`
-	Result      string   `dynamodbav:"result,omitempty"` // a Succeeded run's JSON result (handler.AddWorkerResult), at most ResultRoom bytes; read it through SucceededResult
+	Result      string   `dynamodbav:"result,omitempty"` // a Succeeded run's JSON result (handler.AddWorkerResult), at most ResultRoom bytes; read it through SucceededResult (or Store.ResultOf: one over ResultRoom is in the blob bucket, ResultBlob)
 	ExpiresAt   int64    `dynamodbav:"expiresAt,omitempty"`
 	ParentID    string   `dynamodbav:"parentId,omitempty"`
 	Children    []string `dynamodbav:"children,stringset,omitempty"` // continuations waiting on this job
@@ -140,6 +140,10 @@ type Record struct {
 	// (handler.Compensate): a cancel of it while it waits is a run that
 	// compensates (RequestCompensation), not a withdrawal.
 	Compensable bool `dynamodbav:"comp,omitempty"`
+	// ResultBlob is the blob bucket's object holding a Succeeded run's
+	// result over ResultRoom (Options.BlobBucket), Result then empty:
+	// Store.ResultOf reads either.
+	ResultBlob string `dynamodbav:"resultBlob,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's

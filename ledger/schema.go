@@ -26,6 +26,7 @@ const (
 	AttrToken        = "token"        // fencing token, incremented by every claim
 	AttrLastError    = "lastError"    // last failure, for people
 	AttrResult       = "result"       // a Succeeded run's JSON result (Record.Result)
+	AttrResultBlob   = "resultBlob"   // the blob bucket's object holding a result over ResultRoom (Record.ResultBlob)
 	AttrExpiresAt    = "expiresAt"    // TTL attribute, Unix seconds; set on terminal writes
 	AttrParentID     = "parentId"     // continuation parent
 	AttrChildren     = "children"     // string set: continuations waiting on this job

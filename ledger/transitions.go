@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
@@ -195,8 +196,12 @@ type Finish struct {
 	Cancelled bool
 	// Result, with State Succeeded, is the run's result (its JSON), kept
 	// as Record.Result by this same update: at most ResultRoom(rec)
-	// bytes, valid UTF-8. "" keeps none.
+	// bytes, valid UTF-8; with a blob bucket (Options.BlobBucket) up to
+	// MaxBlobStepBytes, one over ResultRoom written as an object first
+	// and named by Record.ResultBlob. "" keeps none.
 	Result string
+	// resultBlob is the object Finish wrote for a Result over ResultRoom.
+	resultBlob string
 	// Ran: the run recorded a step in the steps table (Options.StepsTable),
 	// which the record does not show: marked on the record (Record.RanMark)
 	// so that Ran reads the job as one that ran.
@@ -226,6 +231,15 @@ func (s *Store) Finish(ctx context.Context, rec Record, f Finish) (Record, error
 	if !f.State.Valid() || f.State == Processing {
 		return Record{}, fmt.Errorf("nexjob: cannot finish a run as %q", f.State)
 	}
+	if f.State == Succeeded && len(f.Result) > ResultRoom(rec) && s.bucket != "" && len(f.Result) <= MaxBlobStepBytes && utf8.ValidString(f.Result) {
+		// Over what the record carries: an object first (content-addressed:
+		// a resend writes the same one), then the update naming it.
+		key, err := s.putResultBlob(ctx, rec, f.Result)
+		if err != nil {
+			return Record{}, err
+		}
+		f.Result, f.resultBlob = "", key
+	}
 	if err := checkResult(rec, f); err != nil {
 		return Record{}, err
 	}
@@ -251,6 +265,7 @@ type finishShape struct {
 	expires, cutOff, dropDefers, slot, dropSlot bool
 	ticket, dropTicket, result, cancelled       bool
 	dropResult, dropReopen, ran                 bool
+	resultBlob, dropResultBlob                  bool
 	await, dropAwait                            bool
 }
 
@@ -264,6 +279,7 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		ticket: f.Deferred && f.Ticket != 0, dropTicket: rec.Ticket != 0,
 		result: f.State == Succeeded && f.Result != "", cancelled: f.State == Failed && f.Cancelled,
 		dropResult: rec.Result != "" && (f.State != Succeeded || f.Result == ""),
+		resultBlob: f.State == Succeeded && f.resultBlob != "", dropResultBlob: rec.ResultBlob != "" && (f.State != Succeeded || f.resultBlob == ""),
 		dropReopen: rec.ReopenWaits && !f.Deferred, // a deferral ran nothing: the run to come opens the waits
 		ran:        f.Ran && !rec.RanMark,
 		await:      f.AwaitChildren && f.Deferred && !f.RunAt.IsZero(),
@@ -304,6 +320,11 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		e.assign(AttrResult, e.s(":result", f.Result))
 	} else if k.dropResult {
 		e.drop(AttrResult) // a run before a requeue's, which the requeue left (only then: no name in every finish)
+	}
+	if k.resultBlob {
+		e.assign(AttrResultBlob, e.s(":resultBlob", f.resultBlob))
+	} else if k.dropResultBlob {
+		e.drop(AttrResultBlob)
 	}
 	if k.dropReopen {
 		e.drop(AttrReopenWaits) // the requeue's mark: its first run ends (ReopenTimedOutWaits removed it if it had waits to open)
