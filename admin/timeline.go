@@ -32,12 +32,19 @@ const MaxTimelineChildren = 50
 // states, read) and their ends, the compensations that ran, a condition's
 // looks. Values are in Event.Value, for a viewer to show on request. One
 // GetItem, one Query per MB of steps, one GetItem per child (at most
-// MaxTimelineChildren), and a GetObject for a result kept in the blob
-// bucket (Record.Result then holds it).
+// MaxTimelineChildren), and a GetObject for args and a result kept in
+// the blob bucket (Record.Args and Result then hold them).
 func (a *Admin) Timeline(ctx context.Context, id string) (ledger.Record, []Event, error) {
 	rec, err := a.store.Get(ctx, id)
 	if err != nil {
 		return rec, nil, err
+	}
+	if rec.ArgsBlob != "" {
+		// Args over the record's room: read from the blob bucket (not
+		// renewed: a reader writes nothing).
+		if rec.Args, err = a.store.ArgsOf(ctx, rec, false); err != nil {
+			return rec, nil, err
+		}
 	}
 	if rec.ResultBlob != "" {
 		// A result over the record's room: read from the blob bucket, so a

@@ -310,6 +310,9 @@ func (c *Client) decide(ctx context.Context, rec ledger.Record, o *Opts) (ledger
 	if err := c.admit(ctx, rec, o); err != nil {
 		return rec, false, ItemResult{Err: err}
 	}
+	if err := c.offloadArgs(ctx, &rec, o, viaEnqueue); err != nil {
+		return rec, false, ItemResult{Err: err}
+	}
 	got, created, err := c.insert(ctx, rec, o)
 	if err != nil {
 		return got, false, ItemResult{Err: err}

@@ -1,6 +1,7 @@
 package enqueue
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -94,14 +95,15 @@ type entry struct {
 	name     string
 	debounce bool
 	replace  bool // ReplaceEnded applies: one conditional put overwrites the key's ended record
+	blobArgs bool // args over ledger.MaxInlineArgsBytes go to the blob bucket (decide), when there is one
 }
 
 var (
-	viaEnqueue     = entry{"Enqueue", true, true}
-	viaEnqueueMany = entry{"EnqueueMany", true, true}
-	viaEnqueueTx   = entry{"EnqueueTx", false, false}      // a transaction commits a new job; a fold is no part of it, and it moves an ended holder aside
-	viaContinue    = entry{"a continuation", false, false} // it runs when its parents are done, not after a quiet period
-	viaChild       = entry{"EnqueueChild", false, false}   // a child's key is its caller's and its name's
+	viaEnqueue     = entry{"Enqueue", true, true, true}
+	viaEnqueueMany = entry{"EnqueueMany", true, true, true}
+	viaEnqueueTx   = entry{"EnqueueTx", false, false, false}      // a transaction commits a new job; a fold is no part of it, and it moves an ended holder aside
+	viaContinue    = entry{"a continuation", false, false, false} // it runs when its parents are done, not after a quiet period
+	viaChild       = entry{"EnqueueChild", false, false, true}    // a child's key is its caller's and its name's
 )
 
 // newRecord validates the input for the entry point via and builds the
@@ -121,8 +123,8 @@ func (c *Client) newRecord(args JobArgs, o *Opts, via entry) (ledger.Record, err
 	if string(raw) == "null" {
 		return ledger.Record{}, invalid("args", "nil")
 	}
-	if len(raw) > ledger.MaxArgsBytes {
-		return ledger.Record{}, invalid("args", fmt.Sprintf("%d bytes encoded, the limit is %d", len(raw), ledger.MaxArgsBytes))
+	if limit := c.argsLimit(o, via); len(raw) > limit {
+		return ledger.Record{}, invalid("args", fmt.Sprintf("%d bytes encoded, the limit is %d", len(raw), limit))
 	}
 	if o.keyByArgs {
 		sum := sha256.Sum256([]byte(kind + "\x00" + string(raw)))
@@ -197,6 +199,32 @@ func (c *Client) newRecord(args JobArgs, o *Opts, via entry) (ledger.Record, err
 		rec.Deadline = o.Deadline.UnixMilli()
 	}
 	return rec, nil
+}
+
+// argsLimit is the most args an entry point takes: with a blob bucket,
+// Enqueue, EnqueueMany and EnqueueChild (not debounced: a fold rewrites
+// the record's args) take up to ledger.MaxBlobStepBytes, kept in the
+// bucket past ledger.MaxInlineArgsBytes; else what a record holds.
+func (c *Client) argsLimit(o *Opts, via entry) int {
+	if via.blobArgs && o.Debounce == nil && c.store.HasBlobs() {
+		return ledger.MaxBlobStepBytes
+	}
+	return ledger.MaxArgsBytes
+}
+
+// offloadArgs moves rec's args over ledger.MaxInlineArgsBytes to the blob
+// bucket before the record is written (the record names the object), when
+// o and via allow it (argsLimit).
+func (c *Client) offloadArgs(ctx context.Context, rec *ledger.Record, o *Opts, via entry) error {
+	if len(rec.Args) <= ledger.MaxInlineArgsBytes || c.argsLimit(o, via) == ledger.MaxArgsBytes {
+		return nil
+	}
+	key, err := c.store.PutArgsBlob(ctx, rec.Kind, rec.Args)
+	if err != nil {
+		return err
+	}
+	rec.Args, rec.ArgsBlob = "", key
+	return nil
 }
 
 func (c *Client) runAt(now time.Time, o *Opts) (time.Time, error) {

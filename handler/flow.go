@@ -143,9 +143,16 @@ func checkFlow(kind string, o KindOptions) {
 // *PanicError, and the run fails as a worker's panic fails it (the
 // attempt is spent, the job retried), never escaping Handle with the job
 // claimed.
-func flowKey(key func(ledger.Record) string, rec ledger.Record) (name string, err error) {
+func (h *Handler) flowKey(ctx context.Context, key func(ledger.Record) string, rec ledger.Record) (name string, err error) {
 	if key == nil {
 		return flowName(rec.Kind, ""), nil
+	}
+	if rec.ArgsBlob != "" {
+		// The key function reads the args (ArgsKey): those kept in the
+		// blob bucket are read first, into a copy (one GetObject).
+		if rec.Args, err = h.store.ArgsOf(ctx, rec, false); err != nil {
+			return "", err
+		}
 	}
 	defer func() {
 		if v := recover(); v != nil {
@@ -197,7 +204,7 @@ type admission struct {
 func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (a admission, err error) {
 	a.release = func() {}
 	if t := e.opts.Throttle; t != nil {
-		key, err := flowKey(t.Key, rec)
+		key, err := h.flowKey(ctx, t.Key, rec)
 		if err != nil {
 			return a, err
 		}
@@ -208,7 +215,7 @@ func (h *Handler) admit(ctx context.Context, e *entry, rec ledger.Record) (a adm
 		}
 	}
 	if c := e.opts.Concurrency; c != nil {
-		key, err := flowKey(c.Key, rec)
+		key, err := h.flowKey(ctx, c.Key, rec)
 		if err != nil {
 			return a, err
 		}
@@ -277,7 +284,7 @@ func (h *Handler) keepTurn(ctx context.Context, c *Concurrency, rec ledger.Recor
 	if c == nil || rec.Ticket == 0 {
 		return a, nil
 	}
-	key, err := flowKey(c.Key, rec)
+	key, err := h.flowKey(ctx, c.Key, rec)
 	if err != nil || key == "" {
 		return a, err
 	}

@@ -76,7 +76,18 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	// A worker's error text is stored, logged and put on the span: capped
 	// here as the ledger caps it, so no one error fills a log line (or
 	// carries 8 KB of someone's data) where the record would not.
-	result, err := safeRun(runCtx, e, rec)
+	runRec := rec
+	if rec.ArgsBlob != "" {
+		// Args over a record's room: read from the blob bucket (one
+		// GetObject; an object a year old is written again). A failure is
+		// the run's, retried: nothing is invented.
+		args, err := h.store.ArgsOf(ctx, rec, true)
+		if err != nil {
+			return h.runFailed(ctx, e, rec, runCtx, err, start)
+		}
+		runRec.Args = args
+	}
+	result, err := safeRun(runCtx, e, runRec)
 	if p := runOf(ctx).steps.pending(); p != nil && !errors.As(err, new(*sleepError)) {
 		// The worker met a sleep or a wait and did not return its error:
 		// the run ends in it all the same. What came after it (a success,

@@ -29,6 +29,7 @@ func (q *JobQueue) GrantEnqueue(grantee awsiam.IGrantable) {
 	q.grantKeySecret(grantee)
 	q.grantFar(grantee)
 	q.grantBlobs(grantee, []string{"results/"}, "s3:GetObject") // Client.Result and Wait of a result over a record's room
+	q.grantBlobs(grantee, []string{"args/"}, "s3:PutObject")    // args over a record's room, written before the record
 }
 
 // GrantOperate lets grantee operate the jobs (the nexjob CLI, a
@@ -185,8 +186,8 @@ func (q *JobQueue) GrantRead(grantee awsiam.IGrantable) {
 		})
 	}
 	q.Table.Grant(grantee, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
-	q.Steps.Grant(grantee, jsii.String("dynamodb:Query"))                 // a job's steps (get, the dashboard's job page)
-	q.grantBlobs(grantee, []string{"steps/", "results/"}, "s3:GetObject") // its large values and result, read as they are shown (never listed)
+	q.Steps.Grant(grantee, jsii.String("dynamodb:Query"))                          // a job's steps (get, the dashboard's job page)
+	q.grantBlobs(grantee, []string{"steps/", "results/", "args/"}, "s3:GetObject") // its large values, result and args, read as they are shown (never listed)
 	q.grantQueues(grantee, "sqs:GetQueueAttributes")
 	q.grantDLQs(grantee, "sqs:ReceiveMessage", "sqs:GetQueueAttributes")
 	// Not the key secret: a reader holding it and the table could mint

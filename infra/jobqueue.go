@@ -179,6 +179,11 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 			Id: jsii.String("steps-expire"), Prefix: jsii.String("steps/"),
 			Expiration: awscdk.Duration_Days(jsii.Number(ledger.StepLife.Hours()/24 + 1)),
 		}, {
+			// Args over a record's room: as long as steps (a run writes
+			// an object a year old again).
+			Id: jsii.String("args-expire"), Prefix: jsii.String("args/"),
+			Expiration: awscdk.Duration_Days(jsii.Number(ledger.StepLife.Hours()/24 + 1)),
+		}, {
 			// A result over a record's room lives as long as its record.
 			Id: jsii.String("results-expire"), Prefix: jsii.String("results/"),
 			Expiration: awscdk.Duration_Days(jsii.Number(math.Ceil(p.succeededRetention().Hours()/24) + 1)),
@@ -256,7 +261,7 @@ func NewJobQueue(scope constructs.Construct, id string, props *JobQueueProps) *J
 	// Its steps: written once (PutItem), read back (Query), kept (UpdateItem of the expiry).
 	q.Steps.Grant(q.Worker, jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:UpdateItem"))
 	// Large step values: written once, read back (no delete, no list).
-	q.grantBlobs(q.Worker, []string{"steps/", "results/"}, "s3:PutObject", "s3:GetObject")
+	q.grantBlobs(q.Worker, []string{"steps/", "results/", "args/"}, "s3:PutObject", "s3:GetObject") // args/: read, and written again when a year old
 	q.grantQueues(q.Worker, "sqs:SendMessage", "sqs:ChangeMessageVisibility")
 	q.DeadLetterQueue.Grant(q.Worker, jsii.String("sqs:SendMessage"))
 	q.Worker.AddEventSource(awslambdaeventsources.NewSqsEventSource(q.Queue, &awslambdaeventsources.SqsEventSourceProps{

@@ -209,6 +209,7 @@ func checkIAM(t *testing.T, raw map[string]any) {
 			{"sqs:SendMessage", "sqs:GetQueueAttributes"},
 			far, {"iam:PassRole"},
 			{"s3:GetObject"}, // a result over a record's room (Client.Result, Wait), under results/
+			{"s3:PutObject"}, // args over a record's room, under args/
 		},
 		// Scheduler's role for far jobs: send to the job queue, and to the
 		// DLQ a message the queue refused for 24 hours; nothing else.
@@ -271,7 +272,7 @@ func checkResource(t *testing.T, id string, r any) {
 	case map[string]any:
 		if j, ok := v["Fn::Join"].([]any); ok {
 			parts := j[1].([]any)
-			if last, ok := parts[len(parts)-1].(string); ok && last != "/index/*" && last != "/steps/*" && last != "/results/*" && last[len(last)-1] == '*' && len(parts) < 3 {
+			if last, ok := parts[len(parts)-1].(string); ok && last != "/index/*" && last != "/steps/*" && last != "/results/*" && last != "/args/*" && last[len(last)-1] == '*' && len(parts) < 3 {
 				t.Errorf("%s grants on a wildcard %v", id, parts)
 			}
 		}

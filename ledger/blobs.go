@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
@@ -118,6 +119,75 @@ func (s *Store) ResultOf(ctx context.Context, rec Record) (string, error) {
 		return rec.SucceededResult(), nil
 	}
 	return s.getBlob(ctx, rec.ResultBlob)
+}
+
+// MaxInlineArgsBytes is the most args a record carries when its store has
+// a blob bucket: larger ones (up to MaxBlobStepBytes) are an object the
+// record names (Record.ArgsBlob), so no write of the job pays for them
+// (a record's every write is billed by its size: 300 KB of args would be
+// about 300 write units a write).
+const MaxInlineArgsBytes = 16 << 10
+
+// argsRenewAfter is how old an args object may grow before a run writes
+// it again: the bucket's lifecycle (StepLife) removes objects by age, and
+// a job may live longer (a year ahead, then sleeps).
+const argsRenewAfter = 366 * 24 * time.Hour
+
+// PutArgsBlob writes a job's args as an object (args/<SHA-256 of its kind
+// and args>: jobs of the same args share it, each enqueue writing it again)
+// and returns its key. Call it before the record that names it is written.
+func (s *Store) PutArgsBlob(ctx context.Context, kind, args string) (string, error) {
+	if s.bucket == "" {
+		return "", errors.New("nexjob: args over a record's room need a blob bucket (NEXJOB_BLOB_BUCKET)")
+	}
+	v := sha256.Sum256([]byte(kind + "\x00" + args))
+	key := "args/" + hex.EncodeToString(v[:])
+	_, err := s.blobs.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: aws.String(s.bucket), Key: aws.String(key), Body: strings.NewReader(args),
+		ContentLength: aws.Int64(int64(len(args))), ContentType: aws.String("application/json"),
+	})
+	if err != nil {
+		return "", fmt.Errorf("nexjob: write a %s job's args to the blob bucket: %w", kind, err)
+	}
+	return key, nil
+}
+
+// ArgsOf is the job's args: the record's, or the object it names
+// (Record.ArgsBlob: one GetObject; ErrBlobMissing when gone). With renew,
+// an object older than a year is written again (one PutObject), so the
+// bucket's lifecycle never takes the args of a job still open.
+func (s *Store) ArgsOf(ctx context.Context, rec Record, renew bool) (string, error) {
+	if rec.ArgsBlob == "" {
+		return rec.Args, nil
+	}
+	if s.blobs == nil {
+		return "", fmt.Errorf("%w: %s (this process has no blob bucket: NEXJOB_BLOB_BUCKET)", ErrBlobMissing, rec.ArgsBlob)
+	}
+	out, err := s.blobs.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(rec.ArgsBlob)})
+	if err != nil {
+		var nsk *s3types.NoSuchKey
+		if errors.As(err, &nsk) {
+			return "", fmt.Errorf("%w: %s", ErrBlobMissing, rec.ArgsBlob)
+		}
+		return "", fmt.Errorf("nexjob: read the args of job %s from the blob bucket: %w", rec.ID, err)
+	}
+	defer func() { _ = out.Body.Close() }()
+	var b bytes.Buffer
+	if _, err := io.Copy(&b, io.LimitReader(out.Body, MaxBlobStepBytes+1)); err != nil {
+		return "", fmt.Errorf("nexjob: read the args of job %s from the blob bucket: %w", rec.ID, err)
+	}
+	args := b.String()
+	if rec.ArgsHash != "" && ArgsHash(rec.Kind, args) != rec.ArgsHash {
+		// Anyone who may enqueue may write args/ objects: the record's hash
+		// of its args decides which are its.
+		return "", fmt.Errorf("%w: %s does not hold job %s's args (their hash differs from the record's)", ErrBlobMissing, rec.ArgsBlob, rec.ID)
+	}
+	if renew && out.LastModified != nil && s.now().Sub(*out.LastModified) > argsRenewAfter {
+		if _, err := s.PutArgsBlob(ctx, rec.Kind, args); err != nil {
+			return "", err
+		}
+	}
+	return args, nil
 }
 
 // HasBlobs reports whether the store keeps values over a record's room

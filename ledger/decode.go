@@ -61,6 +61,8 @@ func decodeRecord(item map[string]types.AttributeValue) (Record, error) {
 			r.Result, err = str(av)
 		case AttrResultBlob:
 			r.ResultBlob, err = str(av)
+		case AttrArgsBlob:
+			r.ArgsBlob, err = str(av)
 		case AttrExpiresAt:
 			r.ExpiresAt, err = num(av)
 		case AttrParentID:

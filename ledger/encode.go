@@ -32,6 +32,7 @@ func encodeRecord(r *Record) map[string]types.AttributeValue {
 	e.s(AttrLastError, r.LastError, true)
 	e.s(AttrResult, r.Result, true)
 	e.s(AttrResultBlob, r.ResultBlob, true)
+	e.s(AttrArgsBlob, r.ArgsBlob, true)
 	e.n(AttrExpiresAt, r.ExpiresAt, true)
 	e.s(AttrParentID, r.ParentID, true)
 	e.ss(AttrChildren, r.Children)

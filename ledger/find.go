@@ -406,6 +406,9 @@ func (s *Store) OpenJobs(ctx context.Context, kind string, fn func(Record, []Ste
 				if err != nil {
 					return err
 				}
+				if full.Args, err = s.ArgsOf(ctx, full, false); err != nil { // args in the blob bucket: read, not renewed
+					return err
+				}
 				full.Steps = make(StepMap, len(items))
 				for _, it := range items {
 					full.Steps[it.Name] = it.Value

@@ -144,6 +144,10 @@ type Record struct {
 	// result over ResultRoom (Options.BlobBucket), Result then empty:
 	// Store.ResultOf reads either.
 	ResultBlob string `dynamodbav:"resultBlob,omitempty"`
+	// ArgsBlob is the blob bucket's object holding the job's args when
+	// they are over MaxInlineArgsBytes (Options.BlobBucket), Args then
+	// empty: Store.ArgsOf reads either.
+	ArgsBlob string `dynamodbav:"argsBlob,omitempty"`
 	// Parents are a fan-in continuation's parents (enqueue's
 	// ContinueWhenAll), Released those whose success has counted: it is
 	// released when Released holds every parent. A set, so a parent's

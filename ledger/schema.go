@@ -27,6 +27,7 @@ const (
 	AttrLastError    = "lastError"    // last failure, for people
 	AttrResult       = "result"       // a Succeeded run's JSON result (Record.Result)
 	AttrResultBlob   = "resultBlob"   // the blob bucket's object holding a result over ResultRoom (Record.ResultBlob)
+	AttrArgsBlob     = "argsBlob"     // the blob bucket's object holding args over MaxInlineArgsBytes (Record.ArgsBlob)
 	AttrExpiresAt    = "expiresAt"    // TTL attribute, Unix seconds; set on terminal writes
 	AttrParentID     = "parentId"     // continuation parent
 	AttrChildren     = "children"     // string set: continuations waiting on this job
