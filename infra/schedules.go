@@ -1,12 +1,17 @@
 package infra
 
 import (
+	"fmt"
+
 	"github.com/aws/aws-cdk-go/awscdk/v2"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsscheduler"
 	"github.com/aws/constructs-go/constructs/v10"
 	"github.com/aws/jsii-runtime-go"
 
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/onetime"
+	"github.com/nexjob/nexjob-aws/recurring"
 	"github.com/nexjob/nexjob-aws/settings"
 )
 
@@ -121,4 +126,47 @@ func (q *JobQueue) GrantSchedule(grantee awsiam.IGrantable) {
 		Resources:  jsii.Strings(*q.SchedulerRole.RoleArn()),
 		Conditions: &map[string]any{"StringEquals": map[string]any{"iam:PassedToService": "scheduler.amazonaws.com"}},
 	}))
+}
+
+// AddRecurring declares recurring job id in the stack: a schedule in the
+// construct's group firing at expr (cron(…), rate(…), at(…) or six bare
+// cron fields) that enqueues args each time through the recurring
+// target, as recurring.Client.Recurring would make it at run time (the
+// same input: recurring.ScheduleOf), but created and updated by
+// CloudFormation with the deploy and removed with the stack. It needs the
+// Recurring prop. A bad id, expression, time zone or args panics at
+// synth with the *enqueue.InputError's message: a stack that cannot
+// deploy fails before it is deployed.
+//
+//	q.AddRecurring("nightly-report", "cron(0 2 * * ? *)", reports.Nightly{}, &recurring.Opts{Timezone: "Europe/Paris"})
+func (q *JobQueue) AddRecurring(id, expr string, args enqueue.JobArgs, opts *recurring.Opts) awsscheduler.CfnSchedule {
+	if q.ScheduleGroup == nil {
+		panic(fmt.Sprintf("nexjob infra: AddRecurring(%q): the JobQueue needs the Recurring prop (its schedule group and target)", id))
+	}
+	sched, input, err := recurring.ScheduleOf(id, expr, args, opts)
+	if err != nil {
+		panic(fmt.Sprintf("nexjob infra: AddRecurring(%q): %v", id, err))
+	}
+	var o recurring.Opts
+	if opts != nil {
+		o = *opts
+	}
+	state := "ENABLED"
+	if o.Disabled {
+		state = "DISABLED"
+	}
+	var tz *string
+	if o.Timezone != "" {
+		tz = jsii.String(o.Timezone)
+	}
+	return awsscheduler.NewCfnSchedule(q.Construct, jsii.String("Recurring-"+id), &awsscheduler.CfnScheduleProps{
+		Name: jsii.String(id), GroupName: q.ScheduleGroup.ScheduleGroupName(),
+		ScheduleExpression: jsii.String(sched), ScheduleExpressionTimezone: tz, State: jsii.String(state),
+		FlexibleTimeWindow: &awsscheduler.CfnSchedule_FlexibleTimeWindowProperty{Mode: jsii.String("OFF")},
+		Target: &awsscheduler.CfnSchedule_TargetProperty{
+			Arn: q.RecurringTarget.FunctionArn(), RoleArn: q.SchedulerRole.RoleArn(), Input: jsii.String(string(input)),
+			RetryPolicy:      &awsscheduler.CfnSchedule_RetryPolicyProperty{MaximumEventAgeInSeconds: jsii.Number(float64(*onetime.RetryPolicy.MaximumEventAgeInSeconds)), MaximumRetryAttempts: jsii.Number(float64(*onetime.RetryPolicy.MaximumRetryAttempts))},
+			DeadLetterConfig: &awsscheduler.CfnSchedule_DeadLetterConfigProperty{Arn: q.DeadLetterQueue.QueueArn()},
+		},
+	})
 }

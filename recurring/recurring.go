@@ -38,6 +38,7 @@
 package recurring
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -139,8 +140,8 @@ var idRE = regexp.MustCompile(`^[0-9A-Za-z_.-]{1,64}$`)
 
 func invalid(field, reason string) error { return &enqueue.InputError{Field: field, Reason: reason} }
 
-// expression accepts cron(…), rate(…), at(…) or six bare cron fields.
-func expression(e string) (string, error) {
+// expressionOf accepts cron(…), rate(…), at(…) or six bare cron fields.
+func expressionOf(e string) (string, error) {
 	e = strings.TrimSpace(e)
 	for _, p := range []string{"cron(", "rate(", "at("} {
 		if strings.HasPrefix(e, p) && strings.HasSuffix(e, ")") {
@@ -197,6 +198,43 @@ func NewFiring(id string, args enqueue.JobArgs, opts *Opts) (Firing, error) {
 	return Firing{V: 1, ID: id, Kind: args.Kind(), Args: raw, Concurrency: o.Concurrency, MaxAttempts: o.MaxAttempts, Queue: o.Queue}, nil
 }
 
+// ScheduleOf is what a schedule id firing at expr with args and opts
+// holds: its expression (cron(…), rate(…), at(…)) and its target's input
+// (a Firing as JSON, its time filled in by Scheduler at each firing). The
+// one definition of a recurring job's schedule: Client.Recurring creates
+// it at run time, the construct's JobQueue.AddRecurring at deploy time.
+// Errors are *enqueue.InputError (a bad id, expression, time zone or
+// args, an input over Scheduler's 8,192 bytes).
+func ScheduleOf(id, expr string, args enqueue.JobArgs, opts *Opts) (expression string, input []byte, err error) {
+	sched, err := expressionOf(expr)
+	if err != nil {
+		return "", nil, err
+	}
+	f, err := NewFiring(id, args, opts)
+	if err != nil {
+		return "", nil, err
+	}
+	if opts != nil && opts.Timezone != "" {
+		if _, err := time.LoadLocation(opts.Timezone); err != nil {
+			return "", nil, invalid("Timezone", err.Error())
+		}
+	}
+	f.ScheduledTime = scheduledTimeAttr // Scheduler fills it in at each firing
+	// Not json.Marshal: it writes '<' as \u003c, and Scheduler fills in
+	// only the literal <aws.scheduler.scheduled-time> (before, every
+	// firing of an AllowConcurrent schedule on AWS was refused as having
+	// no scheduled time).
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(f) // ints, strings and valid JSON
+	in := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
+	if len(in) > 8192 {
+		return "", nil, invalid("args", fmt.Sprintf("a schedule's input holds 8192 bytes; this one is %d", len(in)))
+	}
+	return sched, in, nil
+}
+
 // Recurring creates or updates the schedule id, firing at expr, that
 // enqueues args each time (see "Concurrency").
 func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.JobArgs, opts *Opts) error {
@@ -204,27 +242,13 @@ func (c *Client) Recurring(ctx context.Context, id, expr string, args enqueue.Jo
 		return invalid("Options", "TargetARN and RoleARN are required to create schedules: NEXJOB_SCHEDULE_TARGET_ARN and NEXJOB_SCHEDULER_ROLE_ARN "+
 			"(the construct's Recurring prop sets them; on an emulator, nexjob provision NAME --recurring prints them)")
 	}
-	sched, err := expression(expr)
-	if err != nil {
-		return err
-	}
 	var o Opts
 	if opts != nil {
 		o = *opts
 	}
-	f, err := NewFiring(id, args, opts)
+	sched, in, err := ScheduleOf(id, expr, args, opts)
 	if err != nil {
 		return err
-	}
-	if o.Timezone != "" {
-		if _, err := time.LoadLocation(o.Timezone); err != nil {
-			return invalid("Timezone", err.Error())
-		}
-	}
-	f.ScheduledTime = scheduledTimeAttr // Scheduler fills it in at each firing
-	in, _ := json.Marshal(f)
-	if len(in) > 8192 {
-		return invalid("args", fmt.Sprintf("a schedule's input holds 8192 bytes; this one is %d", len(in)))
 	}
 	state := types.ScheduleStateEnabled
 	if o.Disabled {

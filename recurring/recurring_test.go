@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
@@ -166,5 +167,21 @@ func TestRecurring(t *testing.T) {
 	}
 	if _, err := recurring.Fire(ctx, e.Client, recurring.Firing{V: 1, ID: "x", Kind: "report", Args: []byte("{}"), Concurrency: recurring.AllowConcurrent, ScheduledTime: "<aws.scheduler.scheduled-time>"}); !errors.Is(err, enqueue.ErrInvalidInput) {
 		t.Fatalf("a firing without its time: %v", err)
+	}
+}
+
+// TestScheduleInputCarriesSchedulersPlaceholder: the schedule's input
+// holds <aws.scheduler.scheduled-time> literally, which Scheduler fills
+// in at each firing (before, json.Marshal wrote it as
+// \u003caws.scheduler.scheduled-time\u003e, which Scheduler leaves as it
+// is: every AllowConcurrent firing on AWS was refused as having no
+// scheduled time).
+func TestScheduleInputCarriesSchedulersPlaceholder(t *testing.T) {
+	_, in, err := recurring.ScheduleOf("hourly", "rate(1 hour)", digest{}, &recurring.Opts{Concurrency: recurring.AllowConcurrent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(in), `"scheduledTime":"<aws.scheduler.scheduled-time>"`) {
+		t.Fatalf("the input does not carry Scheduler's placeholder literally: %s", in)
 	}
 }
