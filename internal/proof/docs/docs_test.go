@@ -181,3 +181,36 @@ func TestQuickStartPasses(t *testing.T) {
 	}
 	t.Logf("the quick start's tests:\n%s", out)
 }
+
+// TestDeployGuideSynthesises (issue 41 item 3): the whole app of
+// docs/deploying.md (its kinds, its one binary, its API function, its
+// stack with a recurring job declared in it) builds, and its stack
+// synthesises, with placeholder bootstraps where the guide's build line
+// writes them: the stack holds the construct, the API function granted
+// to enqueue and the recurring job's schedule.
+func TestDeployGuideSynthesises(t *testing.T) {
+	t.Parallel()
+	dir := module(t, blocks(t, filepath.Join("docs", "deploying.md")))
+	for _, f := range []string{"jobs", "api"} {
+		write(t, filepath.Join(dir, "build", f, "bootstrap"), "placeholder "+f)
+	}
+	if out, err := goCmd(t, dir, "build", "./shop", "./cmd/...", "./deploy/..."); err != nil {
+		t.Fatalf("the guide's files do not build: %v\n%s", err, out)
+	}
+	outdir := t.TempDir()
+	cmd := exec.Command("go", "run", "./deploy/app")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off", "CDK_OUTDIR="+outdir)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the guide's stack does not synthesise: %v\n%s", err, out)
+	}
+	tpl, err := os.ReadFile(filepath.Join(outdir, "MyApp.template.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"AWS::Scheduler::Schedule"`, `"digest-eu"`, `"AWS::DynamoDB::Table"`, `"Api`} {
+		if !strings.Contains(string(tpl), want) {
+			t.Errorf("the synthesised stack has no %s", want)
+		}
+	}
+}
