@@ -33,6 +33,14 @@ var requirements []byte
 //
 //	func TestMain(m *testing.M) { os.Exit(nexjobtest.Main(m)) }
 //
+// The emulator is shared by the test binaries of this user on this
+// machine (SharedEmulator: the first starts it, the others find it, it
+// ends itself after SharedIdle without a request), so go test ./... of a
+// module of eight packages pays one start, not eight; NEXJOB_EMULATOR=
+// per-package gives each binary its own, stopped when it ends. With
+// AWS_ENDPOINT_URL set (an emulator already running, LocalStack) it
+// starts none and uses that one.
+//
 // With NEXJOB_NO_EMULATOR=1 (make check, the fast loop) it starts none,
 // and every test that needs AWS skips (Config); under CI=true such a test
 // fails instead, so a CI run never passes by skipping.
@@ -40,10 +48,19 @@ func Main(m *testing.M) int {
 	if os.Getenv("AWS_ENDPOINT_URL") != "" || os.Getenv("NEXJOB_REAL_AWS") == "1" || os.Getenv(EnvNoEmulator) == "1" {
 		return m.Run()
 	}
-	em, err := StartEmulator()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "nexjobtest:", err)
-		return 1
+	var em *Emulator
+	var err error
+	if os.Getenv(EnvEmulator) != "per-package" {
+		em, err = SharedEmulator()
+		if err != nil {
+			notice("nexjobtest: no shared emulator (" + err.Error() + "); this package starts its own")
+		}
+	}
+	if em == nil {
+		if em, err = StartEmulator(); err != nil {
+			fmt.Fprintln(os.Stderr, "nexjobtest:", err)
+			return 1
+		}
 	}
 	defer em.Stop()
 	for k, v := range em.Env() {
@@ -55,10 +72,16 @@ func Main(m *testing.M) int {
 // EnvNoEmulator set to 1 keeps Main from starting the emulator.
 const EnvNoEmulator = "NEXJOB_NO_EMULATOR"
 
+// EnvEmulator set to per-package makes Main start an emulator of the test
+// binary's own, stopped when it ends, instead of the shared one
+// (SharedEmulator).
+const EnvEmulator = "NEXJOB_EMULATOR"
+
 // Emulator is a running default emulator.
 type Emulator struct {
 	// URL is its endpoint, http://127.0.0.1:PORT.
 	URL    string
+	shared bool // SharedEmulator's: Stop leaves it (it ends itself when idle)
 	proc   *os.Process
 	exited chan struct{} // closed when the process has ended
 	dir    string
@@ -74,8 +97,12 @@ func (e *Emulator) Env() map[string]string {
 	}
 }
 
-// Stop ends the emulator and removes its files.
+// Stop ends the emulator and removes its files; a shared one is left
+// running (it ends itself after SharedIdle without a request).
 func (e *Emulator) Stop() {
+	if e.shared {
+		return
+	}
 	_ = e.proc.Kill()
 	<-e.exited
 	_ = os.RemoveAll(e.dir)

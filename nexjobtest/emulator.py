@@ -38,6 +38,7 @@ Health: GET /moto-api/ ; reset: POST /moto-api/reset
 """
 
 import argparse
+import time
 import logging
 import os
 import signal
@@ -242,12 +243,44 @@ def patch_dispatch():
     DomainDispatcherApplication.get_backend_for_host = get_backend_for_host
 
 
+class IdleExit:
+    """WSGI middleware: the process exits once no request has been in
+    flight or begun for idle seconds (a shared emulator nobody uses)."""
+
+    def __init__(self, app, idle):
+        self.app, self.idle = app, idle
+        self.lock = threading.Lock()
+        self.busy, self.last = 0, time.monotonic()
+        threading.Thread(target=self.watch, daemon=True).start()
+
+    def __call__(self, environ, start_response):
+        with self.lock:
+            self.busy += 1
+            self.last = time.monotonic()
+        try:
+            return self.app(environ, start_response)
+        finally:
+            with self.lock:
+                self.busy -= 1
+                self.last = time.monotonic()
+
+    def watch(self):
+        while True:
+            time.sleep(min(5, self.idle))
+            with self.lock:
+                if self.busy == 0 and time.monotonic() - self.last >= self.idle:
+                    os._exit(0)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     # 127.0.0.1 unless told otherwise (the compose profile binds the
     # container's interface and publishes it on the host's 127.0.0.1).
     parser.add_argument("--host", default="127.0.0.1")
+    # A shared emulator (nexjobtest's, one per machine and user) ends
+    # itself once no request came for this many seconds (0: never).
+    parser.add_argument("--idle-exit", type=float, default=0)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if os.environ.get("NEXJOB_EMULATOR_TRACEMALLOC"):
@@ -272,11 +305,13 @@ def main():
     patch_dispatch()
     if os.environ.get("NEXJOB_EMULATOR_LOG") != "1":
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    app = DomainDispatcherApplication(create_backend_app)
+    app = SerialDynamoDB(DomainDispatcherApplication(create_backend_app))
+    if args.idle_exit > 0:
+        app = IdleExit(app, args.idle_exit)
     run_simple(
         args.host,
         args.port,
-        SerialDynamoDB(app),
+        app,
         threaded=True,
         request_handler=MotoRequestHandler,
     )
