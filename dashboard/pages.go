@@ -109,7 +109,7 @@ func history(r ledger.Record) []event {
 		ev = append(ev, event{r.Deadline, "deadline to start"})
 	}
 	if r.Attempt > 0 {
-		ev = append(ev, event{r.UpdatedAt, fmt.Sprintf("attempt %d of %d", r.Attempt, r.MaxAttempts)})
+		ev = append(ev, event{r.UpdatedAt, fmt.Sprintf("%d of %d attempts spent", r.Attempt, r.MaxAttempts)})
 	}
 	if r.LeaseUntil > 0 {
 		ev = append(ev, event{r.LeaseUntil, "lease of the current run ends"})

@@ -176,7 +176,10 @@ func (o *ops) get(ctx context.Context, id string, sh show) error {
 		row("queue", rec.Queue)
 	}
 	row("state", st)
-	row("attempt", fmt.Sprintf("%d of %d", rec.Attempt, rec.MaxAttempts))
+	// Attempts spent, as the record counts them: a run that ended in a
+	// sleep or a wait gave its attempt back, so a sleeping job's logs say
+	// attempt=1 (the run's number) while 0 are spent.
+	row("attempts", fmt.Sprintf("%d of %d spent", rec.Attempt, rec.MaxAttempts))
 	if rec.KeyHash != "" {
 		row("key hash", rec.KeyHash+" ("+rec.Policy+")")
 	}

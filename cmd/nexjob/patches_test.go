@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -85,6 +86,11 @@ func TestExportPrintsTheOpenJobs(t *testing.T) {
 	}
 	e.DrainNow(t, e.Handler(t, reg, &handler.Options{Logger: quiet}))
 	before := e.Get(t, res.ID)
+	// Asleep after a run that gave its attempt back (issue 41 item 4: get
+	// said "attempt 0 of 25" where the log said attempt=1).
+	if got, _, err := runCLI(e, "get", res.ID); err != nil || !regexp.MustCompile(`attempts\s+0 of \d+ spent`).MatchString(got) {
+		t.Fatalf("get of a sleeping job: %v\n%s", err, got)
+	}
 	out, _, err := runCLI(e, "export", "p-job")
 	if err != nil {
 		t.Fatal(err)
