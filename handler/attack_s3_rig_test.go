@@ -3,6 +3,7 @@ package handler_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
 	"github.com/nexjob/nexjob-aws/provision"
+	"github.com/nexjob/nexjob-aws/replay"
 )
 
 // The rig of the attack_s3 tests: an Env with a blob bucket, every AWS
@@ -348,3 +350,19 @@ func s3aRegistry(sn *s3aSeen, res func(j *handler.Job[s3aRes]) (string, error), 
 }
 
 var _ = time.Second
+
+// mustJSON is v's JSON, as enqueue encodes args.
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// readExport is replay.Read over the rig's client (Env.Export, without
+// failing the test).
+func readExport(ctx context.Context, r *s3Rig, kind string) (replay.Export, error) {
+	return replay.Read(ctx, r.e.Client.Store(), kind, nil)
+}
