@@ -17,7 +17,7 @@ import (
 // Query of the byState index per page of each state, and one Query of
 // each job's steps.
 func (a *Admin) PatchUse(ctx context.Context, kind, name string) (old, patched, fresh int, oldIDs []string, err error) {
-	err = a.store.OpenJobs(ctx, kind, func(full ledger.Record, _ []ledger.StepItem) error {
+	err = a.store.OpenJobs(ctx, kind, func(full ledger.Record, _ []ledger.StepItem, _ error) error {
 		v, ok := full.Steps["nexjob:patches"]
 		var list []string
 		switch {

@@ -51,7 +51,7 @@ func (c *Client) EnqueueChild(ctx context.Context, from caller.Caller, name stri
 		return Result{}, err
 	}
 	rec.Caller = caller.ID
-	res, err := c.submit(ctx, rec, &o)
+	res, err := c.submit(ctx, rec, &o, viaChild)
 	var dup *DuplicateJobError
 	if errors.As(err, &dup) {
 		// The child this name started before, ended: it is the child.

@@ -280,15 +280,15 @@ func (c *Client) Enqueue(ctx context.Context, args JobArgs, opts *Opts) (Result,
 	if o.Debounce != nil {
 		res, err = c.debounce(ctx, rec, &o).outcome()
 	} else {
-		res, err = c.submit(ctx, rec, &o)
+		res, err = c.submit(ctx, rec, &o, viaEnqueue)
 	}
 	endSpan(span, res, err)
 	return res, err
 }
 
 // submit inserts a validated record and sends it, or handles the duplicate.
-func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts) (Result, error) {
-	got, send, r := c.decide(ctx, rec, o)
+func (c *Client) submit(ctx context.Context, rec ledger.Record, o *Opts, via entry) (Result, error) {
+	got, send, r := c.decide(ctx, rec, o, via)
 	if send {
 		c.sent(ctx, got, &r, c.Dispatch(ctx, got))
 	}
@@ -306,11 +306,11 @@ func (r ItemResult) outcome() (Result, error) {
 
 // decide writes a validated record (or meets the key's holder) and says
 // whether its message is to be sent now.
-func (c *Client) decide(ctx context.Context, rec ledger.Record, o *Opts) (ledger.Record, bool, ItemResult) {
+func (c *Client) decide(ctx context.Context, rec ledger.Record, o *Opts, via entry) (ledger.Record, bool, ItemResult) {
 	if err := c.admit(ctx, rec, o); err != nil {
 		return rec, false, ItemResult{Err: err}
 	}
-	if err := c.offloadArgs(ctx, &rec, o, viaEnqueue); err != nil {
+	if err := c.offloadArgs(ctx, &rec, o, via); err != nil {
 		return rec, false, ItemResult{Err: err}
 	}
 	got, created, err := c.insert(ctx, rec, o)

@@ -67,7 +67,7 @@ func (c *Client) continueWith(ctx context.Context, parentID string, args JobArgs
 	}
 	switch parent.State {
 	case ledger.Succeeded:
-		return c.submit(ctx, rec, &o) // admitted there
+		return c.submit(ctx, rec, &o, viaContinue) // admitted there
 	case ledger.Failed, ledger.Expired:
 		return Result{}, &ParentEndedError{ParentID: parentID, State: parent.State}
 	}
@@ -169,7 +169,7 @@ func (c *Client) addContinuation(ctx context.Context, rec ledger.Record, o *Opts
 	for range maxLinkTries {
 		if len(waiting) == 0 { // every parent Succeeded
 			rec.State = ledger.Enqueued
-			return c.submit(ctx, rec, o)
+			return c.submit(ctx, rec, o, viaContinue)
 		}
 		got, created, err := c.store.InsertContinuation(ctx, rec, o.IdempotencyKey, o.DuplicatePolicy, waiting)
 		var refused *ledger.LinkRefusedError

@@ -159,7 +159,7 @@ func (c *Client) record(ctx context.Context, it Item) (ledger.Record, bool, Item
 	if o.Debounce != nil {
 		return rec, false, c.debounce(ctx, rec, &o) // it sends its own
 	}
-	return c.decide(ctx, rec, &o)
+	return c.decide(ctx, rec, &o, viaEnqueueMany)
 }
 
 // sendBatch sends the jobs at idx, all of one queue, in one

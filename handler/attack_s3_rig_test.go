@@ -81,17 +81,6 @@ func (f *s3Faults) fired(r *s3Rule) int {
 	return r.fired
 }
 
-func (f *s3Faults) remove(r *s3Rule) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for i, x := range f.rules {
-		if x == r {
-			f.rules = append(f.rules[:i], f.rules[i+1:]...)
-			return
-		}
-	}
-}
-
 // n counts the requests of method on keys under prefix so far.
 func (f *s3Faults) n(method, prefix string) int {
 	f.mu.Lock()

@@ -376,7 +376,8 @@ func (s *Store) CountJobs(ctx context.Context, since time.Time) (JobCounts, erro
 var OpenStates = []State{Enqueued, Scheduled, Processing, AwaitingContinuation}
 
 // OpenJobs calls fn with each open job of kind (OpenStates), its record
-// read whole (strongly consistent) with its steps (Record.Steps whole, as
+// read whole (strongly consistent), its args (ArgsOf; argsErr when they
+// cannot be read), with its steps (Record.Steps whole, as
 // WithSteps reads them, and as StepItems lists them in the order they
 // were written, each value read),
 // until fn returns an error, which it returns; each job once. It writes
@@ -384,7 +385,7 @@ var OpenStates = []State{Enqueued, Scheduled, Processing, AwaitingContinuation}
 // Query of the byState index per page of each state (a Scan of the table
 // for a state the index does not hold: Enqueued and Processing unless
 // IndexAllStates), then a GetItem and a Query of its steps per job.
-func (s *Store) OpenJobs(ctx context.Context, kind string, fn func(Record, []StepItem) error) error {
+func (s *Store) OpenJobs(ctx context.Context, kind string, fn func(rec Record, steps []StepItem, argsErr error) error) error {
 	seen := map[string]bool{} // a job that moved from one state to another as they were listed comes once
 	for _, st := range OpenStates {
 		f := Filter{State: st, Kind: kind}
@@ -406,14 +407,17 @@ func (s *Store) OpenJobs(ctx context.Context, kind string, fn func(Record, []Ste
 				if err != nil {
 					return err
 				}
-				if full.Args, err = s.ArgsOf(ctx, full, false); err != nil { // args in the blob bucket: read, not renewed
-					return err
-				}
+				// Args in the blob bucket: read, not renewed. One that cannot be
+				// read (gone, or replaced: anyone who may enqueue may write
+				// args/) is fn's argsErr, Args empty: one job's object does not
+				// hide the others.
+				args, argsErr := s.ArgsOf(ctx, full, false)
+				full.Args = args
 				full.Steps = make(StepMap, len(items))
 				for _, it := range items {
 					full.Steps[it.Name] = it.Value
 				}
-				if err := fn(full, items); err != nil {
+				if err := fn(full, items, argsErr); err != nil {
 					return err
 				}
 			}

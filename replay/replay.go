@@ -108,6 +108,9 @@ type Job struct {
 	// known (those kept on the record, whose times are not, last by
 	// name): a divergence names the first recorded step not reached.
 	Order []string `json:"order,omitempty"`
+	// ArgsError says why its args, kept in the blob bucket, could not be
+	// read ("" they were): Check reports it, as its next run would fail.
+	ArgsError string `json:"argsError,omitempty"`
 	// In names, for a step recorded inside another step's function (a
 	// Map item's, a step's nested steps), that step: a replay of the
 	// outer one does not reach it, and need not.
@@ -138,11 +141,14 @@ func Read(ctx context.Context, store *ledger.Store, kind string, o *Options) (Ex
 		o = &Options{}
 	}
 	ex := Export{Format: Format, Kind: kind, At: store.Now().UTC().Truncate(time.Millisecond), Redacted: o.Redact, Jobs: []Job{}}
-	err := store.OpenJobs(ctx, kind, func(r ledger.Record, items []ledger.StepItem) error {
+	err := store.OpenJobs(ctx, kind, func(r ledger.Record, items []ledger.StepItem, argsErr error) error {
 		if o.Limit > 0 && len(ex.Jobs) == o.Limit {
 			return errLimit
 		}
 		j := FromRecord(r, o.Redact)
+		if argsErr != nil {
+			j.ArgsError = argsErr.Error()
+		}
 		for _, it := range items {
 			j.Order = append(j.Order, it.Name)
 			if it.In != "" {
@@ -272,6 +278,11 @@ func Check(ctx context.Context, reg *handler.Registry, ex Export) (Report, error
 		if !known {
 			rep.Jobs++
 			rep.Divergences = append(rep.Divergences, Divergence{JobID: j.ID, Kind: ex.Kind, Problem: "its kind is not registered: the job fails at its next run"})
+			continue
+		}
+		if j.ArgsError != "" {
+			rep.Jobs++
+			rep.Divergences = append(rep.Divergences, Divergence{JobID: j.ID, Kind: ex.Kind, Problem: "its args could not be read: its next run fails too (" + j.ArgsError + ")"})
 			continue
 		}
 		if len(j.Steps) == 0 && !j.Ran {
