@@ -35,12 +35,13 @@ func (chore) Kind() string { return "chore" }
 // with SendMessage would let it forge jobs, DescribeTable and the DLQ's
 // ChangeMessageVisibility).
 func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
-	e := nexjobtest.New(t, nil)
+	e := nexjobtest.New(t, &nexjobtest.Options{BlobBucket: true})
 	ctx := context.Background()
 	rec := newRecorder(t, os.Getenv("AWS_ENDPOINT_URL"))
 	cfg := e.Cfg.Copy()
 	cfg.BaseEndpoint = aws.String(rec.url("dashboard"))
-	a, err := admin.New(settings.Settings{AWS: cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention})
+	a, err := admin.New(settings.Settings{AWS: cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention,
+		StepsTable: e.StepsTable, BlobBucket: e.BlobBucket})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,6 +129,15 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 	if _, err := a.Get(ctx, toRequeue); err != nil {
 		t.Fatal(err)
 	}
+	// A job whose args are in the blob bucket (over 16 KB), looked at as
+	// the job page does: its args read from S3.
+	big, err := e.Client.Enqueue(ctx, bigChore{Note: strings.Repeat("n", 20<<10)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shown, _, err := a.Timeline(ctx, big.ID); err != nil || len(shown.Args) < 20<<10 {
+		t.Fatalf("the job page of a job with args in S3: %d bytes, %v", len(shown.Args), err)
+	}
 	if _, err := a.DeadLetters(ctx, 10); err != nil {
 		t.Fatal(err)
 	}
@@ -198,3 +208,7 @@ func TestDashboardGrantsExactlyItsCalls(t *testing.T) {
 		}
 	}
 }
+
+type bigChore struct{ Note string }
+
+func (bigChore) Kind() string { return "big-chore" }

@@ -392,6 +392,12 @@ func (r *recorder) calls(role string) []string {
 // "SQS.SendMessage", "Scheduler.CreateSchedule"); anything else is
 // recorded as unknown, which no policy allows.
 func action(req *http.Request) string {
+	if strings.Contains(req.Header.Get("User-Agent"), "api/s3#") {
+		// S3's REST calls name no operation in a header: the method does.
+		if op, ok := map[string]string{http.MethodGet: "GetObject", http.MethodPut: "PutObject", http.MethodHead: "HeadObject", http.MethodDelete: "DeleteObject"}[req.Method]; ok {
+			return "s3:" + op
+		}
+	}
 	svc, op, ok := strings.Cut(faults.Operation(req), ".")
 	prefix := map[string]string{"DynamoDB": "dynamodb", "SSM": "ssm", "SQS": "sqs", "Scheduler": "scheduler"}[svc]
 	if !ok || prefix == "" {
