@@ -216,6 +216,10 @@ func New(cfg aws.Config, table, queueURL string, opts *ClientOptions) (*Client, 
 	if o.Ledger.BlobBucket != "" && o.Ledger.Blobs == nil {
 		o.Ledger.Blobs = s3.NewFromConfig(cfg, func(so *s3.Options) {
 			so.UsePathStyle = cfg.BaseEndpoint != nil // an emulator's endpoint: no bucket in the host name
+			// A response with no checksum to validate (an emulator's, an
+			// object written without one) is no news: one log line per
+			// GetObject otherwise.
+			so.DisableLogOutputChecksumValidationSkipped = true
 		})
 	}
 	store, err := ledger.New(o.DynamoDB, table, &o.Ledger)

@@ -45,5 +45,8 @@ func BlobBucket(ctx context.Context, c *s3.Client, name string) error {
 // S3 is an S3 client for cfg: path-style addressing when cfg names an
 // endpoint of its own (an emulator, LocalStack), as ledger's blobs need.
 func S3(cfg aws.Config) *s3.Client {
-	return s3.NewFromConfig(cfg, func(o *s3.Options) { o.UsePathStyle = cfg.BaseEndpoint != nil })
+	return s3.NewFromConfig(cfg, func(o *s3.Options) {
+		o.UsePathStyle = cfg.BaseEndpoint != nil
+		o.DisableLogOutputChecksumValidationSkipped = true
+	})
 }
