@@ -632,3 +632,51 @@ func TestAttack39MapItemSleeps(t *testing.T) {
 		t.Errorf("item 3 went past its sleep %d times", r.n("item 3 woke"))
 	}
 }
+
+// A map whose item's record fails (throttled past the SDK's retries)
+// lets the items running finish and records them: the retry replays them
+// (their functions called once). Before, the map cancelled them, their
+// records were lost, and the retry called them again (the 20-item attack
+// above, at -count=20 beside a soak: "item 14 called 2 times (want 1)").
+// Items 12 to 15 wait here until item 11's record has failed and the map
+// has had the time to cancel them.
+func TestMapRunningItemsRecordedAfterARunError(t *testing.T) {
+	t.Parallel()
+	failed := make(chan struct{})
+	var once sync.Once
+	r := &rig39{}
+	r = newRig39(t, rig39Opts{work: func(ctx context.Context, j *handler.Job[a39]) error {
+		_, err := handler.Map(ctx, "lines", make([]int, 16), func(ctx context.Context, i, _ int) (string, error) {
+			r.call("item %d", i)
+			if i >= 12 && j.Attempt == 1 {
+				<-failed
+				select {
+				case <-ctx.Done(): // the map cancelled it (before)
+				case <-time.After(2 * time.Second):
+				}
+			}
+			return fmt.Sprint("ok-", i), nil
+		}, &handler.MapOptions{MaxConcurrency: 5})
+		return err
+	}, kopts: &handler.KindOptions{Backoff: func(int) time.Duration { return time.Second }}})
+	item := func(i int) func([]byte) bool {
+		return func(b []byte) bool { return strings.Contains(string(b), fmt.Sprintf(`lines#%d"`, i)) }
+	}
+	n := 0
+	thr := r.ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Match: item(11), Fault: faults.Throttle, Times: faults.Attempts, After: func() {
+		if n++; n == faults.Attempts {
+			once.Do(func() { close(failed) })
+		}
+	}})
+	id := enqueueOne(t, r.e.Client, a39{}, nil)
+	r.e.Drain(t, r.h)
+	fired(t, thr, faults.Attempts)
+	if rec := r.e.Get(t, id); rec.State != ledger.Succeeded || rec.Attempt != 2 {
+		t.Fatalf("job %s at attempt %d (%s)", rec.State, rec.Attempt, rec.LastError)
+	}
+	for i := 12; i < 16; i++ {
+		if got := r.n("item %d", i); got != 1 {
+			t.Errorf("item %d, running when item 11's record failed, called %d times: want once (finished and recorded)", i, got)
+		}
+	}
+}

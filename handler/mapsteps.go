@@ -221,13 +221,17 @@ func Map[T, R any](ctx context.Context, name string, items []T, fn func(ctx cont
 				fresh[i] = true
 				mu.Unlock()
 			case err != nil:
+				// The run ends in it (a record throttled past the retries, a
+				// sleep, a fence): none more starts, and the items running
+				// finish and are recorded (not cancelled: a cancelled item's
+				// record is lost and its function runs again on the retry;
+				// the 20-item attack at -count=20 called four twice).
 				mu.Lock()
 				if runErr == nil && (mctx.Err() == nil || !errors.Is(err, context.Canceled)) {
 					runErr = err
 				}
 				stop = true
 				mu.Unlock()
-				cancel()
 				return
 			case out.E == "" && len(out.V) > 0:
 				if err := json.Unmarshal(out.V, &v); err != nil {
