@@ -31,6 +31,12 @@ func TestZombieCannotOverwrite(t *testing.T) {
 	}, rigConfig{hopts: &handler.Options{Lease: time.Minute}})
 	id := r.enqueue(t, email{To: "z@example.com"}, nil)
 	msgs := r.e.Messages(t, r.e.QueueURL)
+	for end := time.Now().Add(30 * time.Second); len(msgs) == 0 && time.Now().Before(end); {
+		msgs = r.e.Messages(t, r.e.QueueURL) // the job's message, once the emulator shows it
+	}
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages for the job, want its one", len(msgs))
+	}
 	ev := poller.Event(r.e.QueueURL, msgs)
 	aDone := make(chan struct{})
 	go func() {
@@ -39,7 +45,13 @@ func TestZombieCannotOverwrite(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	<-aStarted
+	select {
+	case <-aStarted:
+	case <-aDone:
+		// Handle ended without running A (CI beside a soak hung here 18
+		// minutes, waiting for A): say how the job stood, not hang.
+		t.Fatalf("the first Handle ended without running the job: %+v", r.get(t, id))
+	}
 	r.clock.Advance(2 * time.Minute) // A's lease is over; SQS redelivers
 	if _, err := r.h.Handle(context.Background(), ev); err != nil {
 		t.Fatal(err)
