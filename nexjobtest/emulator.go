@@ -112,28 +112,14 @@ func (e *Emulator) Stop() {
 // waits until it answers (see the package documentation for which Python
 // runs it).
 func StartEmulator() (*Emulator, error) {
-	py, err := motoPython()
-	if err != nil {
-		return nil, err
-	}
 	dir, err := os.MkdirTemp("", "nexjob-emulator-")
 	if err != nil {
 		return nil, err
 	}
-	script := filepath.Join(dir, "emulator.py")
-	if err := os.WriteFile(script, emulatorPy, 0o600); err != nil {
-		return nil, err
-	}
-	port, err := freePort()
+	cmd, log, port, err := emulatorCommand(dir)
 	if err != nil {
 		return nil, err
 	}
-	log, err := os.Create(filepath.Join(dir, "emulator.log"))
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(py, script, "--port", strconv.Itoa(port))
-	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = dieWithParent()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the emulator: %w", err)
@@ -156,6 +142,31 @@ func StartEmulator() (*Emulator, error) {
 	}
 	em.Stop()
 	return nil, errors.New("the emulator did not answer in 30 s")
+}
+
+// emulatorCommand is the command that runs the default emulator from
+// dir (its script written there) on a free 127.0.0.1 port, its output to
+// dir's emulator.log (returned open), extra arguments after the port.
+func emulatorCommand(dir string, extra ...string) (*exec.Cmd, *os.File, int, error) {
+	py, err := motoPython()
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	script := filepath.Join(dir, "emulator.py")
+	if err := os.WriteFile(script, emulatorPy, 0o600); err != nil {
+		return nil, nil, 0, err
+	}
+	port, err := freePort()
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	log, err := os.Create(filepath.Join(dir, "emulator.log"))
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	cmd := exec.Command(py, append([]string{script, "--port", strconv.Itoa(port)}, extra...)...)
+	cmd.Stdout, cmd.Stderr = log, log
+	return cmd, log, port, nil
 }
 
 // motoPython finds or makes a Python that has moto MotoVersion: the one

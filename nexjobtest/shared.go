@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -62,25 +61,11 @@ func SharedEmulator() (*Emulator, error) {
 	if b, err := os.ReadFile(statePath); err == nil && json.Unmarshal(b, &st) == nil && st.Version == version && alive(st) {
 		return &Emulator{URL: st.URL, shared: true}, nil
 	}
-	py, err := motoPython()
-	if err != nil {
-		return nil, err
-	}
-	script := filepath.Join(dir, "emulator.py")
-	if err := os.WriteFile(script, emulatorPy, 0o600); err != nil {
-		return nil, err
-	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	log, err := os.Create(filepath.Join(dir, "emulator.log"))
+	cmd, log, port, err := emulatorCommand(dir, "--idle-exit", strconv.Itoa(int(SharedIdle.Seconds())))
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = log.Close() }()
-	cmd := exec.Command(py, script, "--port", strconv.Itoa(port), "--idle-exit", strconv.Itoa(int(SharedIdle.Seconds())))
-	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // its own session: it outlives this binary
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the shared emulator: %w", err)
