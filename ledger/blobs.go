@@ -64,11 +64,7 @@ func blobKey(rec Record, name, value string) string {
 // putBlob writes value as an object and returns its key.
 func (s *Store) putBlob(ctx context.Context, rec Record, name, value string) (string, error) {
 	key := blobKey(rec, name, value)
-	_, err := s.blobs.PutObject(ctx, &s3.PutObjectInput{
-		Bucket: aws.String(s.bucket), Key: aws.String(key), Body: strings.NewReader(value),
-		ContentLength: aws.Int64(int64(len(value))), ContentType: aws.String("application/json"),
-	})
-	if err != nil {
+	if err := s.putObject(ctx, key, value); err != nil {
 		return "", fmt.Errorf("nexjob: write the value of step %q of job %s to the blob bucket: %w", truncate(name, MaxStepName), rec.ID, err)
 	}
 	return key, nil
@@ -76,23 +72,40 @@ func (s *Store) putBlob(ctx context.Context, rec Record, name, value string) (st
 
 // getBlob reads the object key.
 func (s *Store) getBlob(ctx context.Context, key string) (string, error) {
+	v, _, err := s.getObject(ctx, key)
+	return v, err
+}
+
+// getObject reads object key whole (at most MaxBlobStepBytes) and when it
+// was last written: ErrBlobMissing when it is not there, or this store
+// has no blob bucket.
+func (s *Store) getObject(ctx context.Context, key string) (string, time.Time, error) {
 	if s.blobs == nil {
-		return "", fmt.Errorf("%w: %s (this process has no blob bucket: NEXJOB_BLOB_BUCKET)", ErrBlobMissing, key)
+		return "", time.Time{}, fmt.Errorf("%w: %s (this process has no blob bucket: NEXJOB_BLOB_BUCKET)", ErrBlobMissing, key)
 	}
 	out, err := s.blobs.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(key)})
 	if err != nil {
 		var nsk *s3types.NoSuchKey
 		if errors.As(err, &nsk) {
-			return "", fmt.Errorf("%w: %s", ErrBlobMissing, key)
+			return "", time.Time{}, fmt.Errorf("%w: %s", ErrBlobMissing, key)
 		}
-		return "", fmt.Errorf("nexjob: read %s from the blob bucket: %w", key, err)
+		return "", time.Time{}, fmt.Errorf("nexjob: read %s from the blob bucket: %w", key, err)
 	}
 	defer func() { _ = out.Body.Close() }()
 	var b bytes.Buffer
 	if _, err := io.Copy(&b, io.LimitReader(out.Body, MaxBlobStepBytes+1)); err != nil {
-		return "", fmt.Errorf("nexjob: read %s from the blob bucket: %w", key, err)
+		return "", time.Time{}, fmt.Errorf("nexjob: read %s from the blob bucket: %w", key, err)
 	}
-	return b.String(), nil
+	return b.String(), aws.ToTime(out.LastModified), nil
+}
+
+// putObject writes value as object key (JSON).
+func (s *Store) putObject(ctx context.Context, key, value string) error {
+	_, err := s.blobs.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: aws.String(s.bucket), Key: aws.String(key), Body: strings.NewReader(value),
+		ContentLength: aws.Int64(int64(len(value))), ContentType: aws.String("application/json"),
+	})
+	return err
 }
 
 // putResultBlob writes a run's result over ResultRoom as an object
@@ -100,11 +113,7 @@ func (s *Store) getBlob(ctx context.Context, key string) (string, error) {
 func (s *Store) putResultBlob(ctx context.Context, rec Record, result string) (string, error) {
 	v := sha256.Sum256([]byte(result))
 	key := fmt.Sprintf("results/%s/%s", rec.ID, hex.EncodeToString(v[:]))
-	_, err := s.blobs.PutObject(ctx, &s3.PutObjectInput{
-		Bucket: aws.String(s.bucket), Key: aws.String(key), Body: strings.NewReader(result),
-		ContentLength: aws.Int64(int64(len(result))), ContentType: aws.String("application/json"),
-	})
-	if err != nil {
+	if err := s.putObject(ctx, key, result); err != nil {
 		return "", fmt.Errorf("nexjob: write the result of job %s to the blob bucket: %w", rec.ID, err)
 	}
 	return key, nil
@@ -142,11 +151,7 @@ func (s *Store) PutArgsBlob(ctx context.Context, kind, args string) (string, err
 	}
 	v := sha256.Sum256([]byte(kind + "\x00" + args))
 	key := "args/" + hex.EncodeToString(v[:])
-	_, err := s.blobs.PutObject(ctx, &s3.PutObjectInput{
-		Bucket: aws.String(s.bucket), Key: aws.String(key), Body: strings.NewReader(args),
-		ContentLength: aws.Int64(int64(len(args))), ContentType: aws.String("application/json"),
-	})
-	if err != nil {
+	if err := s.putObject(ctx, key, args); err != nil {
 		return "", fmt.Errorf("nexjob: write a %s job's args to the blob bucket: %w", kind, err)
 	}
 	return key, nil
@@ -160,29 +165,16 @@ func (s *Store) ArgsOf(ctx context.Context, rec Record, renew bool) (string, err
 	if rec.ArgsBlob == "" {
 		return rec.Args, nil
 	}
-	if s.blobs == nil {
-		return "", fmt.Errorf("%w: %s (this process has no blob bucket: NEXJOB_BLOB_BUCKET)", ErrBlobMissing, rec.ArgsBlob)
-	}
-	out, err := s.blobs.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(rec.ArgsBlob)})
+	args, written, err := s.getObject(ctx, rec.ArgsBlob)
 	if err != nil {
-		var nsk *s3types.NoSuchKey
-		if errors.As(err, &nsk) {
-			return "", fmt.Errorf("%w: %s", ErrBlobMissing, rec.ArgsBlob)
-		}
-		return "", fmt.Errorf("nexjob: read the args of job %s from the blob bucket: %w", rec.ID, err)
+		return "", fmt.Errorf("nexjob: the args of job %s: %w", rec.ID, err)
 	}
-	defer func() { _ = out.Body.Close() }()
-	var b bytes.Buffer
-	if _, err := io.Copy(&b, io.LimitReader(out.Body, MaxBlobStepBytes+1)); err != nil {
-		return "", fmt.Errorf("nexjob: read the args of job %s from the blob bucket: %w", rec.ID, err)
-	}
-	args := b.String()
 	if rec.ArgsHash != "" && ArgsHash(rec.Kind, args) != rec.ArgsHash {
 		// Anyone who may enqueue may write args/ objects: the record's hash
 		// of its args decides which are its.
 		return "", fmt.Errorf("%w: %s does not hold job %s's args (their hash differs from the record's)", ErrBlobMissing, rec.ArgsBlob, rec.ID)
 	}
-	if renew && out.LastModified != nil && s.now().Sub(*out.LastModified) > argsRenewAfter {
+	if renew && !written.IsZero() && s.now().Sub(written) > argsRenewAfter {
 		if _, err := s.PutArgsBlob(ctx, rec.Kind, args); err != nil {
 			return "", err
 		}
