@@ -162,28 +162,35 @@ func TestChildAttackNameOf128Bytes(t *testing.T) {
 // childRunsFirst has the caller's sleep in its wait for children (its
 // record's write with awaitEnd) held until every child due ran to its
 // end: the children end while the caller still runs, after its look at
-// its steps.
+// its steps. The hold long-polls (a child whose send waits for the
+// dispatch guard, as a busy machine's slow send may, comes in later), up
+// to 120 polls, and names each child's state if they never end.
 func (r *childRig) childRunsFirst(t *testing.T, n int) faults.Handle {
 	return r.ft.Add(faults.Rule{Op: "DynamoDB.UpdateItem", Fault: faults.Pass,
 		Match: func(b []byte) bool { return strings.Contains(string(b), ledger.AttrAwaitEnd) },
 		Before: func(*http.Request, []byte) {
-			p := poller.New(r.e.SQS, r.e.QueueURL, r.h.Handle, &poller.Options{WaitTime: -1})
-			for range 50 {
+			p := poller.New(r.e.SQS, r.e.QueueURL, r.h.Handle, &poller.Options{WaitTime: time.Second})
+			var kids []string
+			for range 120 {
 				if _, err := p.Poll(context.Background()); err != nil {
 					t.Error(err)
 					return
 				}
 				ended := 0
+				kids = kids[:0]
 				for _, rec := range r.e.Scan(t) {
-					if rec.Kind == "atk-child" && rec.State.Terminal() {
-						ended++
+					if rec.Kind == "atk-child" {
+						kids = append(kids, fmt.Sprintf("%s %s attempt %d run at %v last error %q", rec.ID, rec.State, rec.Attempt, ledger.Millis(rec.RunAt), rec.LastError))
+						if rec.State.Terminal() {
+							ended++
+						}
 					}
 				}
 				if ended == n {
 					return
 				}
 			}
-			t.Error("the children did not end")
+			t.Errorf("the children did not end in 120 polls: %q", kids)
 		}})
 }
 
