@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/metrics"
 )
 
@@ -91,7 +92,7 @@ type eventKey struct {
 // value's JSON scoped apart from every string.
 func (k eventKey) hash(s *Store) string {
 	if k.json {
-		return s.callKey(s.ledger.HashKey(s.function + "\x01" + k.text))
+		return s.callKey(ledger.HashKeyWith(s.secret, s.function+"\x01"+k.text))
 	}
 	return s.KeyHash(k.text)
 }

@@ -81,6 +81,12 @@ type Options struct {
 	Ledger ledger.Options
 	// DynamoDB is the client. Defaults to one from the config.
 	DynamoDB ledger.DynamoDB
+	// Backend keeps the records. Defaults to the DynamoDB table New is
+	// given (the ledger's call records, *ledger.Store); MemoryBackend
+	// keeps them in this process (unit tests), and package redisstore in
+	// a Redis or Valkey server. With a Backend, New's table and DynamoDB
+	// are not used (table may be ""); the key secret still is.
+	Backend Backend
 	// Logger receives one record per outcome (the key's hash, never the
 	// key). Defaults to slog.Default().
 	Logger *slog.Logger
@@ -109,10 +115,46 @@ const (
 // whose deadline came as the function returned still gets them written.
 const recordTimeout = 5 * time.Second
 
-// Store keeps idempotent calls' records in the nexjob table. It is safe
-// for concurrent use.
+// Backend keeps idempotent calls' records: a key's hold, then its
+// recorded outcome, each write conditional on the caller's token. The
+// DynamoDB table's (*ledger.Store) is the default; MemoryBackend and
+// package redisstore's keep the same promises, checked by one behaviour
+// suite (package idemtest) that any Backend can run:
+//
+//   - BeginCall takes keyHash when it has no record, an expired one
+//     (ExpiresAt not after the Backend's clock), or a Processing hold
+//     whose Until is more than skew behind that clock; or replaces a
+//     recorded outcome policy.Allows (keeping its token as Prev). The new
+//     record is Processing until until under a fresh token, expiring at
+//     until+retention. Otherwise it returns the record that holds the key
+//     and began=false, writing nothing.
+//   - RecordCall writes held's outcome only while the record's token is
+//     held.Token; a resend of its own applied write reads as done (the
+//     outcome's token, kept as Token or Prev); anything else is
+//     ledger.ErrCallTakenOver and writes nothing.
+//   - ReleaseCall deletes the record only while its token is held.Token;
+//     a key no longer held's is done too (nil).
+//   - GetCall reads the record; ok=false when there is none or it has
+//     expired.
+//
+// An error whose outcome a Backend cannot settle by reading is returned
+// (ledger.UnknownOutcomeError, or the client's): the Store then reports
+// the call unrecorded and never runs a function whose hold it did not
+// see written.
+type Backend interface {
+	BeginCall(ctx context.Context, keyHash, payloadHash string, policy ledger.DuplicatePolicy, until time.Time, skew, retention time.Duration) (c ledger.Call, began bool, err error)
+	GetCall(ctx context.Context, keyHash string) (c ledger.Call, ok bool, err error)
+	RecordCall(ctx context.Context, held ledger.Call, state ledger.State, result []byte, errText string, expiresAt time.Time) (ledger.Call, error)
+	ReleaseCall(ctx context.Context, held ledger.Call) error
+}
+
+var _ Backend = (*ledger.Store)(nil)
+
+// Store keeps idempotent calls' records in the nexjob table (or its
+// Options.Backend). It is safe for concurrent use.
 type Store struct {
-	ledger    *ledger.Store
+	ledger    Backend
+	secret    []byte
 	function  string
 	policy    ledger.DuplicatePolicy
 	retention time.Duration
@@ -148,7 +190,7 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if table == "" {
+	if table == "" && o.Backend == nil {
 		if table = os.Getenv(envTable); table == "" {
 			return nil, fmt.Errorf("nexjob: idempotency needs the table: give it, or set %s", envTable)
 		}
@@ -205,18 +247,21 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 	if o.MaxResultBytes > ledger.MaxCallResultBytes {
 		return nil, fmt.Errorf("nexjob: MaxResultBytes %d is over the item's room, %d", o.MaxResultBytes, ledger.MaxCallResultBytes)
 	}
-	if o.DynamoDB == nil {
-		o.DynamoDB = dynamodb.NewFromConfig(cfg)
-	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	st, err := ledger.New(o.DynamoDB, table, &o.Ledger)
-	if err != nil {
-		return nil, err
+	if o.Backend == nil {
+		if o.DynamoDB == nil {
+			o.DynamoDB = dynamodb.NewFromConfig(cfg)
+		}
+		st, err := ledger.New(o.DynamoDB, table, &o.Ledger)
+		if err != nil {
+			return nil, err
+		}
+		o.Backend = st
 	}
 	s := &Store{
-		ledger: st, function: o.Function, policy: policy, retention: o.Retention, recordErr: o.RecordErrors,
+		ledger: o.Backend, secret: append([]byte(nil), o.Ledger.KeySecret...), function: o.Function, policy: policy, retention: o.Retention, recordErr: o.RecordErrors,
 		hold: o.Hold, skew: o.MaxClockSkew, wait: o.Wait, maxResult: o.MaxResultBytes, log: o.Logger, metrics: o.Metrics, now: time.Now,
 	}
 	if o.Ledger.Now != nil {
@@ -224,6 +269,7 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 	}
 	s.disabled = disabled
 	if o.CacheSize > 0 {
+		var err error
 		if s.cache, err = lru.New[string, ledger.Call](o.CacheSize); err != nil {
 			return nil, fmt.Errorf("nexjob: idempotency cache: %w", err)
 		}
@@ -255,7 +301,7 @@ func keySecret(cfg aws.Config) ([]byte, error) {
 // and the ledger's hash of the key scoped to it, "<function>#<hash>"
 // (ledger.CallKey; the record's partition key is "i#" and it).
 func (s *Store) KeyHash(key string) string {
-	return s.callKey(s.ledger.HashKey(s.function + "\x00" + key))
+	return s.callKey(ledger.HashKeyWith(s.secret, s.function+"\x00"+key))
 }
 
 // callKey scopes a hash to the Store's function (ledger.CallKey).
@@ -263,7 +309,7 @@ func (s *Store) callKey(hash string) string { return ledger.CallKey(s.function, 
 
 // payloadHash fingerprints a payload's JSON under the same hash.
 func (s *Store) payloadHash(payload []byte) string {
-	return s.ledger.HashKey("payload\x00" + string(payload))
+	return ledger.HashKeyWith(s.secret, "payload\x00"+string(payload))
 }
 
 // until is the end of a hold taken now under ctx.

@@ -238,6 +238,11 @@ var b32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(bas
 // hashKey returns the 128-bit hash of an idempotency key, base32 encoded
 // (26 characters). With a secret it is an HMAC, so that low-entropy keys
 // such as "welcome-<user id>" cannot be confirmed by hashing guesses.
+// HashKeyWith is the ledger's hash of key under secret (Store.HashKey's,
+// for a store of records kept elsewhere): HMAC-SHA-256 with the secret,
+// SHA-256 without one, its first 16 bytes in lower-case base32.
+func HashKeyWith(secret []byte, key string) string { return hashKey(secret, key) }
+
 func hashKey(secret []byte, key string) string {
 	var sum []byte
 	if len(secret) > 0 {
