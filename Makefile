@@ -16,7 +16,7 @@ FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzC
 
 LAMBDAS := worker deadletter guard dashboard recurring
 
-.PHONY: help run test check sizes browser dashboard orders fuzz bench soak vet lint emulator lambdas synth up down clean
+.PHONY: help run test check sizes browser redis dashboard orders fuzz bench soak vet lint emulator lambdas synth up down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -24,7 +24,7 @@ help: ## list the targets
 run: ## the demo: start the emulator, provision, run the worker, enqueue the seed's jobs, print the tables
 	$(EMU) $(GO) run ./cmd/nexjob demo
 
-test: vet lint browser ## golangci-lint, then every test against the default emulator (started and stopped here), the browser and CDK tests, a short fuzz run
+test: vet lint browser redis ## golangci-lint, then every test against the default emulator (started and stopped here), the browser, Redis and CDK tests, a short fuzz run
 	NEXJOB_WITH_AWSCLI=1 $(EMU) $(GO) test -count=1 -timeout 20m ./...
 	@# One iteration of each comparison: their like-for-like checks hold (no timings judged here).
 	$(EMU) $(GO) test -count=1 -run '^$$' -bench Ratio -benchtime 1x ./enqueue/ ./handler/ >/dev/null
@@ -57,6 +57,16 @@ browser: ## install Debian's chromium for the browser tests, if missing
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); export DEBIAN_FRONTEND=noninteractive; \
 	  $$SUDO apt-get install -y -q chromium >/dev/null || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null
+
+# The idempotency utility's Redis store is tested against a real server:
+# Debian's redis-server, installed here where missing; its tests start
+# their own on a free loopback port (or use REDIS_ADDR).
+redis: ## install Debian's redis-server for the Redis store's tests, if missing
+	@command -v redis-server >/dev/null || command -v valkey-server >/dev/null || { \
+	  echo "installing Debian's redis-server for the idempotency Redis store's tests"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); export DEBIAN_FRONTEND=noninteractive; \
+	  $$SUDO apt-get install -y -q redis-server >/dev/null || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q redis-server >/dev/null; }; }
+	@command -v redis-server >/dev/null || command -v valkey-server >/dev/null
 
 dashboard: ## the demo, then its jobs in the web dashboard on http://127.0.0.1:8080/ (WRITE=1: actions on)
 	$(EMU) $(GO) run ./cmd/nexjob demo --dashboard 127.0.0.1:8080 $(if $(WRITE),--write)

@@ -211,40 +211,6 @@ func TestRecordExpires(t *testing.T) {
 	}
 }
 
-// The three policies after a recorded outcome, as at enqueue: a recorded
-// result is replayed only under RejectAlways; a recorded error
-// (RecordErrors) is a *DuplicateError under RejectIfFailed and
-// RejectAlways and runs again under AllowAfterFailed.
-func TestPoliciesAfterARecordedOutcome(t *testing.T) {
-	t.Parallel()
-	r := newRig(t, nil)
-	for _, p := range []ledger.DuplicatePolicy{ledger.AllowAfterFailed, ledger.RejectIfFailed, ledger.RejectAlways} {
-		s := r.store(t, &idempotency.Options{Policy: &p, RecordErrors: true, Function: "f-" + p.String()})
-		var ok charger
-		if _, err := idempotency.Do(context.Background(), s, "succeeded", ok.charge(1), nil); err != nil {
-			t.Fatal(err)
-		}
-		res, err := idempotency.Do(context.Background(), s, "succeeded", ok.charge(1), nil)
-		wantReplay := p == ledger.RejectAlways
-		if err != nil || res.Replayed != wantReplay || (ok.runs.Load() == 1) != wantReplay {
-			t.Errorf("%s after a success: %+v %v, %d runs; want replayed=%v", p, res, err, ok.runs.Load(), wantReplay)
-		}
-		bad := charger{err: errors.New("declined")}
-		if _, err := idempotency.Do(context.Background(), s, "failed", bad.charge(1), nil); err == nil {
-			t.Fatal("want the function's error")
-		}
-		_, err = idempotency.Do(context.Background(), s, "failed", bad.charge(1), nil)
-		var dup *idempotency.DuplicateError
-		wantReject := p != ledger.AllowAfterFailed
-		switch {
-		case wantReject && (!errors.As(err, &dup) || dup.State != ledger.Failed || dup.Message != "declined" || bad.runs.Load() != 1):
-			t.Errorf("%s after a recorded error: %v, %d runs; want *DuplicateError with the message, 1 run", p, err, bad.runs.Load())
-		case !wantReject && (err == nil || errors.As(err, &dup) || bad.runs.Load() != 2):
-			t.Errorf("%s after a recorded error: %v, %d runs; want it run again", p, err, bad.runs.Load())
-		}
-	}
-}
-
 // A function that panics releases the key and panics on.
 func TestPanicReleasesTheKey(t *testing.T) {
 	t.Parallel()

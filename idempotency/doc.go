@@ -108,6 +108,11 @@
 // joined to the function's error; the key is then free when the hold
 // ends. A function that panics releases the key and panics on.
 //
+// The records live in the nexjob table unless Options.Backend names
+// another store: MemoryBackend (this process, for unit tests) or package
+// redisstore's (a Redis or Valkey server). Every Backend keeps the
+// promises above; package idemtest is their behaviour suite, run on each.
+//
 // Turn the utility off (every call runs its function, nothing is read or
 // written) with Options.Disabled or NEXJOB_IDEMPOTENCY_DISABLED=true: for
 // unit tests of the function itself.

@@ -2,8 +2,6 @@ package idempotency
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -34,13 +32,10 @@ func NewMemoryBackend(now func() time.Time) *MemoryBackend {
 
 // BeginCall is Backend's: it takes keyHash or returns its holder.
 func (b *MemoryBackend) BeginCall(_ context.Context, keyHash, payloadHash string, policy ledger.DuplicatePolicy, until time.Time, skew, retention time.Duration) (ledger.Call, bool, error) {
-	if !policy.Valid() {
-		return ledger.Call{}, false, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
+	c, err := ledger.NewCall(keyHash, payloadHash, policy, until, retention)
+	if err != nil {
+		return ledger.Call{}, false, err
 	}
-	if fn, h, ok := strings.Cut(keyHash, "#"); !ok || fn == "" || h == "" {
-		return ledger.Call{}, false, fmt.Errorf("%w: %q", ledger.ErrCallKeyUnscoped, keyHash)
-	}
-	c := ledger.Call{KeyHash: keyHash, State: ledger.Processing, Until: until, PayloadHash: payloadHash, Policy: policy, Token: ledger.NewNonce(), ExpiresAt: time.Unix(until.Add(retention).Unix(), 0)}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	old, ok := b.live(keyHash)
@@ -66,19 +61,15 @@ func (b *MemoryBackend) GetCall(_ context.Context, keyHash string) (ledger.Call,
 
 // RecordCall is Backend's.
 func (b *MemoryBackend) RecordCall(_ context.Context, held ledger.Call, state ledger.State, result []byte, errText string, expiresAt time.Time) (ledger.Call, error) {
-	if state != ledger.Succeeded && state != ledger.Failed {
-		return ledger.Call{}, fmt.Errorf("nexjob: a call's outcome is Succeeded or Failed, not %s", state)
-	}
-	if n := len(result) + len(errText); n > ledger.MaxCallResultBytes {
-		return ledger.Call{}, fmt.Errorf("%w: a call's result and error are %d bytes, the limit is %d", ledger.ErrItemTooLarge, n, ledger.MaxCallResultBytes)
+	out, err := held.Outcome(state, append([]byte(nil), result...), errText, expiresAt)
+	if err != nil {
+		return ledger.Call{}, err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if cur, ok := b.m[held.KeyHash]; !ok || cur.Token != held.Token {
 		return ledger.Call{}, ledger.ErrCallTakenOver
 	}
-	out := held
-	out.State, out.Result, out.Error, out.Token, out.ExpiresAt, out.Until = state, append([]byte(nil), result...), errText, ledger.NewNonce(), time.Unix(expiresAt.Unix(), 0), time.Time{}
 	b.m[held.KeyHash] = out
 	return out, nil
 }

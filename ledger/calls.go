@@ -86,6 +86,34 @@ func (c Call) Held(now time.Time) bool {
 	return c.State == Processing && now.Before(c.Until)
 }
 
+// NewCall is the hold a BeginCall writes (any store's): Processing until
+// until under a fresh token, expiring at until+retention in whole
+// seconds. It refuses a policy not known and a key hash that names no
+// function (ErrCallKeyUnscoped).
+func NewCall(keyHash, payloadHash string, policy DuplicatePolicy, until time.Time, retention time.Duration) (Call, error) {
+	if !policy.Valid() {
+		return Call{}, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
+	}
+	if fn, h, ok := strings.Cut(keyHash, "#"); !ok || fn == "" || h == "" {
+		return Call{}, fmt.Errorf("%w: %q", ErrCallKeyUnscoped, keyHash)
+	}
+	return Call{KeyHash: keyHash, State: Processing, Until: until, PayloadHash: payloadHash, Policy: policy, Token: NewNonce(), ExpiresAt: time.Unix(until.Add(retention).Unix(), 0)}, nil
+}
+
+// Outcome is the record a RecordCall of c writes (any store's): state
+// (Succeeded or Failed, else an error), result and errText (together at
+// most MaxCallResultBytes, else ErrItemTooLarge), a fresh token, no hold.
+func (c Call) Outcome(state State, result []byte, errText string, expiresAt time.Time) (Call, error) {
+	if state != Succeeded && state != Failed {
+		return Call{}, fmt.Errorf("nexjob: a call's outcome is Succeeded or Failed, not %s", state)
+	}
+	if n := len(result) + len(errText); n > MaxCallResultBytes {
+		return Call{}, fmt.Errorf("%w: a call's result and error are %d bytes, the limit is %d", ErrItemTooLarge, n, MaxCallResultBytes)
+	}
+	c.State, c.Result, c.Error, c.Token, c.ExpiresAt, c.Until = state, result, errText, NewNonce(), time.Unix(expiresAt.Unix(), 0), time.Time{}
+	return c, nil
+}
+
 // ErrCallKeyUnscoped: BeginCall of a key hash that names no function
 // (not made by CallKey): its record would be under no function's prefix.
 var ErrCallKeyUnscoped = errors.New("nexjob: a call's key hash must name its function (ledger.CallKey)")
@@ -114,13 +142,10 @@ var ErrCallTakenOver = errors.New("nexjob: the call's key is no longer the call'
 // that fails too, the error is an *UnknownOutcomeError and the key may be
 // held until until.
 func (s *Store) BeginCall(ctx context.Context, keyHash, payloadHash string, policy DuplicatePolicy, until time.Time, skew, retention time.Duration) (Call, bool, error) {
-	if !policy.Valid() {
-		return Call{}, false, fmt.Errorf("nexjob: unknown DuplicatePolicy %d", int(policy))
+	c, err := NewCall(keyHash, payloadHash, policy, until, retention)
+	if err != nil {
+		return Call{}, false, err
 	}
-	if fn, h, ok := strings.Cut(keyHash, "#"); !ok || fn == "" || h == "" {
-		return Call{}, false, fmt.Errorf("%w: %q", ErrCallKeyUnscoped, keyHash)
-	}
-	c := Call{KeyHash: keyHash, State: Processing, Until: until, PayloadHash: payloadHash, Policy: policy, Token: NewNonce(), ExpiresAt: time.Unix(until.Add(retention).Unix(), 0)}
 	now := s.now()
 	st := expression.Name(AttrCallState)
 	free := expression.AttributeNotExists(expression.Name(AttrPK)).
@@ -202,13 +227,11 @@ func (s *Store) putCall(ctx context.Context, c Call, cond expression.ConditionBu
 // of our own update (its reply lost) reads as done; a hold another call
 // took over gives ErrCallTakenOver, and nothing is written. One UpdateItem.
 func (s *Store) RecordCall(ctx context.Context, held Call, state State, result []byte, errText string, expiresAt time.Time) (Call, error) {
-	if state != Succeeded && state != Failed {
-		return Call{}, fmt.Errorf("nexjob: a call's outcome is Succeeded or Failed, not %s", state)
+	out, err := held.Outcome(state, result, errText, expiresAt)
+	if err != nil {
+		return Call{}, err
 	}
-	if n := len(result) + len(errText); n > MaxCallResultBytes {
-		return Call{}, fmt.Errorf("%w: a call's result and error are %d bytes, the limit is %d", ErrItemTooLarge, n, MaxCallResultBytes)
-	}
-	done := NewNonce()
+	done := out.Token
 	upd := expression.Set(expression.Name(AttrCallState), expression.Value(string(state))).
 		Set(expression.Name(AttrNonce), expression.Value(done)).
 		Set(expression.Name(AttrExpiresAt), expression.Value(expiresAt.Unix())).
@@ -224,8 +247,6 @@ func (s *Store) RecordCall(ctx context.Context, held Call, state State, result [
 	if err != nil {
 		return Call{}, fmt.Errorf("nexjob: build call record: %w", err)
 	}
-	out := held
-	out.State, out.Result, out.Error, out.Token, out.ExpiresAt, out.Until = state, result, errText, done, time.Unix(expiresAt.Unix(), 0), time.Time{}
 	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:                           aws.String(s.table),
 		Key:                                 callKey(held.KeyHash),

@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,6 +73,9 @@ func (r *Rig) Store(t *testing.T, o *idempotency.Options) *idempotency.Store {
 		opts = *o
 	}
 	opts.Backend, opts.Ledger.Now = r.Backend, r.Clock.Now
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
 	if opts.Ledger.KeySecret == nil {
 		opts.Ledger.KeySecret = []byte("idemtest")
 	}
