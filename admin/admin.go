@@ -187,13 +187,23 @@ func (a *Admin) Delete(ctx context.Context, id string) error {
 type Stats struct {
 	// Jobs counts live records per state and kind.
 	Jobs map[ledger.State]map[string]int
-	// Queued and InFlight are the job queue's approximate counts; DLQ the
-	// dead-letter queue's (visible plus in flight), -1 without a DLQ.
-	Queued, InFlight, DLQ int
+	// Queued, InFlight and Delayed are the job queue's approximate counts
+	// (visible, received and not yet deleted, not yet visible: a delay);
+	// DLQ the dead-letter queue's (visible plus in flight), -1 without a
+	// DLQ.
+	Queued, InFlight, Delayed, DLQ int
 	// Queues are the named queues' counts (NEXJOB_QUEUES), by name.
 	Queues []QueueStats
 	// EndedLastHour are the jobs that ended in the last hour, by state.
 	EndedLastHour map[ledger.State]int
+	// Ends are the counted jobs that ended in the window asked (the last
+	// hour, or OverviewSince's and StatsSince's since), one each.
+	Ends []ledger.End
+	// OldestDue is when the counted job waiting longest to start became
+	// due (zero: none waits): ledger.JobCounts.OldestDue. SQS says how
+	// old its oldest message is only to CloudWatch
+	// (ApproximateAgeOfOldestMessage), not over its API.
+	OldestDue time.Time
 	// Counted are the states Jobs and EndedLastHour count: every state
 	// (Stats), or the ones the byState index holds (Overview). Another
 	// state's count is unknown, not zero.
@@ -205,8 +215,8 @@ func (s Stats) IsCounted(st ledger.State) bool { return slices.Contains(s.Counte
 
 // QueueStats are one named queue's approximate counts, as Stats's own.
 type QueueStats struct {
-	Name                  string
-	Queued, InFlight, DLQ int
+	Name                           string
+	Queued, InFlight, Delayed, DLQ int
 }
 
 // Total is the number of jobs in state st, over every kind.
@@ -221,11 +231,18 @@ func (s Stats) Total(st ledger.State) int {
 // Stats counts jobs (one Scan of the whole table: billed for every
 // record, its args included) and reads the queues' depths.
 func (a *Admin) Stats(ctx context.Context) (Stats, error) {
-	counts, err := a.store.CountJobs(ctx, a.store.Now().Add(-time.Hour))
+	return a.StatsSince(ctx, time.Time{})
+}
+
+// StatsSince is Stats with the jobs ended since since in Stats.Ends
+// (zero: the last hour), from the same Scan.
+func (a *Admin) StatsSince(ctx context.Context, since time.Time) (Stats, error) {
+	from, hour := a.window(since)
+	counts, err := a.store.CountJobs(ctx, from)
 	if err != nil {
 		return Stats{}, err
 	}
-	return a.stats(ctx, counts)
+	return a.stats(ctx, counts, hour)
 }
 
 // Overview is Stats read from the byState index instead of the table
@@ -235,21 +252,49 @@ func (a *Admin) Stats(ctx context.Context) (Stats, error) {
 // states the index does not hold (Enqueued, Processing and Succeeded,
 // unless IndexAllStates) are not counted: Stats.Counted says which are.
 func (a *Admin) Overview(ctx context.Context) (Stats, error) {
-	counts, err := a.store.CountIndexed(ctx, a.store.Now().Add(-time.Hour))
+	return a.OverviewSince(ctx, time.Time{})
+}
+
+// OverviewSince is Overview with the jobs ended since since in Stats.Ends
+// (zero: the last hour), from the same Scan of the index: what the
+// dashboard's charts draw, at no request more.
+func (a *Admin) OverviewSince(ctx context.Context, since time.Time) (Stats, error) {
+	from, hour := a.window(since)
+	counts, err := a.store.CountIndexed(ctx, from)
 	if err != nil {
 		return Stats{}, err
 	}
-	return a.stats(ctx, counts)
+	return a.stats(ctx, counts, hour)
 }
 
-// stats are counts and the queues' depths.
-func (a *Admin) stats(ctx context.Context, counts ledger.JobCounts) (Stats, error) {
+// window is where a count's Ends start (since, or an hour ago when zero
+// or later) and the start of the last hour.
+func (a *Admin) window(since time.Time) (from, hour time.Time) {
+	hour = a.store.Now().Add(-time.Hour)
+	if since.IsZero() || since.After(hour) {
+		return hour, hour
+	}
+	return since, hour
+}
+
+// stats are counts and the queues' depths; EndedLastHour counts the
+// ends at or after hour.
+func (a *Admin) stats(ctx context.Context, counts ledger.JobCounts, hour time.Time) (Stats, error) {
 	jobs := counts.ByState
 	main, err := a.queueStats(ctx, "", a.queueURL, a.dlqURL)
 	if err != nil {
 		return Stats{}, err
 	}
-	st := Stats{Jobs: jobs, Queued: main.Queued, InFlight: main.InFlight, DLQ: main.DLQ, EndedLastHour: counts.EndedSince, Counted: counts.Counted}
+	st := Stats{Jobs: jobs, Queued: main.Queued, InFlight: main.InFlight, Delayed: main.Delayed, DLQ: main.DLQ,
+		EndedLastHour: map[ledger.State]int{}, Ends: counts.Ends, Counted: counts.Counted}
+	for _, e := range counts.Ends {
+		if e.At >= hour.UnixMilli() {
+			st.EndedLastHour[e.State]++
+		}
+	}
+	if counts.OldestDue > 0 {
+		st.OldestDue = ledger.Millis(counts.OldestDue)
+	}
 	for _, name := range slices.Sorted(maps.Keys(a.named)) {
 		q := a.named[name]
 		qs, err := a.queueStats(ctx, name, q.URL, q.DLQURL)
@@ -265,11 +310,11 @@ func (a *Admin) stats(ctx context.Context, counts ledger.JobCounts) (Stats, erro
 func (a *Admin) queueStats(ctx context.Context, name, url, dlqURL string) (QueueStats, error) {
 	qs := QueueStats{Name: name, DLQ: -1}
 	var err error
-	if qs.Queued, qs.InFlight, err = a.depth(ctx, url); err != nil {
+	if qs.Queued, qs.InFlight, qs.Delayed, err = a.depth(ctx, url); err != nil {
 		return QueueStats{}, err
 	}
 	if dlqURL != "" {
-		v, f, err := a.depth(ctx, dlqURL)
+		v, f, _, err := a.depth(ctx, dlqURL)
 		if err != nil {
 			return QueueStats{}, err
 		}
@@ -278,20 +323,23 @@ func (a *Admin) queueStats(ctx context.Context, name, url, dlqURL string) (Queue
 	return qs, nil
 }
 
-func (a *Admin) depth(ctx context.Context, url string) (visible, inFlight int, err error) {
+// depth reads a queue's approximate counts, in one GetQueueAttributes.
+func (a *Admin) depth(ctx context.Context, url string) (visible, inFlight, delayed int, err error) {
 	out, err := a.sqs.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
 		QueueUrl: aws.String(url),
 		AttributeNames: []sqstypes.QueueAttributeName{
 			sqstypes.QueueAttributeNameApproximateNumberOfMessages,
 			sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+			sqstypes.QueueAttributeNameApproximateNumberOfMessagesDelayed,
 		},
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("nexjob: read the depth of %s: %w", url, err)
+		return 0, 0, 0, fmt.Errorf("nexjob: read the depth of %s: %w", url, err)
 	}
 	visible, _ = strconv.Atoi(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessages)])
 	inFlight, _ = strconv.Atoi(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessagesNotVisible)])
-	return visible, inFlight, nil
+	delayed, _ = strconv.Atoi(out.Attributes[string(sqstypes.QueueAttributeNameApproximateNumberOfMessagesDelayed)])
+	return visible, inFlight, delayed, nil
 }
 
 // DeadLetter is one message in the DLQ, as DeadLetters shows it.
@@ -402,7 +450,7 @@ func (a *Admin) Redrive(ctx context.Context, progress Progress) (Report, error) 
 			break
 		}
 	}
-	visible, inFlight, err := a.depth(ctx, a.dlqURL)
+	visible, inFlight, _, err := a.depth(ctx, a.dlqURL)
 	if err != nil {
 		return rep, err
 	}

@@ -6,15 +6,17 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 )
 
 // CountIndexed is CountJobs read from the byState index instead of the
 // table: the jobs of the indexed states (Indexed: Scheduled,
 // AwaitingContinuation, Failed and Expired; every state under
-// IndexAllStates) by state and kind, and those of them that ended since
-// since. One Scan of the index, paginated, reading only its entries
+// IndexAllStates) by state and kind, those of them that ended since since
+// (JobCounts.Ends: each one's kind, end, due time and attempts) and the
+// oldest due time of the jobs waiting to start (JobCounts.OldestDue:
+// Scheduled ones past their RunAt; Enqueued ones only under
+// IndexAllStates). One Scan of the index, paginated, reading only its entries
 // (IndexProjection: never the args, the error cut to MaxListError), so
 // its read units grow with the number of indexed jobs, never with their
 // args: an entry is a few hundred bytes, half a read unit per 4 KB of
@@ -28,9 +30,9 @@ import (
 //
 // How it fails: the Scan's error, wrapped, and nothing counted.
 func (s *Store) CountIndexed(ctx context.Context, since time.Time) (JobCounts, error) {
-	now := time.Unix(s.now().Unix(), 0)
-	proj := expression.NamesList(expression.Name(AttrPK), expression.Name(AttrState), expression.Name(AttrKind), expression.Name(AttrExpiresAt), expression.Name(AttrUpdatedAt))
-	expr, err := expression.NewBuilder().WithProjection(proj).Build()
+	nowMs := s.now().UnixMilli()
+	now := time.Unix(nowMs/1000, 0)
+	expr, err := countedProjection()
 	if err != nil {
 		return JobCounts{}, fmt.Errorf("nexjob: build index scan: %w", err)
 	}
@@ -59,13 +61,7 @@ func (s *Store) CountIndexed(ctx context.Context, since time.Time) (JobCounts, e
 			if r.ExpiredAt(now) || !isJobPK(r.PK) || r.Kind == "" || !s.Indexed(r.State) {
 				continue // past retention; not a job; an entry of a state not counted
 			}
-			if c.ByState[r.State] == nil {
-				c.ByState[r.State] = map[string]int{}
-			}
-			c.ByState[r.State][r.Kind]++
-			if r.State.Terminal() && !since.IsZero() && r.UpdatedAt >= since.UnixMilli() {
-				c.EndedSince[r.State]++
-			}
+			c.add(r, since, nowMs)
 		}
 	}
 	return c, nil

@@ -328,16 +328,77 @@ type JobCounts struct {
 	// CountJobs, the indexed ones (Indexed) for CountIndexed. A state not
 	// in it is not zero: it is unknown.
 	Counted []State
+	// Ends are the counted jobs that ended since the time asked, one each
+	// (no order), as EndedSince counts them.
+	Ends []End
+	// OldestDue is when the counted job that has waited longest to start
+	// became due (Unix ms; 0: none waits): an Enqueued job since its last
+	// change, a Scheduled one since its RunAt, once that has passed.
+	OldestDue int64
+}
+
+// End is a job that ended, read from what the byState index projects
+// (never the args nor the whole error): what the dashboard's charts draw.
+type End struct {
+	Kind      string
+	State     State // Succeeded, Failed or Expired
+	Cancelled bool  // a Failed job an operator withdrew before it started
+	At        int64 // its end (the record's last change), Unix ms
+	// Due is when its last run became due, Unix ms: its RunAt (a delay,
+	// a retry, a wake), or its creation when later (requeue clears RunAt:
+	// a requeued job's Due is its creation).
+	Due  int64
+	Runs int // the attempts it spent: 0 never started
+	// Continues: a continuation of one parent (ParentID), created before
+	// its parent ended, so its Due says nothing of its own wait.
+	Continues bool
+}
+
+// add counts r (a job record, in state r.State) into c.
+func (c *JobCounts) add(r Record, since time.Time, now int64) {
+	if c.ByState[r.State] == nil {
+		c.ByState[r.State] = map[string]int{}
+	}
+	c.ByState[r.State][r.Kind]++
+	var due int64
+	switch {
+	case r.State == Enqueued:
+		due = r.UpdatedAt
+	case r.State == Scheduled && r.RunAt <= now:
+		due = r.RunAt
+	}
+	if due > 0 && (c.OldestDue == 0 || due < c.OldestDue) {
+		c.OldestDue = due
+	}
+	if r.State.Terminal() && !since.IsZero() && r.UpdatedAt >= since.UnixMilli() {
+		c.EndedSince[r.State]++
+		c.Ends = append(c.Ends, End{Kind: r.Kind, State: r.State, Cancelled: r.Cancelled, At: r.UpdatedAt,
+			Due: max(r.CreatedAt, r.RunAt), Runs: r.Attempt, Continues: r.ParentID != ""})
+	}
+}
+
+// countedAttrs are what CountJobs and CountIndexed read of each item:
+// all of them projected by the byState index.
+var countedAttrs = []string{AttrPK, AttrState, AttrKind, AttrExpiresAt, AttrUpdatedAt, AttrCreatedAt, AttrRunAt, AttrAttempt, AttrCancelled, AttrParentID}
+
+// countedProjection is countedAttrs as a projection.
+func countedProjection() (expression.Expression, error) {
+	proj := expression.NamesList(expression.Name(countedAttrs[0]))
+	for _, a := range countedAttrs[1:] {
+		proj = proj.AddNames(expression.Name(a))
+	}
+	return expression.NewBuilder().WithProjection(proj).Build()
 }
 
 // CountJobs counts the jobs by state and kind, and those that ended since
-// since, in one Scan projecting five attributes. Items that are not jobs
+// since (JobCounts.Ends lists them), in one Scan projecting ten
+// attributes (billed for every record whole, whatever it projects). Items that are not jobs
 // (flow control's, the index's) and records past their retention are
 // not counted.
 func (s *Store) CountJobs(ctx context.Context, since time.Time) (JobCounts, error) {
-	now := s.now().Unix()
-	proj := expression.NamesList(expression.Name(AttrPK), expression.Name(AttrState), expression.Name(AttrKind), expression.Name(AttrExpiresAt), expression.Name(AttrUpdatedAt))
-	expr, err := expression.NewBuilder().WithProjection(proj).Build()
+	nowMs := s.now().UnixMilli()
+	now := nowMs / 1000
+	expr, err := countedProjection()
 	if err != nil {
 		return JobCounts{}, fmt.Errorf("nexjob: build scan: %w", err)
 	}
@@ -360,13 +421,7 @@ func (s *Store) CountJobs(ctx context.Context, since time.Time) (JobCounts, erro
 			if r.ExpiredAt(time.Unix(now, 0)) || !isJobPK(r.PK) || r.Kind == "" {
 				continue // flow control's items, the index item: not jobs
 			}
-			if c.ByState[r.State] == nil {
-				c.ByState[r.State] = map[string]int{}
-			}
-			c.ByState[r.State][r.Kind]++
-			if r.State.Terminal() && !since.IsZero() && r.UpdatedAt >= since.UnixMilli() {
-				c.EndedSince[r.State]++
-			}
+			c.add(r, since, nowMs)
 		}
 	}
 	return c, nil
