@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -21,19 +22,31 @@ const overviewRefresh = 10
 // and reloads itself. The states the index does not hold are counted only
 // when asked (?count=scan: admin.Stats, a Scan of the whole table billed
 // for every record, shown once, not reloaded).
+//
+// Its charts (charts.go) are drawn from the same load: the ends listed by
+// that Scan over the last hour, or day (?window=day), and the queues'
+// attributes.
 func (s *server) overview(w http.ResponseWriter, r *http.Request) {
-	scan := r.URL.Query().Get("count") == "scan"
-	count := s.a.Overview
-	if scan {
-		count = s.a.Stats
+	q := r.URL.Query()
+	scan := q.Get("count") == "scan"
+	sp, ok := spans[cmp.Or(q.Get("window"), "hour")]
+	if !ok {
+		s.fail(w, r, badRequest(fmt.Sprintf("window %q is not hour or day", q.Get("window"))))
+		return
 	}
-	st, err := count(r.Context())
+	count := s.a.OverviewSince
+	if scan {
+		count = s.a.StatsSince
+	}
+	v := s.view(r, "jobs")
+	st, err := count(r.Context(), sp.start(v.now))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	v := s.view(r, "jobs")
-	v.Stats, v.Scanned = st, scan
+	v.Stats, v.Scanned, v.Span = st, scan, sp.Name
+	v.EndsChart, v.QueueChart = endsChart(st, sp, v.now), queuesChart(st)
+	v.KindChart = kindsChart(byKind(st.Ends, sp.start(v.now)), sp)
 	if !scan {
 		v.Refresh = overviewRefresh
 	}

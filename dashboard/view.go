@@ -22,6 +22,10 @@ type view struct {
 	States     []ledger.State
 	Kinds      []string
 	NotCounted []ledger.State // states the overview did not count (not in the byState index)
+	Span       string         // the overview's window: hour or day
+	EndsChart  chart          // the overview's charts (charts.go)
+	QueueChart chart
+	KindChart  chart
 
 	State        ledger.State
 	Kind, Since  string
@@ -43,6 +47,15 @@ type view struct {
 	Explain      string
 	Signal       string // the signal a job waits for, on its signal page
 	PostTo, Back string
+}
+
+// Waiting says how long the job waiting longest to start has been due,
+// for the overview.
+func (v view) Waiting() string {
+	if v.Stats.OldestDue.IsZero() {
+		return "none"
+	}
+	return "due " + Ago(v.Stats.OldestDue, v.now)
 }
 
 // Ended are the end states, in the order the overview shows them.
