@@ -1,0 +1,220 @@
+package dashboard_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+
+	"github.com/nexjob/nexjob-aws/admin"
+	"github.com/nexjob/nexjob-aws/dashboard"
+	"github.com/nexjob/nexjob-aws/enqueue"
+	"github.com/nexjob/nexjob-aws/handler"
+	"github.com/nexjob/nexjob-aws/ledger"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
+	"github.com/nexjob/nexjob-aws/settings"
+)
+
+// thumbnail fails for good when N%3 == 0, once (then succeeds on its
+// retry) when N%3 == 1, and succeeds otherwise.
+type thumbnail struct{ N int }
+
+func (thumbnail) Kind() string { return "thumbnail" }
+
+// email fails for good when sent to "bounce".
+type email struct{ To string }
+
+func (email) Kind() string { return "email" }
+
+// chartRig runs thumbnails and emails on a deployment that indexes every
+// state, in two batches three minutes apart, and serves a dashboard on
+// the Env's clock. It returns the ended jobs' ids.
+func chartRig(t *testing.T) (*nexjobtest.Env, *httptest.Server, []string) {
+	t.Helper()
+	e := nexjobtest.New(t, &nexjobtest.Options{Ledger: ledger.Options{IndexAllStates: true}})
+	ctx := context.Background()
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[thumbnail](func(ctx context.Context, j *handler.Job[thumbnail]) error {
+		switch {
+		case j.Args.N%3 == 0:
+			return handler.Permanent(errors.New("unreadable image"))
+		case j.Args.N%3 == 1 && j.Attempt == 1:
+			return errors.New("store busy")
+		}
+		return nil
+	}), nil)
+	handler.AddWorker(reg, handler.WorkFunc[email](func(ctx context.Context, j *handler.Job[email]) error {
+		if j.Args.To == "bounce" {
+			return handler.Permanent(errors.New("mailbox unavailable"))
+		}
+		return nil
+	}), nil)
+	h := e.Handler(t, reg, &handler.Options{Logger: quiet})
+	var ids []string
+	add := func(args enqueue.JobArgs) string {
+		t.Helper()
+		res, err := e.Client.Enqueue(ctx, args, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+		return res.ID
+	}
+	// Batch 1: thumbnails 0-3 (0 and 3 fail, 1 is retried), two emails,
+	// and one email cancelled before it runs.
+	for n := range 4 {
+		add(thumbnail{N: n})
+	}
+	add(email{To: "ada"})
+	add(email{To: "bob"})
+	withdrawn := add(email{To: "eve"})
+	if _, err := e.Client.Cancel(ctx, withdrawn, "", handler.DefaultRetention.Failed); err != nil {
+		t.Fatal(err)
+	}
+	e.Drain(t, h)
+	// Batch 2, three minutes on: thumbnails 4 (retried) and 5, a bounce.
+	e.Advance(t, 3*time.Minute)
+	add(thumbnail{N: 4})
+	add(thumbnail{N: 5})
+	add(email{To: "bounce"})
+	e.Drain(t, h)
+
+	a, err := admin.New(settings.Settings{AWS: e.Cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, IndexAllStates: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet, Now: e.Now}))
+	t.Cleanup(srv.Close)
+	return e, srv, ids
+}
+
+// series is the chart series a job's end is drawn in.
+func series(r ledger.Record) string {
+	if r.State == ledger.Failed && r.Cancelled {
+		return "Cancelled"
+	}
+	return string(r.State)
+}
+
+// wantBars are the ends chart's bar titles for these records, by steps
+// of step: "15:04: 2 Succeeded, 1 Failed", oldest first.
+func wantBars(recs []ledger.Record, step time.Duration) []string {
+	counts := map[time.Time]map[string]int{}
+	for _, r := range recs {
+		at := ledger.Millis(r.UpdatedAt).UTC().Truncate(step)
+		if counts[at] == nil {
+			counts[at] = map[string]int{}
+		}
+		counts[at][series(r)]++
+	}
+	var bars []string
+	for _, at := range slices.SortedFunc(maps.Keys(counts), time.Time.Compare) {
+		var parts []string
+		for _, s := range []string{"Succeeded", "Failed", "Cancelled", "Expired"} {
+			if n := counts[at][s]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", n, s))
+			}
+		}
+		bars = append(bars, at.Format("15:04")+": "+strings.Join(parts, ", "))
+	}
+	return bars
+}
+
+var barRE = regexp.MustCompile(`<g class="bar"><title>([^<]*)</title>`)
+
+// svg is the page's SVG of this id, from its start tag to its end.
+func svg(t *testing.T, page, id string) string {
+	t.Helper()
+	i := strings.Index(page, `<svg id="`+id+`"`)
+	if i < 0 {
+		t.Fatalf("the page has no svg#%s:\n%s", id, page)
+	}
+	j := strings.Index(page[i:], "</svg>")
+	return page[i : i+j]
+}
+
+func bars(t *testing.T, page, id string) []string {
+	t.Helper()
+	var out []string
+	for _, m := range barRE.FindAllStringSubmatch(svg(t, page, id), -1) {
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// TestOverviewChartsMatchWhatRan (issue 41 item 9): two kinds of jobs,
+// some failing, one retried, one cancelled, run in two batches three
+// minutes apart; the overview's charts say what ran: the ends per minute
+// (and per hour over the day) by state, each bar where the records' ends
+// put it; per kind the jobs ended and the runs they spent (counted by
+// hand: thumbnails 6 ended, 8 runs; emails 4 ended, 3 runs); the queue's
+// visible and delayed messages; and the job waiting to start.
+func TestOverviewChartsMatchWhatRan(t *testing.T) {
+	t.Parallel()
+	e, srv, ids := chartRig(t)
+	var recs []ledger.Record
+	for _, id := range ids {
+		r := e.Get(t, id)
+		if !r.State.Terminal() {
+			t.Fatalf("job %s (%s) is %s after the drains", id, r.Kind, r.State)
+		}
+		recs = append(recs, r)
+	}
+	// Something waiting: a job not run, and a message delayed 15 minutes.
+	if _, err := e.Client.Enqueue(context.Background(), email{To: "later"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.SQS.SendMessage(context.Background(), &sqs.SendMessageInput{QueueUrl: aws.String(e.QueueURL), MessageBody: aws.String("{}"), DelaySeconds: 900}); err != nil {
+		t.Fatal(err)
+	}
+
+	code, page := get(t, client(t), srv.URL+"/")
+	if code != http.StatusOK {
+		t.Fatalf("overview: %d\n%s", code, page)
+	}
+	if got, want := bars(t, page, "ends"), wantBars(recs, time.Minute); !slices.Equal(got, want) {
+		t.Errorf("the per-minute bars say %q; the records' ends say %q", got, want)
+	}
+	for _, want := range []string{
+		">Succeeded 6</li>", ">Failed 3</li>", ">Cancelled 1</li>", ">Expired 0</li>", // by hand: 4+2, 2+1, 1, 0
+		"<g class=\"bar\"><title>default: 1 visible, 0 in flight, 1 delayed</title>",
+		`<p id="waiting">Oldest job waiting to start: due `,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the overview lacks %q:\n%s", want, page)
+		}
+	}
+	kinds := bars(t, page, "kinds")
+	if len(kinds) != 2 || !strings.HasPrefix(kinds[0], "email: 4 ended, 3 runs; time from due to end p50 ") ||
+		!strings.HasPrefix(kinds[1], "thumbnail: 6 ended, 8 runs; time from due to end p50 ") {
+		t.Errorf("the kinds chart says %q; want email 4 ended 3 runs, thumbnail 6 ended 8 runs, with their times", kinds)
+	}
+	// Every job that ran is timed; the cancelled email never ran.
+	if !strings.Contains(kinds[0], "(3 timed)") || !strings.Contains(kinds[1], "(6 timed)") {
+		t.Errorf("timed ends: %q; want 3 emails (not the cancelled one) and 6 thumbnails", kinds)
+	}
+
+	code, page = get(t, client(t), srv.URL+"/?window=day")
+	if code != http.StatusOK {
+		t.Fatalf("overview by day: %d\n%s", code, page)
+	}
+	if got, want := bars(t, page, "ends"), wantBars(recs, time.Hour); !slices.Equal(got, want) {
+		t.Errorf("the per-hour bars say %q; the records' ends say %q", got, want)
+	}
+	if !strings.Contains(page, "Jobs ended per hour, last day") || !strings.Contains(page, ">Succeeded 6</li>") {
+		t.Errorf("the day's chart lacks its title or its 6 Succeeded:\n%s", svg(t, page, "ends"))
+	}
+	if code, page := get(t, client(t), srv.URL+"/?window=week"); code != http.StatusBadRequest || !strings.Contains(page, `window &#34;week&#34; is not hour or day`) {
+		t.Errorf("?window=week: %d\n%s", code, page)
+	}
+}
