@@ -27,11 +27,11 @@ func (report) Kind() string { return "report" }
 // overviewCost is what three loads of the overview cost over 60 jobs whose
 // args are argBytes each (20 Failed, 20 Scheduled, 20 Enqueued): the
 // AWS requests, the units (Query and Scan read units counted), and the
-// last page.
+// last page and the day's.
 type overviewCost struct {
-	dynamo []string
-	units  awstest.Units
-	page   string
+	dynamo, sqs []string
+	units       awstest.Units
+	page, day   string
 }
 
 func loadOverview(t *testing.T, argBytes int) overviewCost {
@@ -68,16 +68,24 @@ func loadOverview(t *testing.T, argBytes int) overviewCost {
 	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet}))
 	t.Cleanup(srv.Close)
 	var c overviewCost
-	for range 3 { // the page reloads itself every 10 s
-		code, page := get(t, client(t), srv.URL+"/")
+	// The page reloads itself every 10 s; its charts' day is a load too.
+	for _, path := range []string{"/", "/?window=day", "/"} {
+		code, page := get(t, client(t), srv.URL+path)
 		if code != http.StatusOK {
-			t.Fatalf("overview: %d\n%s", code, page)
+			t.Fatalf("overview %s: %d\n%s", path, code, page)
 		}
-		c.page = page
+		if path == "/" {
+			c.page = page
+		} else {
+			c.day = page
+		}
 	}
 	for _, call := range m.Calls() {
-		if strings.HasPrefix(call, "DynamoDB.") {
+		switch {
+		case strings.HasPrefix(call, "DynamoDB."):
 			c.dynamo = append(c.dynamo, call)
+		case strings.HasPrefix(call, "SQS."):
+			c.sqs = append(c.sqs, call)
 		}
 	}
 	c.units = m.Units()
@@ -94,12 +102,31 @@ func loadOverview(t *testing.T, argBytes int) overviewCost {
 // indexed states' counts by kind and their ends in the last hour, and
 // says which states the index does not hold (here Enqueued, Processing,
 // Succeeded), with a link that counts them by scanning the table.
+//
+// Its charts (issue 41 item 9) are drawn from the same loads: the ends
+// that Scan read, the queues' depths in the same GetQueueAttributes (the
+// job queue's and the DLQ's, two a load); a load of the day's chart
+// (?window=day) costs what the hour's does.
 func TestOverviewCostDoesNotGrowWithArgs(t *testing.T) {
 	t.Parallel()
 	small, large := loadOverview(t, 100), loadOverview(t, 60<<10)
 	if !slices.Equal(small.dynamo, large.dynamo) || small.units.Read != large.units.Read {
 		t.Fatalf("the overview's 3 loads: %d requests %v, %g read units with args of 60 KB; %d requests %v, %g read units with args of 100 B: its cost grows with the args",
 			len(large.dynamo), large.dynamo, large.units.Read, len(small.dynamo), small.dynamo, small.units.Read)
+	}
+	if want := slices.Repeat([]string{"SQS.GetQueueAttributes"}, 6); !slices.Equal(small.sqs, want) || !slices.Equal(large.sqs, want) {
+		t.Errorf("the overview's 3 loads made %v (args of 100 B) and %v (60 KB) of SQS; want two GetQueueAttributes a load", small.sqs, large.sqs)
+	}
+	for _, page := range []string{large.page, large.day} {
+		for _, want := range []string{
+			`<svg id="ends"`, `>Failed 20</li>`, `>Succeeded: not counted (not in the byState index)</li>`,
+			`<title>report: 20 ended, 20 runs; time from due to end p50 `,
+			`<svg id="queues"`, `<g class="bar"><title>default: `, // its figures move with the messages' 1 s hops
+		} {
+			if !strings.Contains(page, want) {
+				t.Errorf("the overview's charts lack %q:\n%s", want, page)
+			}
+		}
 	}
 	if want := []string{"DynamoDB.Scan", "DynamoDB.Scan", "DynamoDB.Scan"}; !slices.Equal(large.dynamo, want) {
 		t.Errorf("the overview's 3 loads made %v; want one Scan of the index each", large.dynamo)
