@@ -222,7 +222,7 @@ func endsChart(st admin.Stats, sp span, now time.Time) chart {
 	}
 	top := niceMax(most)
 	slot := plotWidth / sp.Steps
-	c := chart{ID: "ends", W: plotLeft + plotWidth + 10, H: plotTop + plotHeight + 24,
+	c := chart{ID: "ends", W: plotLeft + plotWidth + 24, H: plotTop + plotHeight + 24,
 		Title: fmt.Sprintf("Jobs ended per %s, last %s", sp.Per, sp.Name)}
 	var said, uncounted []string
 	for _, s := range endSeries {
@@ -276,12 +276,13 @@ type queueRow struct {
 	Visible, InFlight, Delayed int
 }
 
-// Geometry of the row charts (queues, kinds): a row's height, the names'
-// column, the bars' width.
+// Geometry of the row charts (queues, kinds): the heading's height, a
+// row's, the names' column, the bars' width.
 const (
-	rowHeight = 24
-	nameWidth = 150
-	barsWidth = 260
+	headHeight = 20
+	rowHeight  = 24
+	nameWidth  = 150
+	barsWidth  = 260
 )
 
 // queuesChart draws each queue's depth: visible, in flight, delayed.
@@ -295,11 +296,12 @@ func queuesChart(st admin.Stats) chart {
 		most = max(most, r.Visible+r.InFlight+r.Delayed)
 	}
 	top := niceMax(most)
-	c := chart{ID: "queues", Title: "Messages per queue: visible, in flight, delayed", W: nameWidth + barsWidth + 230, H: len(rows)*rowHeight + 8,
+	c := chart{ID: "queues", Title: "Messages per queue: visible, in flight, delayed", W: nameWidth + barsWidth + 230, H: headHeight + len(rows)*rowHeight + 4,
 		Legend: []legendItem{{"q-visible", "visible (waiting for a worker)"}, {"q-inflight", "in flight (received, not yet deleted)"}, {"q-delayed", "delayed (not yet visible)"}}}
+	c.Labels = []label{{X: nameWidth, Y: 14, Anchor: "start", Text: "messages"}, {X: nameWidth + barsWidth + 8, Y: 14, Anchor: "start", Text: "visible · in flight · delayed"}}
 	var said []string
 	for i, r := range rows {
-		y := 4 + i*rowHeight
+		y := headHeight + i*rowHeight
 		words := fmt.Sprintf("%s: %d visible, %d in flight, %d delayed", r.Name, r.Visible, r.InFlight, r.Delayed)
 		said = append(said, words)
 		g := group{Title: words}
@@ -333,11 +335,13 @@ func kindsChart(kinds []kindFigures, sp span) chart {
 	top := niceMax(mostRuns)
 	half := barsWidth / 2
 	c := chart{ID: "kinds", Title: fmt.Sprintf("Runs per kind and time from due to end (p50, p95), last %s", sp.Name),
-		W: nameWidth + 2*barsWidth + 120, H: max(len(kinds), 1)*rowHeight + 8,
+		W: nameWidth + 2*barsWidth + 120, H: headHeight + max(len(kinds), 1)*rowHeight + 4,
 		Legend: []legendItem{{"k-runs", "runs (attempts spent by the jobs that ended)"}, {"k-p50", "p50 time from due to end"}, {"k-p95", "p95"}}}
+	durX := nameWidth + half + 70
+	c.Labels = []label{{X: nameWidth, Y: 14, Anchor: "start", Text: "runs"}, {X: durX, Y: 14, Anchor: "start", Text: "time from due to end: p50 (bar) · p95 (mark)"}}
 	var said []string
 	for i, k := range kinds {
-		y := 4 + i*rowHeight
+		y := headHeight + i*rowHeight
 		words := fmt.Sprintf("%s: %d ended, %d runs", k.Kind, k.Ended, k.Runs)
 		if k.Timed > 0 {
 			words += fmt.Sprintf("; time from due to end p50 %s, p95 %s (%d timed)", short(k.P50), short(k.P95), k.Timed)
@@ -347,7 +351,6 @@ func kindsChart(kinds []kindFigures, sp span) chart {
 		if k.Runs > 0 {
 			g.Rects = append(g.Rects, rect{X: nameWidth, Y: y, W: max(k.Runs*half/top, 1), H: rowHeight - 8, Class: "k-runs"})
 		}
-		durX := nameWidth + half + 70
 		durs := ""
 		if k.Timed > 0 && longest > 0 {
 			g.Rects = append(g.Rects, rect{X: durX, Y: y, W: max(int(int64(k.P50)*int64(barsWidth)/int64(longest)), 1), H: rowHeight - 8, Class: "k-p50"},
@@ -360,7 +363,7 @@ func kindsChart(kinds []kindFigures, sp span) chart {
 			label{X: durX + barsWidth + 6, Y: y + 12, Anchor: "start", Text: durs})
 	}
 	if len(kinds) == 0 {
-		c.Labels = append(c.Labels, label{X: nameWidth, Y: 16, Anchor: "start", Text: "no job ended in the last " + sp.Name})
+		c.Labels = append(c.Labels, label{X: nameWidth, Y: headHeight + 12, Anchor: "start", Text: "no job ended in the last " + sp.Name})
 		said = []string{"no job ended in the last " + sp.Name}
 	}
 	c.Desc = strings.Join(said, "; ") + "."
