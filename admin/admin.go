@@ -11,7 +11,8 @@
 // # Costs
 //
 // Find of an indexed state is a Query of the byState index, and Overview
-// one Scan of that index (its entries hold no args); Find of any other
+// (and OverviewSince, the dashboard's charts' window) one Scan of that
+// index (its entries hold no args); Find of any other
 // state, Stats and JobsOnQueue (MoveQueue's listing), a Scan of the whole
 // table (billed for every record): an operator's tool, not a hot path. DeadLetters receives up to ten DLQ
 // messages with a visibility timeout of 0 (package internal/sqszero: the

@@ -9,7 +9,10 @@
 //	http.ListenAndServe("127.0.0.1:8080", dashboard.New(a, nil))
 //
 // Pages are server-rendered with html/template; the stylesheet is
-// embedded; nothing is fetched from elsewhere and no script runs.
+// embedded; nothing is fetched from elsewhere and no script runs. The
+// overview's charts (jobs ended per minute or hour by state, each
+// queue's depth, runs and times per kind) are inline SVG drawn on the
+// server from the same load's index Scan and queue attributes.
 //
 // # Safety
 //
