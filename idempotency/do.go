@@ -62,7 +62,9 @@ func call[T any](ctx context.Context, s *Store, kh string, fn func(context.Conte
 		if err != nil {
 			return res, fmt.Errorf("nexjob: idempotency payload of key %s: %w", kh, err)
 		}
-		ph = s.payloadHash(b)
+		if ph, err = s.payloadHash(b); err != nil {
+			return res, fmt.Errorf("nexjob: idempotency payload of key %s: %w", kh, err)
+		}
 	}
 	if c, ok := s.cached(kh); ok {
 		return replay(s, res, c, ph)

@@ -36,6 +36,16 @@ func (e *FunctionError) Error() string {
 	return fmt.Sprintf("nexjob: idempotency function name %q %s", e.Function, e.Reason)
 }
 
+// LayoutError: New was given options its Backend's Layout cannot keep
+// (Powertools' layout: a policy other than RejectAlways, RecordErrors).
+type LayoutError struct{ Err error }
+
+func (e *LayoutError) Error() string {
+	return "nexjob: idempotency: the Backend's record layout: " + e.Err.Error()
+}
+
+func (e *LayoutError) Unwrap() error { return e.Err }
+
 // InProgressError: a repeat met the first call still holding the key.
 // Nothing ran; retry after Until (a call's hold ends by then).
 type InProgressError struct {

@@ -91,6 +91,10 @@ type eventKey struct {
 // hash is the key as stored: a string's as Do's (Store.KeyHash), another
 // value's JSON scoped apart from every string.
 func (k eventKey) hash(s *Store) string {
+	if k.json && s.layout != nil {
+		kh, _ := s.layout.CallKey([]byte(k.text)) // JSON the event held: no error
+		return kh
+	}
 	if k.json {
 		return s.callKey(ledger.HashKeyWith(s.secret, s.function+"\x01"+k.text))
 	}

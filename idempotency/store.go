@@ -2,6 +2,7 @@ package idempotency
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -150,10 +151,28 @@ type Backend interface {
 
 var _ Backend = (*ledger.Store)(nil)
 
+// Layout is a Backend whose records are named and hashed its own way, to
+// be shared with another library's (package powertools: Powertools'
+// DynamoDB layout, shared with Python and TypeScript functions). The
+// Store then takes its key hashes and payload hashes from the Layout, in
+// place of its own (HMAC under the deployment's key secret, scoped to
+// Options.Function), and New refuses options the layout cannot keep.
+type Layout interface {
+	// CallKey is the record key (a Backend's keyHash) for a key's JSON:
+	// Do's key as a JSON string, an event's KeyPath value as its JSON.
+	CallKey(keyJSON []byte) (string, error)
+	// PayloadHash is the validation hash of a payload's JSON.
+	PayloadHash(payloadJSON []byte) (string, error)
+	// Supports says why a policy or RecordErrors cannot be kept (nil:
+	// they can).
+	Supports(policy ledger.DuplicatePolicy, recordErrors bool) error
+}
+
 // Store keeps idempotent calls' records in the nexjob table (or its
 // Options.Backend). It is safe for concurrent use.
 type Store struct {
 	ledger    Backend
+	layout    Layout // nil: the Store's own hashes
 	secret    []byte
 	function  string
 	policy    ledger.DuplicatePolicy
@@ -268,6 +287,12 @@ func New(cfg aws.Config, table string, opts *Options) (*Store, error) {
 		s.now = o.Ledger.Now
 	}
 	s.disabled = disabled
+	if l, ok := o.Backend.(Layout); ok {
+		if err := l.Supports(policy, o.RecordErrors); err != nil {
+			return nil, &LayoutError{Err: err}
+		}
+		s.layout = l
+	}
 	if o.CacheSize > 0 {
 		var err error
 		if s.cache, err = lru.New[string, ledger.Call](o.CacheSize); err != nil {
@@ -300,16 +325,28 @@ func keySecret(cfg aws.Config) ([]byte, error) {
 // KeyHash is what the Store writes and logs for key: the Store's function
 // and the ledger's hash of the key scoped to it, "<function>#<hash>"
 // (ledger.CallKey; the record's partition key is "i#" and it).
+//
+// With a Layout (Options.Backend), it is the Layout's key for the key as a
+// JSON string.
 func (s *Store) KeyHash(key string) string {
+	if s.layout != nil {
+		b, _ := json.Marshal(key) // a string: no error
+		kh, _ := s.layout.CallKey(b)
+		return kh
+	}
 	return s.callKey(ledger.HashKeyWith(s.secret, s.function+"\x00"+key))
 }
 
 // callKey scopes a hash to the Store's function (ledger.CallKey).
 func (s *Store) callKey(hash string) string { return ledger.CallKey(s.function, hash) }
 
-// payloadHash fingerprints a payload's JSON under the same hash.
-func (s *Store) payloadHash(payload []byte) string {
-	return ledger.HashKeyWith(s.secret, "payload\x00"+string(payload))
+// payloadHash fingerprints a payload's JSON under the same hash (or the
+// Layout's).
+func (s *Store) payloadHash(payload []byte) (string, error) {
+	if s.layout != nil {
+		return s.layout.PayloadHash(payload)
+	}
+	return ledger.HashKeyWith(s.secret, "payload\x00"+string(payload)), nil
 }
 
 // until is the end of a hold taken now under ctx.

@@ -241,6 +241,12 @@ func uncertain(id string, err error) error {
 // unknownOutcome reports whether a write's error leaves open that
 // DynamoDB applied it: anything but a client fault answered on a single
 // attempt (a failed condition is handled before this is asked).
+// OutcomeUnknown reports whether a failed DynamoDB write may have been
+// applied (its reply lost: a timeout, a 5xx, retries run out), so that a
+// read must settle it; a client error (a 4xx, a failed condition) was not
+// applied.
+func OutcomeUnknown(err error) bool { return unknownOutcome(err) }
+
 func unknownOutcome(err error) bool {
 	var api smithy.APIError
 	var mae *retry.MaxAttemptsError

@@ -5,6 +5,7 @@ package stores
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,9 +14,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/nexjob/nexjob-aws/idempotency"
+	"github.com/nexjob/nexjob-aws/nexjobtest"
 )
 
 func onceThenReplay(t *testing.T, s *idempotency.Store) {
@@ -30,6 +34,29 @@ func onceThenReplay(t *testing.T, s *idempotency.Store) {
 	if err != nil || !again.Replayed || again.Value != "re_1" || runs != 1 {
 		t.Fatalf("its repeat: %+v %v, %d runs; want re_1 replayed, 1 run", again, err, runs)
 	}
+}
+
+// SharedWithPowertools on a Powertools table (partition key "id") on the
+// emulator.
+func TestSharedWithPowertoolsRunsOnceThenReplays(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	db := dynamodb.NewFromConfig(e.Cfg)
+	table := e.Table + "-powertools"
+	_, err := db.CreateTable(context.Background(), &dynamodb.CreateTableInput{
+		TableName:            aws.String(table),
+		AttributeDefinitions: []types.AttributeDefinition{{AttributeName: aws.String("id"), AttributeType: types.ScalarAttributeTypeS}},
+		KeySchema:            []types.KeySchemaElement{{AttributeName: aws.String("id"), KeyType: types.KeyTypeHash}},
+		BillingMode:          types.BillingModePayPerRequest,
+	})
+	var riu *types.ResourceInUseException
+	if err != nil && !errors.As(err, &riu) { // in use: the SDK's resend of our own create
+		t.Fatal(err)
+	}
+	s, err := SharedWithPowertools(e.Cfg, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onceThenReplay(t, s)
 }
 
 func TestInMemoryRunsOnceThenReplays(t *testing.T) {
