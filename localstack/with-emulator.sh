@@ -39,7 +39,8 @@ port=$("$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0
 log="$top/.cache/emulator-$port.log"
 "$venv/bin/python" "$top/nexjobtest/emulator.py" --port "$port" >"$log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true' EXIT INT TERM
+# Stopped whatever happens; its log kept only when it has something in it.
+trap 'kill $pid 2>/dev/null; wait $pid 2>/dev/null || true; [[ -s "$log" ]] || rm -f "$log"' EXIT INT TERM
 for _ in $(seq 1 100); do
   if curl -fs "http://127.0.0.1:$port/moto-api/" >/dev/null 2>&1; then break; fi
   if ! kill -0 $pid 2>/dev/null; then echo "emulator: failed to start, see $log" >&2; cat "$log" >&2; exit 1; fi
