@@ -148,6 +148,31 @@ func (q *JobQueue) GrantIdempotency(fn awslambda.Function, function string) {
 	q.grantKeySecret(fn)
 }
 
+// GrantPowertoolsIdempotency lets fn keep idempotency records in
+// Powertools' layout on the nexjob table (package idempotency/powertools
+// with KeyAttr "pk" and ExpiryAttr "expiresAt", or Powertools itself in
+// Python or TypeScript with key_attr="pk", expiry_attr="expiresAt"),
+// under keyPrefix, and nothing else: GetItem, PutItem, UpdateItem and
+// DeleteItem of items whose key begins "<keyPrefix>#" (IAM's
+// dynamodb:LeadingKeys). Those keys are Powertools' unkeyed hashes: no
+// key secret is granted. keyPrefix follows the kinds rule (never "#" or
+// "*", which would widen the grant) and is longer than one character
+// (the table's own items begin with one letter and "#"): it panics
+// otherwise. Give the function the table's name (q.Settings with any
+// role, or the table's name as Powertools' table_name).
+// TestPowertoolsGrantExactlyItsCalls runs the Go store's every path
+// against this policy.
+func (q *JobQueue) GrantPowertoolsIdempotency(fn awslambda.Function, keyPrefix string) {
+	if !kinds.Valid(keyPrefix) || len(keyPrefix) < 2 {
+		panic(fmt.Sprintf("nexjob infra: GrantPowertoolsIdempotency(%s, %q): the key prefix must be %s, and longer than one character", *fn.Node().Path(), keyPrefix, kinds.Rule))
+	}
+	fn.GrantPrincipal().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:    jsii.Strings("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
+		Resources:  jsii.Strings(*q.Table.TableArn()),
+		Conditions: &map[string]any{"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": []string{keyPrefix + "#*"}}},
+	}))
+}
+
 // grantKeySecret lets grantee read the key secret's parameter: exactly
 // ssm:GetParameter on it (the CDK's GrantRead adds DescribeParameters,
 // GetParameters and GetParameterHistory, none of which settings.Load
