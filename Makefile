@@ -16,7 +16,7 @@ FUZZ_TARGETS := ./enqueue:FuzzDecodeMessage ./ledger:FuzzKeyAndID ./ledger:FuzzC
 
 LAMBDAS := worker deadletter guard dashboard recurring
 
-.PHONY: help run test check sizes browser redis dashboard orders fuzz bench soak vet lint emulator lambdas synth up down clean
+.PHONY: help run test check sizes timings browser redis dashboard orders fuzz bench soak vet lint emulator lambdas synth up down clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -57,6 +57,13 @@ browser: ## install Debian's chromium for the browser tests, if missing
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); export DEBIAN_FRONTEND=noninteractive; \
 	  $$SUDO apt-get install -y -q chromium >/dev/null || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; }; }
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null
+
+# The newcomer's path, timed (issue 41 item 8): the quick start's first
+# go test on a fresh machine and warm, make run and make check cold and
+# warm, each in a clone of this checkout with empty caches (minutes: every
+# module and wheel is downloaded). README's figures are its output.
+timings: ## time the quick start, make run and make check, cold and warm (BenchmarkFirstWeek)
+	$(GO) test -run '^$$' -bench BenchmarkFirstWeek -benchtime 1x -timeout 60m ./internal/proof/docs/
 
 # The idempotency utility's Redis store is tested against a real server:
 # Debian's redis-server, installed here where missing; its tests start

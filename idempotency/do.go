@@ -220,17 +220,21 @@ func run[T any](ctx context.Context, s *Store, res Result[T], held ledger.Call, 
 
 // record writes a held call's outcome. ours=false: the write met a
 // record that is no longer the call's hold while the hold had not ended
-// by this process's clock. No other call takes a key before its hold's
-// end (plus MaxClockSkew by the taker's clock, which is within that of
-// ours), so only this call's own write changed the hold: it was applied,
-// its reply lost, and before the SDK's resend later calls the policy let
-// in replaced or released the outcome (a record removed by hand reads so
-// too). The outcome was recorded: no error. Past the hold's end the
-// meeting stays ledger.ErrCallTakenOver, which can then mean either (see
-// NotRecordedError).
+// by this process's clock, and the policy lets a later call replace the
+// outcome written. No other call takes a key before its hold's end (plus
+// MaxClockSkew by the taker's clock, which is within that of ours), so
+// only this call's own write changed the hold: it was applied, its reply
+// lost, and before the SDK's resend later calls the policy let in
+// replaced or released the outcome (a record removed by hand reads so
+// too). The outcome was recorded: no error. Where the policy protects the
+// outcome (RejectAlways; RejectIfFailed for a Failed one) no later call
+// can have replaced it, so the meeting is a taker whose clock is further
+// from ours than MaxClockSkew: ledger.ErrCallTakenOver, not recorded. Past
+// the hold's end the meeting stays ledger.ErrCallTakenOver, which can then
+// mean either (see NotRecordedError).
 func (s *Store) record(ctx context.Context, held ledger.Call, state ledger.State, result []byte, errText string, expires time.Time) (c ledger.Call, ours bool, err error) {
 	c, err = s.ledger.RecordCall(ctx, held, state, result, errText, expires)
-	if errors.Is(err, ledger.ErrCallTakenOver) && s.now().Before(held.Until) {
+	if errors.Is(err, ledger.ErrCallTakenOver) && s.now().Before(held.Until) && s.policy.Allows(state) {
 		s.log.LogAttrs(ctx, slog.LevelInfo, "nexjob: idempotent call's outcome recorded, since replaced or released by later calls", slog.String("function", s.function), slog.String("key_hash", held.KeyHash))
 		return ledger.Call{}, false, nil
 	}

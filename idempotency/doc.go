@@ -99,10 +99,12 @@
 // is returned with a *NotRecordedError: the function ran; its key stays
 // held until the hold ends, and a repeat after that runs it again. A
 // result write that meets the key's record no longer the call's reads,
-// while the hold has not ended, as the success it was (only the call's
-// own applied write, its reply lost, can have changed the hold; later
-// calls the policy let in then replaced or released the outcome before
-// the resend); after the hold's end it is a *NotRecordedError wrapping
+// while the hold has not ended and the policy lets later calls replace
+// the outcome, as the success it was (only the call's own applied write,
+// its reply lost, can have changed the hold; later calls the policy let
+// in then replaced or released the outcome before the resend); where the
+// policy protects the outcome, and after the hold's end, it is a
+// *NotRecordedError wrapping
 // ledger.ErrCallTakenOver, which says it can mean either that another
 // call took the key (not recorded) or that case. A release that fails is
 // joined to the function's error; the key is then free when the hold

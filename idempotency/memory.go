@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"time"
@@ -40,7 +41,7 @@ func (b *MemoryBackend) BeginCall(_ context.Context, keyHash, payloadHash string
 	defer b.mu.Unlock()
 	old, ok := b.live(keyHash)
 	switch {
-	case ok && old.State == ledger.Processing && old.Until.After(b.now().Add(-skew)):
+	case ok && old.Held(b.now().Add(-skew)):
 		return old, false, nil // held
 	case ok && old.State != ledger.Processing && !policy.Allows(old.State):
 		return old, false, nil // an outcome the policy protects
@@ -61,7 +62,7 @@ func (b *MemoryBackend) GetCall(_ context.Context, keyHash string) (ledger.Call,
 
 // RecordCall is Backend's.
 func (b *MemoryBackend) RecordCall(_ context.Context, held ledger.Call, state ledger.State, result []byte, errText string, expiresAt time.Time) (ledger.Call, error) {
-	out, err := held.Outcome(state, append([]byte(nil), result...), errText, expiresAt)
+	out, err := held.Outcome(state, bytes.Clone(result), errText, expiresAt)
 	if err != nil {
 		return ledger.Call{}, err
 	}
@@ -91,5 +92,6 @@ func (b *MemoryBackend) live(keyHash string) (ledger.Call, bool) {
 		delete(b.m, keyHash)
 		return ledger.Call{}, false
 	}
+	c.Result = bytes.Clone(c.Result) // the caller's to keep: never the stored bytes
 	return c, ok
 }

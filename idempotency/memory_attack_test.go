@@ -71,7 +71,7 @@ func boundaries(t *testing.T, b idempotency.Backend, clk *memClock) {
 	for _, tc := range []struct {
 		at   time.Duration
 		take bool
-	}{{skew - time.Nanosecond, false}, {skew, false}, {skew + time.Nanosecond, true}} {
+	}{{skew - time.Nanosecond, false}, {skew, false}, {skew + time.Nanosecond, false}, {skew + 2*time.Millisecond, true}} { // whole ms: never early, at most 2 ms late (the Backend doc)
 		clk.set(until.Add(tc.at))
 		_, began, err := b.BeginCall(ctx, kh, "", ledger.RejectAlways, clk.now().Add(time.Minute), skew, time.Hour)
 		if err != nil || began != tc.take {

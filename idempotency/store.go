@@ -124,7 +124,9 @@ const recordTimeout = 5 * time.Second
 //
 //   - BeginCall takes keyHash when it has no record, an expired one
 //     (ExpiresAt not after the Backend's clock), or a Processing hold
-//     whose Until is more than skew behind that clock; or replaces a
+//     whose Until is more than skew behind that clock (in whole
+//     milliseconds, Until rounded up by ledger.NewCall and the clock
+//     down: never early, at most 2 ms late); or replaces a
 //     recorded outcome policy.Allows (keeping its token as Prev). The new
 //     record is Processing until until under a fresh token, expiring at
 //     until+retention. Otherwise it returns the record that holds the key

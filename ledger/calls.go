@@ -80,10 +80,10 @@ type Call struct {
 }
 
 // Held reports whether c, read at now, still holds its key for its first
-// call (Processing with its hold not over). A caller allowing for clock
-// skew passes its clock less the skew.
+// call (Processing with its hold not over: Until not before now). A
+// caller allowing for clock skew passes its clock less the skew.
 func (c Call) Held(now time.Time) bool {
-	return c.State == Processing && now.Before(c.Until)
+	return c.State == Processing && !c.Until.Before(now)
 }
 
 // NewCall is the hold a BeginCall writes (any store's): Processing until
@@ -97,7 +97,16 @@ func NewCall(keyHash, payloadHash string, policy DuplicatePolicy, until time.Tim
 	if fn, h, ok := strings.Cut(keyHash, "#"); !ok || fn == "" || h == "" {
 		return Call{}, fmt.Errorf("%w: %q", ErrCallKeyUnscoped, keyHash)
 	}
+	until = CeilMillis(until) // kept in whole ms: rounded up, a hold never ends early
 	return Call{KeyHash: keyHash, State: Processing, Until: until, PayloadHash: payloadHash, Policy: policy, Token: NewNonce(), ExpiresAt: time.Unix(until.Add(retention).Unix(), 0)}, nil
+}
+
+// CeilMillis is t rounded up to a whole millisecond.
+func CeilMillis(t time.Time) time.Time {
+	if r := t.Truncate(time.Millisecond); r.Before(t) {
+		return r.Add(time.Millisecond)
+	}
+	return t
 }
 
 // Outcome is the record a RecordCall of c writes (any store's): state
@@ -127,7 +136,8 @@ var ErrCallTakenOver = errors.New("nexjob: the call's key is no longer the call'
 // BeginCall takes an idempotency key for a call. The key is free when it
 // has no record, an expired one, or a hold whose until is more than skew
 // behind the caller's clock (its holder's deadline passed, allowing for
-// the two clocks' difference): one conditional PutItem then. A recorded
+// the two clocks' difference; in whole ms, until rounded up and the clock
+// down: never early, at most 2 ms late): one conditional PutItem then. A recorded
 // outcome the policy lets a new call replace (as at enqueue) is replaced
 // by a second PutItem conditional on that record's token, which keeps it
 // (Prev) so that its writer can still recognise its write: the re-use
@@ -150,7 +160,7 @@ func (s *Store) BeginCall(ctx context.Context, keyHash, payloadHash string, poli
 	st := expression.Name(AttrCallState)
 	free := expression.AttributeNotExists(expression.Name(AttrPK)).
 		Or(expression.Name(AttrExpiresAt).LessThanEqual(expression.Value(now.Unix()))).
-		Or(st.Equal(expression.Value(string(Processing))).And(expression.Name(AttrCallUntil).LessThanEqual(expression.Value(now.Add(-skew).UnixMilli()))))
+		Or(st.Equal(expression.Value(string(Processing))).And(expression.Name(AttrCallUntil).LessThan(expression.Value(now.Add(-skew).UnixMilli()))))
 	for range 4 {
 		old, began, err := s.putCall(ctx, c, free)
 		if err != nil || began {

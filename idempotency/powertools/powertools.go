@@ -11,7 +11,8 @@
 // The records are Powertools' own: partition key "id" (KeyAttr; or
 // StaticPKValue under KeyAttr and the id under SortKeyAttr), "status"
 // (INPROGRESS, COMPLETED), "expiration" (unix seconds, the table's TTL),
-// "in_progress_expiration" (unix ms), "data" (the result) and
+// "in_progress_expiration" (unix ms; on a Go hold its end plus
+// MaxClockSkew, which Powertools does not allow for), "data" (the result) and
 // "validation" (the payload's hash). The id is "<KeyPrefix>#<hash>",
 // where the hash is Powertools' of the key's JSON: MD5 in hex of Python's
 // json.dumps(key, sort_keys=True) (Dialect Python), or MD5 in base64 of
@@ -110,6 +111,9 @@ type Options struct {
 const (
 	// TokenAttr holds the Go writer's token on the records it writes.
 	TokenAttr = "nexjob_token"
+	// UntilAttr holds a Go hold's end (unix ms); its in-progress expiry,
+	// which Powertools reads, is that plus MaxClockSkew.
+	UntilAttr = "nexjob_until"
 	// MarkAttr says a completed call's result was not kept (over
 	// MaxResultBytes, or no JSON): Powertools replays such a record as
 	// null.
@@ -238,18 +242,30 @@ func (b *Backend) BeginCall(ctx context.Context, keyHash, payloadHash string, po
 	item := b.key(keyHash)
 	item[b.o.StatusAttr] = &types.AttributeValueMemberS{Value: statusInProgress}
 	item[b.o.ExpiryAttr] = number(c.ExpiresAt.Unix())
-	item[b.o.InProgressExpiryAttr] = number(c.Until.UnixMilli())
+	// Powertools takes a hold once its in-progress expiry is behind its
+	// clock, allowing for no skew: it is given the hold's end plus
+	// MaxClockSkew, so that a Powertools host whose clock is ahead by less
+	// never takes a key a Go call holds. The Go side reads the hold's own
+	// end (UntilAttr).
+	item[b.o.InProgressExpiryAttr] = number(ledger.CeilMillis(c.Until.Add(skew)).UnixMilli())
+	item[UntilAttr] = number(c.Until.UnixMilli())
 	item[TokenAttr] = &types.AttributeValueMemberS{Value: c.Token}
 	if payloadHash != "" {
 		item[b.o.ValidationAttr] = &types.AttributeValueMemberS{Value: payloadHash}
 	}
 	now := b.o.Now()
 	id := b.idAttr()
+	// Free: no record, an expired one, or a hold whose end is more than
+	// skew behind our clock: a Go hold's own end (UntilAttr), else a
+	// Powertools hold's in-progress expiry (none: held to its expiry).
+	behind := expression.Value(now.Add(-skew).UnixMilli())
+	goHold := expression.AttributeExists(expression.Name(UntilAttr)).And(expression.Name(UntilAttr).LessThan(behind))
+	ptHold := expression.AttributeNotExists(expression.Name(UntilAttr)).
+		And(expression.AttributeExists(expression.Name(b.o.InProgressExpiryAttr))).
+		And(expression.Name(b.o.InProgressExpiryAttr).LessThan(behind))
 	free := expression.AttributeNotExists(expression.Name(id)).
 		Or(expression.Name(b.o.ExpiryAttr).LessThan(expression.Value(now.Unix()))).
-		Or(expression.Name(b.o.StatusAttr).Equal(expression.Value(statusInProgress)).
-			And(expression.AttributeExists(expression.Name(b.o.InProgressExpiryAttr))).
-			And(expression.Name(b.o.InProgressExpiryAttr).LessThan(expression.Value(now.Add(-skew).UnixMilli()))))
+		Or(expression.Name(b.o.StatusAttr).Equal(expression.Value(statusInProgress)).And(goHold.Or(ptHold)))
 	x, err := expression.NewBuilder().WithCondition(free).Build()
 	if err != nil {
 		return ledger.Call{}, false, fmt.Errorf("nexjob: powertools: build the hold's condition: %w", err)
@@ -400,10 +416,12 @@ func (b *Backend) decode(keyHash string, item map[string]types.AttributeValue) (
 			c.ExpiresAt = time.Unix(int64(f), 0)
 		}
 	}
-	c.Until = c.ExpiresAt // no in-progress expiry (Python outside Lambda): held to the record's expiry
-	if n, ok := item[b.o.InProgressExpiryAttr].(*types.AttributeValueMemberN); ok {
-		if f, err := strconv.ParseFloat(n.Value, 64); err == nil {
-			c.Until = ledger.Millis(int64(f))
+	c.Until = c.ExpiresAt                                             // no in-progress expiry (Python outside Lambda): held to the record's expiry
+	for _, a := range []string{b.o.InProgressExpiryAttr, UntilAttr} { // a Go hold's own end last: it wins
+		if n, ok := item[a].(*types.AttributeValueMemberN); ok {
+			if f, err := strconv.ParseFloat(n.Value, 64); err == nil {
+				c.Until = ledger.Millis(int64(f))
+			}
 		}
 	}
 	if v, ok := item[b.o.ValidationAttr].(*types.AttributeValueMemberS); ok {

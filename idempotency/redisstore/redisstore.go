@@ -12,8 +12,8 @@
 // one Lua script that reads and writes it atomically under the caller's
 // token, so of racing calls one holds the key; a hold, an expiry and a
 // DuplicatePolicy are decided by the caller's clock as on DynamoDB
-// (Options.Now; the server's clock only removes the record, PEXPIREAT,
-// at its retention's end).
+// (Options.Now; the server only removes the record when its retention,
+// counted from the write by the caller's clock, is over: PEXPIRE).
 //
 // How it fails: a command whose reply is lost (a timeout, a dropped
 // connection) may have been applied. Each write is then followed by one
@@ -104,7 +104,7 @@ var begin = redis.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'until', 'token', 'expires', 'payload', 'result', 'error', 'policy', 'prev')
 local state, untl, tok, exp = r[1], r[2], r[3], r[4]
 if tok == ARGV[1] then return {1} end
-local free = (not state) or (exp and tonumber(exp) <= tonumber(ARGV[6])) or (state == 'Processing' and untl and tonumber(untl) <= tonumber(ARGV[7]))
+local free = (not state) or (exp and tonumber(exp) <= tonumber(ARGV[6])) or (state == 'Processing' and untl and tonumber(untl) < tonumber(ARGV[7]))
 local prev = false
 if not free then
   if state ~= 'Processing' and ((state == 'Succeeded' and ARGV[8] == '1') or (state == 'Failed' and ARGV[9] == '1')) then
@@ -117,7 +117,7 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'state', 'Processing', 'until', ARGV[4], 'token', ARGV[1], 'expires', ARGV[5], 'policy', ARGV[3])
 if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], 'payload', ARGV[2]) end
 if prev then redis.call('HSET', KEYS[1], 'prev', prev) end
-redis.call('PEXPIREAT', KEYS[1], ARGV[10])
+redis.call('PEXPIRE', KEYS[1], ARGV[10])
 return {1}
 `)
 
@@ -130,7 +130,7 @@ if tok == ARGV[1] then
   redis.call('HDEL', KEYS[1], 'until')
   if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[4]) end
   if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[5]) end
-  redis.call('PEXPIREAT', KEYS[1], ARGV[7])
+  redis.call('PEXPIRE', KEYS[1], ARGV[7])
   return 1
 end
 if tok and (tok == ARGV[2] or redis.call('HGET', KEYS[1], 'prev') == ARGV[2]) then return 1 end
@@ -152,7 +152,7 @@ func (b *Backend) BeginCall(ctx context.Context, keyHash, payloadHash string, po
 	now := b.now()
 	got, err := begin.Run(ctx, b.rdb, []string{b.Key(keyHash)},
 		c.Token, payloadHash, policy.String(), c.Until.UnixMilli(), c.ExpiresAt.Unix(),
-		now.Unix(), now.Add(-skew).UnixMilli(), flag(policy.Allows(ledger.Succeeded)), flag(policy.Allows(ledger.Failed)), c.ExpiresAt.UnixMilli()).Slice()
+		now.Unix(), now.Add(-skew).UnixMilli(), flag(policy.Allows(ledger.Succeeded)), flag(policy.Allows(ledger.Failed)), ttl(c.ExpiresAt, now)).Slice()
 	if err != nil {
 		// Applied with its reply lost? Our token there says so.
 		cur, ok, rerr := b.GetCall(ctx, keyHash)
@@ -200,7 +200,7 @@ func (b *Backend) RecordCall(ctx context.Context, held ledger.Call, state ledger
 		return ledger.Call{}, err
 	}
 	done := out.Token
-	n, err := record.Run(ctx, b.rdb, []string{b.Key(held.KeyHash)}, held.Token, done, string(state), result, errText, out.ExpiresAt.Unix(), out.ExpiresAt.UnixMilli()).Int64()
+	n, err := record.Run(ctx, b.rdb, []string{b.Key(held.KeyHash)}, held.Token, done, string(state), result, errText, out.ExpiresAt.Unix(), ttl(out.ExpiresAt, b.now())).Int64()
 	switch {
 	case err == nil && n == 1:
 		return out, nil
@@ -251,6 +251,11 @@ func decode(keyHash string, f map[string]string) (ledger.Call, error) {
 	}
 	return c, nil
 }
+
+// ttl is how long the server keeps a record expiring at exp by the
+// caller's clock, now: a duration (PEXPIRE), so that the server's clock,
+// or a test's fixed one, never removes a record early. At least 1 ms.
+func ttl(exp, now time.Time) int64 { return max(exp.Sub(now).Milliseconds(), 1) }
 
 func flag(b bool) string {
 	if b {

@@ -32,7 +32,7 @@ type block struct {
 var fence = regexp.MustCompile("(?ms)^([ \t]*)```go\n(.*?)\n[ \t]*```[ \t]*$")
 
 // blocks returns every Go block of page.
-func blocks(t *testing.T, page string) []block {
+func blocks(t testing.TB, page string) []block {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(root, page))
 	if err != nil {
@@ -69,7 +69,7 @@ func pages(t *testing.T) []string {
 
 // module writes page's blocks as a module beside this checkout (replaced
 // into it, with its go.sum) and returns its directory.
-func module(t *testing.T, bs []block) string {
+func module(t testing.TB, bs []block) string {
 	t.Helper()
 	abs, err := filepath.Abs(root)
 	if err != nil {
@@ -104,7 +104,7 @@ func module(t *testing.T, bs []block) string {
 	return dir
 }
 
-func write(t *testing.T, path, data string) {
+func write(t testing.TB, path, data string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
