@@ -3,6 +3,7 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 var (
@@ -50,7 +51,11 @@ type UnknownOutcomeError struct {
 }
 
 func (e *UnknownOutcomeError) Error() string {
-	return fmt.Sprintf("%v (job %s may have been written)", e.Err, e.ID)
+	what := "job"
+	if strings.Contains(e.ID, "#") { // a call's record ("i#…", "<prefix>#…"), not a job's id
+		what = "record"
+	}
+	return fmt.Sprintf("%v (%s %s may have been written)", e.Err, what, e.ID)
 }
 
 func (e *UnknownOutcomeError) Unwrap() error { return e.Err }

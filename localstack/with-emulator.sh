@@ -50,6 +50,7 @@ echo "emulator: moto $MOTO_VERSION on http://127.0.0.1:$port (DynamoDB serialise
 
 export AWS_ENDPOINT_URL="http://127.0.0.1:$port"
 export AWS_REGION=${AWS_REGION:-us-east-1}
+export AWS_DEFAULT_REGION=${AWS_DEFAULT_REGION:-$AWS_REGION} # boto3's (a Powertools peer in a test)
 export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
 export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test}
 export NEXJOB_EMULATOR=moto

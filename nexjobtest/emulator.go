@@ -88,11 +88,12 @@ type Emulator struct {
 }
 
 // Env returns the SDK settings that point a process at the emulator:
-// AWS_ENDPOINT_URL, a region and dummy credentials (the emulator accepts
-// any).
+// AWS_ENDPOINT_URL, a region (AWS_REGION, and AWS_DEFAULT_REGION, which
+// Python's boto3 reads: a Powertools peer in a test needs it) and dummy
+// credentials (the emulator accepts any).
 func (e *Emulator) Env() map[string]string {
 	return map[string]string{
-		"AWS_ENDPOINT_URL": e.URL, "AWS_REGION": "us-east-1",
+		"AWS_ENDPOINT_URL": e.URL, "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
 		"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
 	}
 }

@@ -65,6 +65,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/smithy-go"
 
 	"github.com/nexjob/nexjob-aws/idempotency"
 	"github.com/nexjob/nexjob-aws/ledger"
@@ -285,6 +286,8 @@ func (b *Backend) BeginCall(ctx context.Context, keyHash, payloadHash string, po
 			return ledger.Call{}, false, derr
 		}
 		return old, old.Token == c.Token, nil // our own put, applied, its reply lost
+	case b.refused(err) != nil:
+		return ledger.Call{}, false, b.refused(err)
 	case !ledger.OutcomeUnknown(err):
 		return ledger.Call{}, false, fmt.Errorf("nexjob: powertools: hold %s in %s: %w", keyHash, b.o.Table, err)
 	}
@@ -383,6 +386,9 @@ func (b *Backend) ReleaseCall(ctx context.Context, held ledger.Call) error {
 // GetCall is idempotency.Backend's: one consistent GetItem.
 func (b *Backend) GetCall(ctx context.Context, keyHash string) (ledger.Call, bool, error) {
 	out, err := b.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(b.o.Table), Key: b.key(keyHash), ConsistentRead: aws.Bool(true)})
+	if r := b.refused(err); r != nil {
+		return ledger.Call{}, false, r
+	}
 	if err != nil {
 		return ledger.Call{}, false, fmt.Errorf("nexjob: powertools: read %s in %s: %w", keyHash, b.o.Table, err)
 	}
@@ -466,6 +472,17 @@ func (b *Backend) result(d types.AttributeValue) ([]byte, error) {
 		return nil, err
 	}
 	return jsonOf(v)
+}
+
+// refused names the likely cause of DynamoDB's refusal of a record or a
+// key (a ValidationException: the table's key is not KeyAttr, or a sort
+// key it lacks), nil for any other error.
+func (b *Backend) refused(err error) error {
+	var api smithy.APIError
+	if !errors.As(err, &api) || api.ErrorCode() != "ValidationException" {
+		return nil
+	}
+	return fmt.Errorf("nexjob: powertools: table %s refused the item: is its partition key %q (Options.KeyAttr)? The nexjob table's is \"pk\" (KeyAttr \"pk\", ExpiryAttr \"expiresAt\"), Powertools' own \"id\": %w", b.o.Table, b.o.KeyAttr, err)
 }
 
 func number(n int64) *types.AttributeValueMemberN {

@@ -508,3 +508,18 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// Powertools' default layout on the nexjob table (its key is "pk", not
+// "id"): the first call fails with an error that names Options.KeyAttr
+// and the nexjob table's attributes, and runs nothing (a newcomer read
+// "job payments#… may have been written").
+func TestWrongKeyAttrIsNamed(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	s := store(t, e.Cfg, &powertools.Options{Table: e.Table, KeyPrefix: "payments"})
+	runs := 0
+	_, err := idempotency.Do(context.Background(), s, "order-1", func(context.Context) (int, error) { runs++; return 1, nil }, nil)
+	if err == nil || runs != 0 || !strings.Contains(err.Error(), "Options.KeyAttr") || !strings.Contains(err.Error(), `KeyAttr "pk", ExpiryAttr "expiresAt"`) || strings.Contains(err.Error(), "may have been written") {
+		t.Fatalf("the default layout on the nexjob table: %v, %d runs; want an error naming Options.KeyAttr and the nexjob table's attributes, nothing run", err, runs)
+	}
+}

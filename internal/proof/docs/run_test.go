@@ -54,7 +54,7 @@ func TestIdempotencyBlocksRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: its blocks' tests: %v\n%s", page, err, out)
 	}
-	for _, name := range []string{"TestChargeOnceRunsOnceThenReplays", "TestRefundRunsOnceThenReplays", "TestWireGivesTheSettingsAndTheGrant", "TestInMemoryRunsOnceThenReplays", "TestOnRedisRunsOnceThenReplays", "TestSharedWithPowertoolsRunsOnceThenReplays"} {
+	for _, name := range []string{"TestChargeOnceRunsOnceThenReplays", "TestRefundRunsOnceThenReplays", "TestWireGivesTheSettingsAndTheGrant", "TestInMemoryRunsOnceThenReplays", "TestOnRedisRunsOnceThenReplays", "TestSharedWithPowertoolsRunsOnceThenReplays", "TestOnTheNexjobTableRunsOnceThenReplays"} {
 		if !strings.Contains(out, "--- PASS: "+name) {
 			t.Errorf("%s: %s did not pass:\n%s", page, name, out)
 		}

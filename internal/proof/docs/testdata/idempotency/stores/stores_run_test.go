@@ -59,6 +59,16 @@ func TestSharedWithPowertoolsRunsOnceThenReplays(t *testing.T) {
 	onceThenReplay(t, s)
 }
 
+// OnTheNexjobTable on the kit's nexjob table.
+func TestOnTheNexjobTableRunsOnceThenReplays(t *testing.T) {
+	e := nexjobtest.New(t, nil)
+	s, err := OnTheNexjobTable(e.Cfg, e.Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onceThenReplay(t, s)
+}
+
 func TestInMemoryRunsOnceThenReplays(t *testing.T) {
 	s, err := InMemory()
 	if err != nil {
