@@ -1,13 +1,8 @@
 package powertools_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,44 +19,7 @@ import (
 // its answer decoded with its numbers exact.
 func attackPeer(t *testing.T, side string, cmd map[string]any) map[string]any {
 	t.Helper()
-	peers.once.Do(install)
-	var c *exec.Cmd
-	switch {
-	case side == "py" && peers.python != "":
-		c = exec.Command(peers.python, abs("testdata/attack_peer.py"))
-	case side == "ts" && peers.ts != "":
-		dir := filepath.Dir(peers.ts)
-		b, err := os.ReadFile(abs("testdata/ts/attack_peer.mjs"))
-		if err == nil {
-			err = os.WriteFile(filepath.Join(dir, "attack_peer.mjs"), b, 0o600)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		c = exec.Command("node", filepath.Join(dir, "attack_peer.mjs"))
-		c.Dir = dir
-	default:
-		t.Skipf("Powertools (%s) not installed", side)
-	}
-	in, err := json.Marshal(cmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.Stdin = bytes.NewReader(in)
-	c.Env = append(os.Environ(), "AWS_DEFAULT_REGION="+region(), "AWS_REGION="+region())
-	var stderr bytes.Buffer
-	c.Stderr = &stderr
-	out, err := c.Output()
-	if err != nil {
-		t.Fatalf("Powertools (%s) %v: %v\n%s", side, cmd["op"], err, stderr.String())
-	}
-	d := json.NewDecoder(bytes.NewReader(out))
-	d.UseNumber()
-	var got map[string]any
-	if err := d.Decode(&got); err != nil {
-		t.Fatalf("Powertools (%s): %v: %s", side, err, out)
-	}
-	return got
+	return runPeer(t, side, "attack_peer", cmd)
 }
 
 type frozen struct{ t atomic.Int64 }

@@ -65,13 +65,8 @@ func install() {
 	}
 	ts := filepath.Join(dir, "ts")
 	if _, err := os.Stat(filepath.Join(ts, "installed")); err != nil {
-		_ = os.MkdirAll(ts, 0o755)
-		for _, f := range []string{"package.json", "package-lock.json", "peer.mjs"} {
-			b, err := os.ReadFile(abs("testdata/ts/" + f))
-			if err == nil {
-				err = os.WriteFile(filepath.Join(ts, f), b, 0o600)
-			}
-			if err != nil {
+		for _, f := range []string{"package.json", "package-lock.json"} {
+			if err := place(ts, f); err != nil {
 				peers.tsErr = err
 			}
 		}
@@ -81,12 +76,47 @@ func install() {
 		if peers.tsErr == nil {
 			peers.tsErr = os.WriteFile(filepath.Join(ts, "installed"), nil, 0o600)
 		}
-	} else if b, err := os.ReadFile(abs("testdata/ts/peer.mjs")); err == nil {
-		peers.tsErr = os.WriteFile(filepath.Join(ts, "peer.mjs"), b, 0o600) // the script as this checkout has it
+	}
+	// The scripts as this checkout has them, beside the packages they
+	// import (Node resolves an import from the script's folder).
+	for _, f := range []string{"peer.mjs", "attack_peer.mjs"} {
+		if err := place(ts, f); err != nil && peers.tsErr == nil {
+			peers.tsErr = err
+		}
 	}
 	if peers.tsErr == nil {
-		peers.ts = filepath.Join(ts, "peer.mjs")
+		peers.ts = ts
 	}
+}
+
+// place copies testdata/ts/name into dir unless it is there already as
+// it is, through a rename: a script another test process runs meanwhile
+// is read whole, old or new (a copy in place, truncated then written,
+// was read empty by a concurrent node, which printed nothing).
+func place(dir, name string) error {
+	b, err := os.ReadFile(abs("testdata/ts/" + name))
+	if err != nil {
+		return err
+	}
+	dst := filepath.Join(dir, name)
+	if cur, err := os.ReadFile(dst); err == nil && bytes.Equal(cur, b) {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, name+".*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(b); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
 }
 
 func abs(rel string) string {
@@ -106,17 +136,25 @@ func run(dir, name string, args ...string) error {
 	return nil
 }
 
-// peer runs one command on a Powertools side ("py" or "ts").
+// peer runs one command on a Powertools side ("py" or "ts") with
+// testdata's peer.py or ts/peer.mjs.
 func peer(t *testing.T, side string, cmd map[string]any) map[string]any {
+	t.Helper()
+	return runPeer(t, side, "peer", cmd)
+}
+
+// runPeer runs script (testdata/<script>.py, ts/<script>.mjs) on a side
+// with one command and decodes its answer, numbers exact.
+func runPeer(t *testing.T, side, script string, cmd map[string]any) map[string]any {
 	t.Helper()
 	peers.once.Do(install)
 	var c *exec.Cmd
 	switch {
 	case side == "py" && peers.python != "":
-		c = exec.Command(peers.python, abs("testdata/peer.py"))
+		c = exec.Command(peers.python, abs("testdata/"+script+".py"))
 	case side == "ts" && peers.ts != "":
-		c = exec.Command("node", peers.ts)
-		c.Dir = filepath.Dir(peers.ts)
+		c = exec.Command("node", filepath.Join(peers.ts, script+".mjs"))
+		c.Dir = peers.ts
 	default:
 		err := peers.pyErr
 		if side == "ts" {
@@ -139,9 +177,11 @@ func peer(t *testing.T, side string, cmd map[string]any) map[string]any {
 	if err != nil {
 		t.Fatalf("Powertools (%s) %v: %v\n%s", side, cmd["op"], err, stderr.String())
 	}
+	d := json.NewDecoder(bytes.NewReader(out))
+	d.UseNumber()
 	var got map[string]any
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("Powertools (%s): %v: %s", side, err, out)
+	if err := d.Decode(&got); err != nil {
+		t.Fatalf("Powertools (%s): %v: %s\n%s", side, err, out, stderr.String())
 	}
 	return got
 }
@@ -295,7 +335,7 @@ func TestSharedWithPowertools(t *testing.T) {
 				t.Fatalf("Go's first call: %+v %v", first, err)
 			}
 			got := call("order-2", 200, map[string]any{"charge": "pt_2"})
-			if r, _ := got["result"].(map[string]any); got["ran"] != false || r["charge"] != "go_1" || r["amount"] != float64(200) {
+			if r, _ := got["result"].(map[string]any); got["ran"] != false || r["charge"] != "go_1" || fmt.Sprint(r["amount"]) != "200" {
 				t.Fatalf("Powertools' repeat of Go's key: %v; want go_1 replayed, not run", got)
 			}
 			if got := call("order-2", 201, nil); got["error"] != "IdempotencyValidationError" {
