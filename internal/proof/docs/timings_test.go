@@ -19,9 +19,10 @@ import (
 //     installed, pip's cache empty (the wheels downloaded).
 //   - quickstart-warm: the same again (the emulator found running).
 //   - make-run-cold, make-run-warm: `make run` in a fresh clone of this
-//     checkout, its Go and pip caches empty, then again.
-//   - make-check-cold, make-check-warm: `make check` in that clone, its
-//     Go build cache empty (golangci-lint built from source), then again.
+//     checkout on another fresh machine (its Go and pip caches empty),
+//     then again.
+//   - make-check-cold, make-check-warm: `make check` in that clone on a
+//     third fresh machine (golangci-lint built from source), then again.
 //
 // `make test` on a fresh clone is CI's own run (.ci/run), timed by it.
 // Timings judge nothing here: a benchmark, never a pass/fail test.
@@ -33,10 +34,18 @@ func BenchmarkFirstWeek(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// A fresh machine: its caches, in a folder of their own (module files
-	// writable, so the folder can be removed).
-	machine := b.TempDir()
-	env := freshEnv(machine)
+	// A fresh machine for each cold step: its caches, in a folder of
+	// their own (module files writable, so the folder can be removed);
+	// the warm step after it runs on the same one.
+	machines := map[string][]string{}
+	envFor := func(step string) []string {
+		m, _, _ := strings.Cut(step, "-warm")
+		m, _, _ = strings.Cut(m, "-cold")
+		if machines[m] == nil {
+			machines[m] = freshEnv(b.TempDir())
+		}
+		return machines[m]
+	}
 	var qs []block
 	for _, bl := range blocks(b, "README.md") {
 		if !strings.HasPrefix(bl.path, "tour/") {
@@ -64,7 +73,7 @@ func BenchmarkFirstWeek(b *testing.B) {
 		b.Run(st.name, func(b *testing.B) {
 			for range b.N {
 				cmd := exec.Command(st.cmd[0], st.cmd[1:]...)
-				cmd.Dir, cmd.Env = st.dir, env
+				cmd.Dir, cmd.Env = st.dir, envFor(st.name)
 				start := time.Now()
 				out, err := cmd.CombinedOutput()
 				took := time.Since(start)
