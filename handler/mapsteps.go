@@ -301,3 +301,27 @@ func Map[T, R any](ctx context.Context, name string, items []T, fn func(ctx cont
 type itemFailed struct{ err error }
 
 func (e *itemFailed) Error() string { return e.err.Error() }
+
+// Parallel runs branches, functions of their own, concurrently: it is Map
+// over the branches (each branch the step name#index, at most
+// MaxConcurrency at once, the same completion policies, results in the
+// branches' order), so a retry replays the branches that finished and
+// runs only the rest. A branch may take steps of its own (names unique
+// across the branches): they are recorded as they succeed, so a branch
+// that failed after two of its steps replays them on its next call and
+// goes on from there. Branches of different result types share one R: a
+// struct with a field per branch, or json.RawMessage, since a replayed
+// branch is not called and only its recorded result comes back.
+//
+// A nil branch is refused before any runs, with a permanent error.
+func Parallel[R any](ctx context.Context, name string, branches []func(ctx context.Context) (R, error), o *MapOptions) (MapResult[R], error) {
+	for i, b := range branches {
+		if b == nil {
+			res := MapResult[R]{Values: make([]R, len(branches)), Errs: make([]error, len(branches)), Done: make([]bool, len(branches))}
+			return res, Permanent(fmt.Errorf("nexjob: parallel %q: branch %d is nil", name, i))
+		}
+	}
+	return Map(ctx, name, branches, func(ctx context.Context, _ int, b func(context.Context) (R, error)) (R, error) {
+		return b(ctx)
+	}, o)
+}
