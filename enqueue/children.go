@@ -15,6 +15,11 @@ import (
 // and name follow): the package's own, refused to any other enqueue.
 const childKeyPrefix = "nexjob-child:"
 
+// argsKeyPrefix begins the key a kind's Defaults.KeyByArgs gives a job
+// (its kind and a hash of its args follow): the package's own, refused
+// as a key of the caller's.
+const argsKeyPrefix = "nexjob-args:"
+
 // Child jobs: the producer's half of handler.Invoke. See ledger's
 // ChildEnded for how a child's end reaches its caller.
 

@@ -6,6 +6,8 @@ package enqueue_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -893,4 +895,36 @@ func TestAttackFlowRateLimitedContinuation(t *testing.T) {
 		t.Fatalf("%d jobs written by a refused flow", n)
 	}
 	checkMessages(t, e, 0)
+}
+
+// TestArgsKeyPrefixIsThePackages: a key beginning "nexjob-args:" taken
+// first with other args would make a KeyByArgs job a duplicate of a job
+// it is not: such a key is refused, and the KeyByArgs job of those args
+// is enqueued as its own.
+func TestArgsKeyPrefixIsThePackages(t *testing.T) {
+	t.Parallel()
+	e := awstest.New(t, nil)
+	c := newClient(t, e, &enqueue.ClientOptions{Logger: quietLog})
+	ctx := context.Background()
+	// The key KeyByArgs gives atkByArgs{Name: "ann"}, as a forger works it out.
+	sum := sha256.Sum256([]byte("atk-byargs\x00" + `{"Name":"ann"}`))
+	forged := "nexjob-args:atk-byargs:" + hex.EncodeToString(sum[:16])
+	for _, raw := range []string{forged, "nexjob-args:"} {
+		_, err := c.Enqueue(ctx, atkByArgs{Name: "mallory"}, &enqueue.Opts{IdempotencyKey: raw})
+		var in *enqueue.InputError
+		if !errors.As(err, &in) || in.Field != "IdempotencyKey" || !strings.Contains(in.Error(), "package's own") {
+			t.Errorf("a key %q of the caller's: %v; want an *InputError on IdempotencyKey", raw, err)
+		}
+	}
+	first, err := c.Enqueue(ctx, atkByArgs{Name: "ann"}, nil)
+	if err != nil || first.Duplicate {
+		t.Fatalf("the KeyByArgs job after the forgery: %+v, %v; want a job of its own", first, err)
+	}
+	again, err := c.Enqueue(ctx, atkByArgs{Name: "ann"}, nil)
+	if err != nil || !again.Duplicate || again.ID != first.ID {
+		t.Errorf("the same args again: %+v, %v; want the first job as a duplicate", again, err)
+	}
+	if n := jobs(t, e); n != 1 {
+		t.Errorf("%d jobs, want the one KeyByArgs job", n)
+	}
 }

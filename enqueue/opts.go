@@ -108,6 +108,8 @@ var (
 
 // newRecord validates the input for the entry point via and builds the
 // record to insert.
+//
+// Keys beginning argsKeyPrefix or childKeyPrefix are the package's own.
 func (c *Client) newRecord(args JobArgs, o *Opts, via entry) (ledger.Record, error) {
 	if args == nil || isNilPointer(args) {
 		return ledger.Record{}, invalid("args", "nil")
@@ -128,7 +130,11 @@ func (c *Client) newRecord(args JobArgs, o *Opts, via entry) (ledger.Record, err
 	}
 	if o.keyByArgs {
 		sum := sha256.Sum256([]byte(kind + "\x00" + string(raw)))
-		o.IdempotencyKey = "nexjob-args:" + kind + ":" + hex.EncodeToString(sum[:16])
+		o.IdempotencyKey = argsKeyPrefix + kind + ":" + hex.EncodeToString(sum[:16])
+	} else if strings.HasPrefix(o.IdempotencyKey, argsKeyPrefix) {
+		// Taken first by other args, a KeyByArgs key would make the job of
+		// those args a duplicate of a job it is not.
+		return ledger.Record{}, invalid("IdempotencyKey", `keys beginning "`+argsKeyPrefix+`" are the package's own (a kind's KeyByArgs)`)
 	}
 	if err := checkKey(o.IdempotencyKey); err != nil {
 		return ledger.Record{}, err
