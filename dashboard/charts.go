@@ -98,17 +98,18 @@ type kindFigures struct {
 	Kind        string
 	Ended, Runs int
 	Timed       int           // ends with a time to end (P50, P95)
-	P50, P95    time.Duration // of the time from due to end
+	P50, P95    time.Duration // of the last run's duration
 }
 
-// timeToEnd is an end's time from due to end (the queue's wait and its
-// last run), and whether it has one: an Expired or cancelled job never
-// ran, and a continuation's Due is before its parent ended.
-func timeToEnd(e ledger.End) (time.Duration, bool) {
-	if e.Runs == 0 || e.Continues || e.Cancelled || e.State == ledger.Expired || e.At < e.Due || e.Due == 0 {
+// runTime is how long an end's last run took, from its start to the
+// job's end, and whether the record says: a job that never ran, or that
+// no run of its own ended (cancelled, dead-lettered, an orphan), keeps
+// no start (ledger.End.Began).
+func runTime(e ledger.End) (time.Duration, bool) {
+	if e.Runs == 0 || e.State == ledger.Expired || e.Began == 0 || e.At < e.Began {
 		return 0, false
 	}
-	return time.Duration(e.At-e.Due) * time.Millisecond, true
+	return time.Duration(e.At-e.Began) * time.Millisecond, true
 }
 
 // byKind sums the ends at or after from by kind, in kind order.
@@ -126,7 +127,7 @@ func byKind(ends []ledger.End, from time.Time) []kindFigures {
 		}
 		f.Ended++
 		f.Runs += e.Runs
-		if d, ok := timeToEnd(e); ok {
+		if d, ok := runTime(e); ok {
 			times[e.Kind] = append(times[e.Kind], d)
 		}
 	}
@@ -326,7 +327,7 @@ func queuesChart(st admin.Stats) chart {
 }
 
 // kindsChart draws each kind's ends in the window: its runs, and the p50
-// and p95 of its time from due to end.
+// and p95 of their last runs' durations.
 func kindsChart(kinds []kindFigures, sp span) chart {
 	mostRuns, longest := 0, time.Duration(0)
 	for _, k := range kinds {
@@ -334,17 +335,17 @@ func kindsChart(kinds []kindFigures, sp span) chart {
 	}
 	top := niceMax(mostRuns)
 	half := barsWidth / 2
-	c := chart{ID: "kinds", Title: fmt.Sprintf("Runs per kind and time from due to end (p50, p95), last %s", sp.Name),
+	c := chart{ID: "kinds", Title: fmt.Sprintf("Runs per kind and run time (p50, p95), last %s", sp.Name),
 		W: nameWidth + 2*barsWidth + 120, H: headHeight + max(len(kinds), 1)*rowHeight + 4,
-		Legend: []legendItem{{"k-runs", "runs (attempts spent by the jobs that ended)"}, {"k-p50", "p50 time from due to end"}, {"k-p95", "p95"}}}
+		Legend: []legendItem{{"k-runs", "runs (attempts spent by the jobs that ended)"}, {"k-p50", "p50 run time (the last run of each job)"}, {"k-p95", "p95"}}}
 	durX := nameWidth + half + 70
-	c.Labels = []label{{X: nameWidth, Y: 14, Anchor: "start", Text: "runs"}, {X: durX, Y: 14, Anchor: "start", Text: "time from due to end: p50 (bar) · p95 (mark)"}}
+	c.Labels = []label{{X: nameWidth, Y: 14, Anchor: "start", Text: "runs"}, {X: durX, Y: 14, Anchor: "start", Text: "run time: p50 (bar) · p95 (mark)"}}
 	var said []string
 	for i, k := range kinds {
 		y := headHeight + i*rowHeight
 		words := fmt.Sprintf("%s: %d ended, %d runs", k.Kind, k.Ended, k.Runs)
 		if k.Timed > 0 {
-			words += fmt.Sprintf("; time from due to end p50 %s, p95 %s (%d timed)", short(k.P50), short(k.P95), k.Timed)
+			words += fmt.Sprintf("; run time p50 %s, p95 %s (%d timed)", short(k.P50), short(k.P95), k.Timed)
 		}
 		said = append(said, words)
 		g := group{Title: words}

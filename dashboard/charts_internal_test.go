@@ -90,23 +90,24 @@ func TestSpanStartsOnTheClock(t *testing.T) {
 	}
 }
 
-// TestByKindSumsRunsAndTimesToEnd: runs are the attempts the ended jobs
-// spent; the time to end runs from Due to At, for jobs that ran and are
-// not continuations.
-func TestByKindSumsRunsAndTimesToEnd(t *testing.T) {
+// TestByKindSumsRunsAndRunTimes: runs are the attempts the ended jobs
+// spent; the run time runs from Began to At, for jobs whose record kept
+// their last run's start.
+func TestByKindSumsRunsAndRunTimes(t *testing.T) {
 	ends := []ledger.End{
-		{Kind: "a", State: ledger.Succeeded, Runs: 1, Due: at(0), At: at(time.Second)},
-		{Kind: "a", State: ledger.Succeeded, Runs: 2, Due: at(10 * time.Second), At: at(13 * time.Second)},
-		{Kind: "a", State: ledger.Failed, Runs: 3, Due: at(20 * time.Second), At: at(22 * time.Second)},
-		{Kind: "a", State: ledger.Failed, Cancelled: true, Due: at(0), At: at(time.Hour)},             // never ran
-		{Kind: "a", State: ledger.Expired, Due: at(0), At: at(time.Hour)},                             // never ran
-		{Kind: "a", State: ledger.Succeeded, Runs: 1, Continues: true, Due: at(0), At: at(time.Hour)}, // Due before its parent ended
-		{Kind: "b", State: ledger.Succeeded, Runs: 1, Due: at(5 * time.Second), At: at(5500 * time.Millisecond)},
-		{Kind: "b", State: ledger.Failed, Runs: 4, Due: at(-time.Hour), At: at(-time.Millisecond)}, // before the window
+		{Kind: "a", State: ledger.Succeeded, Runs: 1, Began: at(0), At: at(time.Second)},
+		{Kind: "a", State: ledger.Succeeded, Runs: 2, Began: at(10 * time.Second), At: at(13 * time.Second)},
+		{Kind: "a", State: ledger.Failed, Runs: 3, Began: at(20 * time.Second), At: at(22 * time.Second)},
+		{Kind: "a", State: ledger.Failed, Cancelled: true, At: at(time.Hour)},                                          // never ran
+		{Kind: "a", State: ledger.Failed, Runs: 2, At: at(time.Hour)},                                                  // an orphan: no start kept
+		{Kind: "a", State: ledger.Expired, At: at(time.Hour)},                                                          // never ran
+		{Kind: "a", State: ledger.Succeeded, Runs: 1, Continues: true, Began: at(59 * time.Minute), At: at(time.Hour)}, // a continuation's own run
+		{Kind: "b", State: ledger.Succeeded, Runs: 1, Began: at(5 * time.Second), At: at(5500 * time.Millisecond)},
+		{Kind: "b", State: ledger.Failed, Runs: 4, Began: at(-time.Hour), At: at(-time.Millisecond)}, // before the window
 	}
 	got := byKind(ends, noon)
 	want := []kindFigures{
-		{Kind: "a", Ended: 6, Runs: 7, Timed: 3, P50: 2 * time.Second, P95: 3 * time.Second},
+		{Kind: "a", Ended: 7, Runs: 9, Timed: 4, P50: 2 * time.Second, P95: time.Minute},
 		{Kind: "b", Ended: 1, Runs: 1, Timed: 1, P50: 500 * time.Millisecond, P95: 500 * time.Millisecond},
 	}
 	if !slices.Equal(got, want) {

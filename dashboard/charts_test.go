@@ -2,6 +2,7 @@ package dashboard_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -54,8 +55,11 @@ func chartRig(t *testing.T) (*nexjobtest.Env, *httptest.Server, []string) {
 		return nil
 	}), nil)
 	handler.AddWorker(reg, handler.WorkFunc[email](func(ctx context.Context, j *handler.Job[email]) error {
-		if j.Args.To == "bounce" {
+		switch j.Args.To {
+		case "bounce":
 			return handler.Permanent(errors.New("mailbox unavailable"))
+		case "bob": // a run of 90 s on the Env's clock
+			e.Advance(t, 90*time.Second)
 		}
 		return nil
 	}), nil)
@@ -195,13 +199,39 @@ func TestOverviewChartsMatchWhatRan(t *testing.T) {
 		}
 	}
 	kinds := bars(t, page, "kinds")
-	if len(kinds) != 2 || !strings.HasPrefix(kinds[0], "email: 4 ended, 3 runs; time from due to end p50 ") ||
-		!strings.HasPrefix(kinds[1], "thumbnail: 6 ended, 8 runs; time from due to end p50 ") {
+	if len(kinds) != 2 || !strings.HasPrefix(kinds[0], "email: 4 ended, 3 runs; run time p50 ") ||
+		!strings.HasPrefix(kinds[1], "thumbnail: 6 ended, 8 runs; run time p50 ") {
 		t.Errorf("the kinds chart says %q; want email 4 ended 3 runs, thumbnail 6 ended 8 runs, with their times", kinds)
 	}
 	// Every job that ran is timed; the cancelled email never ran.
 	if !strings.Contains(kinds[0], "(3 timed)") || !strings.Contains(kinds[1], "(6 timed)") {
 		t.Errorf("timed ends: %q; want 3 emails (not the cancelled one) and 6 thumbnails", kinds)
+	}
+	// A run time is the last run's, from its start (the record's RunAt)
+	// to the end: bob's run took 90 s, the retried thumbnails' last runs
+	// began after their first ended, a job no run ended keeps no start.
+	for _, r := range recs {
+		var a email
+		_ = json.Unmarshal([]byte(r.Args), &a)
+		hist := r.Attempts() // the record's ring of the last runs' ends, in slot order
+		slices.SortFunc(hist, func(a, b ledger.Attempt) int { return a.N - b.N })
+		switch {
+		case r.Cancelled:
+			if r.RunAt != 0 {
+				t.Errorf("job %s, cancelled before it ran, keeps RunAt %d; want none", r.ID, r.RunAt)
+			}
+		case r.RunAt == 0 || r.RunAt > r.UpdatedAt:
+			t.Errorf("job %s (%s) ended at %d with RunAt %d; want its last run's start", r.ID, r.Kind, r.UpdatedAt, r.RunAt)
+		case a.To == "bob" && r.UpdatedAt-r.RunAt < (90*time.Second).Milliseconds():
+			t.Errorf("bob's run took 90 s on the Env's clock; its record says %d ms", r.UpdatedAt-r.RunAt)
+		case len(hist) > 1 && r.RunAt < hist[len(hist)-2].At:
+			t.Errorf("job %s (%s) last run began at %d, before its first ended (%d): created %d, updated %d, history %+v", r.ID, r.Kind, r.RunAt, hist[len(hist)-2].At, r.CreatedAt, r.UpdatedAt, hist)
+		}
+	}
+	if m := regexp.MustCompile(`p95 ([0-9hms.]+)`).FindStringSubmatch(kinds[0]); m == nil {
+		t.Errorf("the emails' p95 is missing: %q", kinds[0])
+	} else if d, err := time.ParseDuration(m[1]); err != nil || d < 90*time.Second {
+		t.Errorf("the emails' p95 run time is %q; want bob's 90 s or more", m[1])
 	}
 
 	code, page = get(t, client(t), srv.URL+"/?window=day")
@@ -216,5 +246,27 @@ func TestOverviewChartsMatchWhatRan(t *testing.T) {
 	}
 	if code, page := get(t, client(t), srv.URL+"/?window=week"); code != http.StatusBadRequest || !strings.Contains(page, `window &#34;week&#34; is not hour or day`) {
 		t.Errorf("?window=week: %d\n%s", code, page)
+	}
+}
+
+// TestCancelledJobKeepsNoDueTime: a job cancelled while Scheduled (due in
+// an hour) ends with no RunAt: an ended job's RunAt is its last run's
+// start, which the run times read, and this one never ran.
+func TestCancelledJobKeepsNoDueTime(t *testing.T) {
+	t.Parallel()
+	e := nexjobtest.New(t, nil)
+	ctx := context.Background()
+	res, err := e.Client.Enqueue(ctx, email{To: "later"}, &enqueue.Opts{Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := e.Get(t, res.ID); rec.State != ledger.Scheduled || rec.RunAt == 0 {
+		t.Fatalf("the delayed job is %s with RunAt %d; want Scheduled, due in an hour", rec.State, rec.RunAt)
+	}
+	if _, err := e.Client.Cancel(ctx, res.ID, "", handler.DefaultRetention.Failed); err != nil {
+		t.Fatal(err)
+	}
+	if rec := e.Get(t, res.ID); rec.State != ledger.Failed || !rec.Cancelled || rec.RunAt != 0 {
+		t.Errorf("cancelled: %s (cancelled %v) with RunAt %d; want Failed, cancelled, no RunAt", rec.State, rec.Cancelled, rec.RunAt)
 	}
 }

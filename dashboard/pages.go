@@ -115,7 +115,10 @@ func (s *server) job(w http.ResponseWriter, r *http.Request) {
 // history reads a job's story from its record's times, oldest first.
 func history(r ledger.Record) []event {
 	ev := []event{{r.CreatedAt, "created (" + r.Policy + ")"}}
-	if r.RunAt > 0 {
+	switch {
+	case r.RunAt > 0 && r.State.Terminal():
+		ev = append(ev, event{r.RunAt, "last run began"}) // an ended job's RunAt (ledger.Finish.Began)
+	case r.RunAt > 0:
 		ev = append(ev, event{r.RunAt, "due"})
 	}
 	if r.Deadline > 0 {

@@ -34,6 +34,11 @@ func (h *Handler) finish(ctx context.Context, rec ledger.Record, f ledger.Finish
 		// duplicate delivery meanwhile leaves it alone (ClaimHook).
 		f.HookLease, _, _ = h.lease(ctx, h.store.Now(), 0)
 	}
+	if r := runOf(ctx); r != nil && f.State.Terminal() {
+		// The run's start on the store's clock: an ended job's RunAt, what
+		// the dashboard's run times read from the index.
+		f.Began = r.began
+	}
 	f.ExpiresAt = h.store.ExpiresAfter(h.retention(rec.Kind).For(f.State)) // zero for a state that is not an end
 	if latest := h.store.Now().Add(enqueue.MaxScheduleAhead); f.RunAt.After(latest) {
 		// No message may name a run beyond the longest schedule (the

@@ -19,8 +19,9 @@ type jobLog struct {
 	base          *slog.Logger
 	id, kind, req string
 	attempt       int
-	start         time.Time
-	steps         *steps // in a worker's run only
+	start         time.Time // wall clock: the run's durations
+	began         time.Time // the store's clock at the start: an ended job's RunAt (ledger.Finish.Began)
+	steps         *steps    // in a worker's run only
 	once          sync.Once
 	l             *slog.Logger
 }

@@ -51,6 +51,7 @@ func (h *Handler) run(ctx context.Context, e *entry, rec ledger.Record, deadline
 	}
 	start := time.Now()
 	ctx = withRun(ctx, h.log, rec, start) // the job's logger, for the worker and for what follows the run
+	runOf(ctx).began = h.store.Now()
 	if rec.CancelReq != "" && !rec.Compensable {
 		// An operator asked the job to stop while a run of it went on, and
 		// that run ended without meeting a step's record (a replay that

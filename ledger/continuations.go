@@ -109,6 +109,11 @@ func (s *Store) transition(ctx context.Context, id string, cond expression.Condi
 		upd = upd.Remove(expression.Name(AttrLeaseUntil))
 	}
 	upd = s.withIndex(upd, to, id, nowMs)
+	if to.Terminal() {
+		// An end no run wrote: its RunAt is no run's start (Finish.Began),
+		// so none is kept.
+		upd = upd.Remove(expression.Name(AttrRunAt))
+	}
 	if reason != "" {
 		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError))).
 			Set(expression.Name(AttrListErr), expression.Value(truncate(reason, MaxListError)))

@@ -344,13 +344,15 @@ type End struct {
 	State     State // Succeeded, Failed or Expired
 	Cancelled bool  // a Failed job an operator withdrew before it started
 	At        int64 // its end (the record's last change), Unix ms
-	// Due is when its last run became due, Unix ms: its RunAt (a delay,
-	// a retry, a wake), or its creation when later (requeue clears RunAt:
-	// a requeued job's Due is its creation).
-	Due  int64
-	Runs int // the attempts it spent: 0 never started
-	// Continues: a continuation of one parent (ParentID), created before
-	// its parent ended, so its Due says nothing of its own wait.
+	// Began is when its last run began, Unix ms: an ended job's RunAt
+	// (Finish.Began). 0 when no run's start is kept: a job that never
+	// ran, one ended by no run of its own (cancelled, dead-lettered, an
+	// orphan out of attempts), or one that ended before this version
+	// kept it. (A job that ended before it and had a RunAt keeps its last
+	// due time there: it counts from that until its retention ends.)
+	Began int64
+	Runs  int // the attempts it spent: 0 never started
+	// Continues: a continuation of one parent (ParentID).
 	Continues bool
 }
 
@@ -373,7 +375,7 @@ func (c *JobCounts) add(r Record, since time.Time, now int64) {
 	if r.State.Terminal() && !since.IsZero() && r.UpdatedAt >= since.UnixMilli() {
 		c.EndedSince[r.State]++
 		c.Ends = append(c.Ends, End{Kind: r.Kind, State: r.State, Cancelled: r.Cancelled, At: r.UpdatedAt,
-			Due: max(r.CreatedAt, r.RunAt), Runs: r.Attempt, Continues: r.ParentID != ""})
+			Began: r.RunAt, Runs: r.Attempt, Continues: r.ParentID != ""})
 	}
 }
 

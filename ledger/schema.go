@@ -20,7 +20,7 @@ const (
 	AttrPolicy       = "policy"       // DuplicatePolicy name, for the record
 	AttrCreatedAt    = "createdAt"    // Unix milliseconds
 	AttrUpdatedAt    = "updatedAt"    // Unix milliseconds
-	AttrRunAt        = "runAt"        // Unix milliseconds; when a Scheduled job is due
+	AttrRunAt        = "runAt"        // Unix milliseconds; when a Scheduled job is due (an ended job: when its last run began, Finish.Began)
 	AttrDeadline     = "deadline"     // Unix milliseconds; not started by then: Expired
 	AttrLeaseUntil   = "leaseUntil"   // Unix milliseconds; a Processing run's lease
 	AttrToken        = "token"        // fencing token, incremented by every claim

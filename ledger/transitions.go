@@ -163,6 +163,12 @@ type Finish struct {
 	State     State     // the new state; required
 	LastError string    // kept for people; "" clears nothing
 	RunAt     time.Time // for Scheduled (a retry)
+	// Began, with a State that ends the job (Succeeded, Failed), is when
+	// the run began: kept as the record's RunAt, so an ended job's RunAt
+	// is its last run's start, which the byState index projects (the
+	// dashboard's run times read it). Zero, with such a State, removes
+	// RunAt: an end no run's start is known of keeps none.
+	Began     time.Time
 	ExpiresAt time.Time // end of the retention (see TTL); zero keeps the record forever
 	// CutOff: the invocation's deadline cut the run off. The attempt is
 	// given back and the cut-off counted in Record.CutOffs; any other end
@@ -266,7 +272,7 @@ type finishShape struct {
 	ticket, dropTicket, result, cancelled       bool
 	dropResult, dropReopen, ran                 bool
 	resultBlob, dropResultBlob                  bool
-	await, dropAwait                            bool
+	await, dropAwait, began, dropRunAt          bool
 }
 
 // finishExprs is a Finish's update, its nonce given.
@@ -283,7 +289,11 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 		dropReopen: rec.ReopenWaits && !f.Deferred, // a deferral ran nothing: the run to come opens the waits
 		ran:        f.Ran && !rec.RanMark,
 		await:      f.AwaitChildren && f.Deferred && !f.RunAt.IsZero(),
+		began:      f.State.Terminal() && f.RunAt.IsZero() && !f.Began.IsZero(),
 	}
+	// An end with no run's start (an orphan out of attempts) keeps no
+	// RunAt: an ended job's RunAt is its last run's start or nothing.
+	k.dropRunAt = f.State.Terminal() && f.RunAt.IsZero() && !k.began && rec.RunAt != 0
 	k.dropAwait = rec.AwaitEnd != 0 && !k.await
 	e := s.finishes.start(k, 21, 15, 544) // a Finish: up to 20 names, 14 values, about 510 bytes of update
 	nowMs := e.i(":now", now.UnixMilli())
@@ -305,6 +315,10 @@ func (s *Store) finishExprs(rec Record, f Finish, now time.Time, nonce string) e
 	}
 	if k.runAt {
 		e.assign(AttrRunAt, e.i(":runAt", f.RunAt.UnixMilli()))
+	} else if k.began {
+		e.assign(AttrRunAt, e.i(":runAt", f.Began.UnixMilli()))
+	} else if k.dropRunAt {
+		e.drop(AttrRunAt)
 	}
 	if k.hook {
 		e.values[":hookPending"] = &types.AttributeValueMemberBOOL{Value: true}

@@ -187,6 +187,8 @@ func (o *ops) get(ctx context.Context, id string, sh show) error {
 	row("changed", at(rec.UpdatedAt))
 	if !rec.State.Terminal() {
 		row("due", at(rec.RunAt)) // an ended job is due nowhere
+	} else {
+		row("last run began", at(rec.RunAt)) // an ended job's RunAt (ledger.Finish.Began)
 	}
 	row("deadline", at(rec.Deadline))
 	row("lease until", at(rec.LeaseUntil))

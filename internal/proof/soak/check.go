@@ -277,6 +277,16 @@ func checkPolicy(_ context.Context, f *facts) []string {
 	return bad
 }
 
+// endedRunAt says what is wrong with an ended job's RunAt, or "": it is
+// its last run's start (what the dashboard times) or nothing, never a time
+// after its end, never kept by a job that did not run.
+func endedRunAt(rec ledger.Record) string {
+	if rec.RunAt != 0 && (rec.RunAt > rec.UpdatedAt || rec.Attempt == 0 && !rec.Compensable) {
+		return fmt.Sprintf("ended %s at %d (attempt %d, cancelled %v) with RunAt %d: not its last run's start", rec.State, rec.UpdatedAt, rec.Attempt, rec.Cancelled, rec.RunAt)
+	}
+	return ""
+}
+
 // checkEnds: every record ended (none waits for ever), as its kind and
 // its runs say; a recorded hook ran once per failure; continuations and
 // fan-in children followed their parents; runs never overlap and never
@@ -301,6 +311,9 @@ func checkEnds(_ context.Context, f *facts) []string {
 		}
 		if rec.Kind == ledger.DeadLetterKind {
 			continue
+		}
+		if why := endedRunAt(rec); why != "" {
+			bad = append(bad, f.fail(rec.ID, "%s", why))
 		}
 		okRun := false
 		for _, r := range jr {

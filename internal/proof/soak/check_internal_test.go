@@ -301,3 +301,23 @@ func TestSelectCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestEndedRunAtCheck: an ended job's RunAt after its end, or kept by a
+// job that never ran (a cancel of a Scheduled job that left its due
+// time), is a violation; a last run's start, or none, is not.
+func TestEndedRunAtCheck(t *testing.T) {
+	for _, c := range []struct {
+		rec ledger.Record
+		bad bool
+	}{
+		{ledger.Record{State: ledger.Succeeded, Attempt: 1, RunAt: 100, UpdatedAt: 150}, false},
+		{ledger.Record{State: ledger.Failed, Attempt: 2, UpdatedAt: 150}, false},
+		{ledger.Record{State: ledger.Failed, Cancelled: true, UpdatedAt: 150}, false},
+		{ledger.Record{State: ledger.Failed, Cancelled: true, RunAt: 90, UpdatedAt: 150}, true},
+		{ledger.Record{State: ledger.Succeeded, Attempt: 1, RunAt: 200, UpdatedAt: 150}, true},
+	} {
+		if got := endedRunAt(c.rec) != ""; got != c.bad {
+			t.Errorf("%+v: a violation %v; want %v", c.rec, got, c.bad)
+		}
+	}
+}
