@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
@@ -580,7 +583,7 @@ func TestAttackParBranchInvokesAChild(t *testing.T) {
 	}
 }
 
-// BREAK: inner step names that collide across branches. "names unique
+// Was a break (fixed: an item's ErrStepRepeated ends the run for good): inner step names that collide across branches. "names unique
 // across the branches" (Map: "unique per item, or they are
 // ErrStepRepeated"; Step: "A name used twice in one run is ErrStepRepeated
 // (permanent: every run would repeat it)"). The first run sees
@@ -589,7 +592,7 @@ func TestAttackParBranchInvokesAChild(t *testing.T) {
 // (not called), so the name is used once in that run: the other branch's
 // Step "same" returns the first branch's recorded value, with no error,
 // and the job succeeds with it.
-func TestBREAKParInnerStepNamesCollideAcrossRuns(t *testing.T) {
+func TestParInnerStepNameSharedByTwoBranchesFailsTheJob(t *testing.T) {
 	t.Parallel()
 	for _, conc := range []int{1, 2} {
 		t.Run(fmt.Sprint("concurrency ", conc), func(t *testing.T) {
@@ -631,7 +634,7 @@ func TestBREAKParInnerStepNamesCollideAcrossRuns(t *testing.T) {
 				t.Errorf("promise: a step name taken by two branches is ErrStepRepeated; none seen (job %s, %d runs)", rec.State, p.runs())
 			}
 			if len(wrong) > 0 || rec.State != ledger.Failed {
-				t.Errorf("BROKE: a step name used by two branches (ErrStepRepeated, \"permanent: every run would repeat it\"): job %s at attempt %d, not failed for good; %s", rec.State, rec.Attempt, strings.Join(wrong, "; "))
+				t.Errorf("a step name used by two branches (ErrStepRepeated, \"permanent: every run would repeat it\"): job %s at attempt %d, not failed for good; %s", rec.State, rec.Attempt, strings.Join(wrong, "; "))
 			}
 		})
 	}
@@ -862,12 +865,12 @@ func stepKeys(rec ledger.Record) []string {
 // Second: the first wait of ten hours ends at two (b's end); c, ending at
 // eleven, is within the second wait's ten hours from two.
 //
-// BREAK: they do not share a timeout; worse, the second AwaitAll is
+// Was a break (fixed: a wait is named by every child): they do not share a timeout; worse, the second AwaitAll is
 // refused for good: its wait is a step named by the first child and the
 // count ("nexjob:await:<a's id>+2"), the name the first AwaitAll took, so
 // it is ErrStepRepeated (permanent) and the caller fails. Nothing in the
 // docs says two AwaitAll calls may not share their first child.
-func TestBREAKChildAwaitAllTwiceSharingAChild(t *testing.T) {
+func TestAwaitAllTwiceSharingAChildEachItsOwnTimeout(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name         string
@@ -1053,12 +1056,12 @@ func (keyedArgs) JobDefaults() enqueue.Defaults { return enqueue.Defaults{KeyByA
 // a job of args A: a later enqueue of B by its args must be a new job,
 // not a duplicate of A's.
 //
-// BREAK: the prefix is not reserved (a key beginning "nexjob-child:" is
+// Was a break (fixed: the prefix is refused): the prefix was not reserved (a key beginning "nexjob-child:" is
 // refused as the package's own; "nexjob-args:" is taken): B by its args is
 // a duplicate of A's job, and B never runs. Anyone who may choose a key
 // (a key passed through from a request) can compute B's: it is the kind
 // and the args' JSON, hashed without a secret.
-func TestBREAKKeyByArgsPrefixTakenByAUserKey(t *testing.T) {
+func TestKeyByArgsPrefixTakenByAUserKeyIsRefused(t *testing.T) {
 	t.Parallel()
 	e := nexjobtest.New(t, nil)
 	ctx := context.Background()
@@ -1070,10 +1073,13 @@ func TestBREAKKeyByArgsPrefixTakenByAUserKey(t *testing.T) {
 	sum := sha256.Sum256([]byte(b.Kind() + "\x00" + string(raw))) // enqueue/opts.go's KeyByArgs key, read after the attack was written
 	forged := "nexjob-args:" + b.Kind() + ":" + hex.EncodeToString(sum[:16])
 	first, err := e.Client.Enqueue(ctx, keyedArgs{X: "a"}, &enqueue.Opts{IdempotencyKey: forged})
-	if err != nil {
-		t.Logf("a user key with the KeyByArgs prefix refused: %v", err)
-		return
+	var in *enqueue.InputError
+	if errors.As(err, &in) && in.Field == "IdempotencyKey" {
+		return // refused up front: the KeyByArgs key is the package's own
+	} else if err != nil {
+		t.Fatalf("a user key with the KeyByArgs prefix: %v; want an *InputError on IdempotencyKey or a job", err)
 	}
+	t.Errorf("a user key with the KeyByArgs prefix was taken (job %s); want an *InputError on IdempotencyKey", first.ID)
 	same, err := e.Client.Enqueue(ctx, b, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1088,5 +1094,75 @@ func TestBREAKKeyByArgsPrefixTakenByAUserKey(t *testing.T) {
 	if same.Duplicate || same.ID == first.ID {
 		rec := e.Get(t, same.ID)
 		t.Errorf("promise \"the same args are the same job\": an enqueue of args %s by its args was taken as a duplicate of job %s of args %s (its key given by the user as %q)", raw, first.ID, rec.Args, forged)
+	}
+}
+
+// TestAwaitAllBegunUnderTheOldNameKeepsItsEnd: a job that began a wait for
+// two children before waits were named by every child (its end kept under
+// the first child and the count) keeps that end across the upgrade: it
+// times out when the recorded end comes, not an hour after the new code
+// first meets it.
+func TestAwaitAllBegunUnderTheOldNameKeepsItsEnd(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got *awaitOut
+	var r *rig39
+	r = newRig39(t, rig39Opts{kid: kid39(&r), work: func(ctx context.Context, j *handler.Job[a39]) error {
+		a, err := handler.InvokeAsync(ctx, "a", a39Kid{N: 0, Mode: "sleep", H: 5}, nil)
+		if err != nil {
+			return err
+		}
+		b, err := handler.InvokeAsync(ctx, "b", a39Kid{N: 1, Mode: "sleep", H: 5}, nil)
+		if err != nil {
+			return err
+		}
+		v, err := handler.AwaitAll[string](ctx, []handler.Child{a, b}, time.Hour)
+		if handler.IsSleep(err) {
+			return err
+		}
+		mu.Lock()
+		got = &awaitOut{v, err}
+		mu.Unlock()
+		return nil
+	}})
+	ctx := context.Background()
+	id := enqueueOne(t, r.e.Client, a39{}, nil)
+	r.e.Drain(t, r.h)
+	// The wait's end as the old code kept it: under "nexjob:await:<a>+2".
+	out, err := r.e.DB.Query(ctx, &dynamodb.QueryInput{TableName: aws.String(r.e.StepsTable),
+		KeyConditionExpression:    aws.String("pk = :id"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":id": &types.AttributeValueMemberS{Value: id}}, ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := 0
+	for _, it := range out.Items {
+		sk := it["sk"].(*types.AttributeValueMemberS).Value
+		i := strings.Index(sk, "/nexjob:await:")
+		if i < 0 || strings.Count(sk[i:], "+") != 2 {
+			continue
+		}
+		old := sk[:strings.LastIndex(sk, "+")]
+		it["sk"] = &types.AttributeValueMemberS{Value: old}
+		if _, err := r.e.DB.PutItem(ctx, &dynamodb.PutItemInput{TableName: aws.String(r.e.StepsTable), Item: it}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.e.DB.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: aws.String(r.e.StepsTable),
+			Key: map[string]types.AttributeValue{"pk": it["pk"], "sk": &types.AttributeValueMemberS{Value: sk}}}); err != nil {
+			t.Fatal(err)
+		}
+		moved++
+	}
+	if moved != 1 {
+		t.Fatalf("%d waits for both children found in the caller's steps; want one (items %d)", moved, len(out.Items))
+	}
+	r.e.Advance(t, time.Hour+time.Minute)
+	r.e.Drain(t, r.h)
+	mu.Lock()
+	defer mu.Unlock()
+	var late *handler.ChildTimeoutError
+	if got == nil || !errors.As(got.err, &late) {
+		rec := r.e.Get(t, id)
+		t.Fatalf("an hour and a minute on, the caller (%s) got %v; want the wait begun under the old name timed out at its recorded end", rec.State, got)
 	}
 }

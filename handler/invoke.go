@@ -188,7 +188,8 @@ func (e *ChildrenError) Error() string {
 func (e *ChildrenError) Unwrap() []error { return e.Errs }
 
 // AwaitAll waits up to timeout for every child in cs and returns their
-// results in cs's order: the run sleeps until the last of them ends (each
+// results in cs's order (each call its own timeout, kept under every
+// child in cs): the run sleeps until the last of them ends (each
 // end wakes it; a run that finds some still going sleeps again), or the
 // wait's end, when each child still going is a *ChildTimeoutError. The
 // results of the children that succeeded are set whatever the others
@@ -211,7 +212,11 @@ func AwaitAll[T any](ctx context.Context, cs []Child, timeout time.Duration) ([]
 		return nil, Permanent(ledger.ErrNoStepsTable)
 	}
 	// The wait's end, recorded by the run that first meets it.
-	end, err := step(ctx, ledger.AwaitStep(cs[0].ID+"+"+strconv.Itoa(len(cs))), func(context.Context) (int64, error) {
+	name, err := awaitName(ctx, s, cs)
+	if err != nil {
+		return nil, err
+	}
+	end, err := step(ctx, name, func(context.Context) (int64, error) {
 		return s.store.Now().Add(timeout).UnixMilli(), nil
 	})
 	if err != nil {
@@ -255,6 +260,33 @@ func AwaitAll[T any](ctx context.Context, cs []Child, timeout time.Duration) ([]
 		return out, &ChildrenError{Errs: errs}
 	}
 	return out, nil
+}
+
+// awaitName is the step that keeps the end of a wait for cs: named by
+// every child awaited, so two waits of one job for sets that share their
+// first child and their count (AwaitAll of a and b, then of a and c) are
+// two waits, each with its own timeout. A wait for one child is named by
+// it. A wait for several begun before this naming (its first child and
+// the count, which such sets shared) keeps the end it recorded.
+func awaitName(ctx context.Context, s *steps, cs []Child) (string, error) {
+	old := ledger.AwaitStep(cs[0].ID + "+" + strconv.Itoa(len(cs)))
+	if len(cs) == 1 {
+		return old, nil
+	}
+	s.mu.Lock()
+	_, begun, err := s.value(ctx, old)
+	s.mu.Unlock()
+	switch {
+	case err != nil:
+		return "", err // the job's steps unread: the run ends, and the next reads them
+	case begun:
+		return old, nil
+	}
+	ids := make([]string, len(cs))
+	for i, c := range cs {
+		ids[i] = c.ID
+	}
+	return old + "+" + shortHash(strings.Join(ids, "\x00"), 10), nil
 }
 
 // childOutcome is child id's outcome in the job's steps, if recorded.

@@ -104,8 +104,11 @@ type mapOutcome struct {
 // (ledger.Options.StepsTable) a job holds up to ledger.MaxJobSteps
 // items; on the record, ledger.MaxSteps in all.
 //
-// fn may call Step with names of its own (unique per item, or they are
-// ErrStepRepeated); a Sleep or a wait in an item ends the run once the
+// fn may call Step with names of its own, unique across the items: two
+// items that take one name in one run end it with ErrStepRepeated, which
+// fails the job for good as outside a map (so does the code's own fault
+// in an item: a value over its limit, a recorded type that no longer
+// decodes), whatever the completion policy; a Sleep or a wait in an item ends the run once the
 // running items return, and the woken run replays the finished items.
 // Goroutines of a worker's own may call Step too: a run's steps are safe
 // for concurrent use.
@@ -202,6 +205,9 @@ func Map[T, R any](ctx context.Context, name string, items []T, fn func(ctx cont
 			var v R
 			out, err := step(mctx, itemName(i), func(ctx context.Context) (mapOutcome, error) {
 				r, err := fn(ctx, i, items[i])
+				if err != nil && runFault(err) {
+					return mapOutcome{}, err // the code's own fault: every run would meet it
+				}
 				if err != nil {
 					return mapOutcome{}, &itemFailed{err: err}
 				}
@@ -324,4 +330,17 @@ func Parallel[R any](ctx context.Context, name string, branches []func(ctx conte
 	return Map(ctx, name, branches, func(ctx context.Context, _ int, b func(context.Context) (R, error)) (R, error) {
 		return b(ctx)
 	}, o)
+}
+
+// runFault reports whether an item's error is the code's own fault that
+// every run of the job would meet (a step name two items share, a value
+// over a limit, a recorded type that no longer decodes, a compensation
+// declared in a step): it ends the run for good, as it would outside a
+// map, rather than being the item's failure, which a completion policy
+// could tolerate and a retry would hand to the other item's record.
+func runFault(err error) bool {
+	var se *ledger.StepError
+	var rt *ResultTypeError
+	var cs *CompensateInStepError
+	return errors.Is(err, ErrStepRepeated) || errors.As(err, &se) || errors.As(err, &rt) || errors.As(err, &cs)
 }
