@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -129,4 +130,37 @@ func ExampleConcurrency() {
 	fmt.Println("most at once:", most)
 	// Output:
 	// most at once: 1
+}
+
+// Checkout is a job whose work runs in three branches at once.
+type Checkout struct{ Order string }
+
+func (Checkout) Kind() string { return "example.checkout" }
+
+// Parallel: three branches of their own at once, results in the
+// branches' order; a retry would replay the branches that finished and
+// run only the rest.
+func ExampleParallel() {
+	var mu sync.Mutex
+	var got []string
+	reg := handler.NewRegistry()
+	handler.AddWorker(reg, handler.WorkFunc[Checkout](func(ctx context.Context, j *handler.Job[Checkout]) error {
+		branch := func(what string) func(context.Context) (string, error) {
+			return func(context.Context) (string, error) { return what + " " + j.Args.Order, nil }
+		}
+		res, err := handler.Parallel(ctx, "checkout", []func(context.Context) (string, error){
+			branch("charged"), branch("emailed"), branch("reserved"),
+		}, nil)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		got = res.Values
+		return nil
+	}), nil)
+	exampleRun("parallel", reg, []enqueue.JobArgs{Checkout{"A-1"}})
+	fmt.Println(strings.Join(got, ", "))
+	// Output:
+	// charged A-1, emailed A-1, reserved A-1
 }
