@@ -145,7 +145,11 @@ func (c *Client) unschedule(ctx context.Context, jobID string, runAt int64) {
 
 // CancelRequestedError: Cancel of a running job. It is asked to stop: its
 // next step's record (handler.Step) is refused and the run fails for good
-// with the reason; a run with no step left ends as it would have.
+// with the reason; a run with no step left ends as it would have. With a
+// steps table the run reads its record before a step's function at most
+// once per ledger.CancelLook (2 s): a run that records its steps faster
+// than that sees the cancel at its first step after that time, or not at
+// all if it ends first (docs/durable-jobs.md).
 type CancelRequestedError struct{ JobID string }
 
 func (e *CancelRequestedError) Error() string {
