@@ -49,9 +49,9 @@ usage: nexjob COMMAND [flags] [args]
   list [STATE | --state S] [--kind K] [--since 24h] [--until 1h] [--limit 50]
                                       jobs in a state (default Failed), newest first
   get ID [--show-args] [--show-result] [--show-steps]
-  patches KIND NAME                  open jobs of KIND by whether their code knew patch NAME (exits 1 while any lacks it)
-  export KIND [--redact]             the open jobs of KIND with their steps, as JSON, for a deploy's replay check (package replay)
-                                      one job's record (args, result only when asked)
+                                      one job's record and its timeline (args, result, step values only when asked)
+  patches KIND NAME                   open jobs of KIND by whether their code knew patch NAME (exits 1 while any lacks it)
+  export KIND [--redact]              the open jobs of KIND with their steps, as JSON, for a deploy's replay check (package replay)
   holder KEY [--show-args]            the job that holds an idempotency key (as get prints it), or
                                       that none does: who blocks my enqueue?
   stats                               jobs per state and kind, queue and DLQ depth (scans the table)
