@@ -103,10 +103,10 @@ type kindFigures struct {
 
 // runTime is how long an end's last run took, from its start to the
 // job's end, and whether the record says: a job that never ran, or that
-// no run of its own ended (cancelled, dead-lettered, an orphan), keeps
-// no start (ledger.End.Began).
+// no run of its own ended (dead-lettered, an orphan), keeps no start
+// (ledger.End.Began), and a cancelled one keeps its due time.
 func runTime(e ledger.End) (time.Duration, bool) {
-	if e.Runs == 0 || e.State == ledger.Expired || e.Began == 0 || e.At < e.Began {
+	if e.Runs == 0 || e.Cancelled || e.State == ledger.Expired || e.Began == 0 || e.At < e.Began {
 		return 0, false
 	}
 	return time.Duration(e.At-e.Began) * time.Millisecond, true

@@ -249,24 +249,35 @@ func TestOverviewChartsMatchWhatRan(t *testing.T) {
 	}
 }
 
-// TestCancelledJobKeepsNoDueTime: a job cancelled while Scheduled (due in
-// an hour) ends with no RunAt: an ended job's RunAt is its last run's
-// start, which the run times read, and this one never ran.
-func TestCancelledJobKeepsNoDueTime(t *testing.T) {
+// TestCancelledJobKeepsItsDueTimeAndIsNotTimed: a job cancelled while
+// Scheduled (due in an hour) keeps its due time as RunAt (Cancel removes a
+// far job's schedule by it), and the run times leave it out: it never ran.
+func TestCancelledJobKeepsItsDueTimeAndIsNotTimed(t *testing.T) {
 	t.Parallel()
-	e := nexjobtest.New(t, nil)
+	e := nexjobtest.New(t, &nexjobtest.Options{Ledger: ledger.Options{IndexAllStates: true}})
 	ctx := context.Background()
 	res, err := e.Client.Enqueue(ctx, email{To: "later"}, &enqueue.Opts{Delay: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec := e.Get(t, res.ID); rec.State != ledger.Scheduled || rec.RunAt == 0 {
-		t.Fatalf("the delayed job is %s with RunAt %d; want Scheduled, due in an hour", rec.State, rec.RunAt)
-	}
+	due := e.Get(t, res.ID).RunAt
 	if _, err := e.Client.Cancel(ctx, res.ID, "", handler.DefaultRetention.Failed); err != nil {
 		t.Fatal(err)
 	}
-	if rec := e.Get(t, res.ID); rec.State != ledger.Failed || !rec.Cancelled || rec.RunAt != 0 {
-		t.Errorf("cancelled: %s (cancelled %v) with RunAt %d; want Failed, cancelled, no RunAt", rec.State, rec.Cancelled, rec.RunAt)
+	if rec := e.Get(t, res.ID); rec.State != ledger.Failed || !rec.Cancelled || rec.RunAt != due || due == 0 {
+		t.Errorf("cancelled: %s (cancelled %v) with RunAt %d; want Failed, cancelled, its due time %d", rec.State, rec.Cancelled, rec.RunAt, due)
+	}
+	a, err := admin.New(settings.Settings{AWS: e.Cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, IndexAllStates: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet, Now: e.Now}))
+	t.Cleanup(srv.Close)
+	code, page := get(t, client(t), srv.URL+"/")
+	if code != http.StatusOK {
+		t.Fatalf("overview: %d\n%s", code, page)
+	}
+	if kinds := bars(t, page, "kinds"); len(kinds) != 1 || !strings.HasPrefix(kinds[0], "email: 1 ended, 0 runs") || strings.Contains(kinds[0], "timed") {
+		t.Errorf("the kinds chart says %q; want the cancelled email ended, not timed", kinds)
 	}
 }

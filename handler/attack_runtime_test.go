@@ -310,9 +310,10 @@ func TestAttackRTSleepThenWake(t *testing.T) {
 	ranLast(t, "slept then woke", r.e.Get(t, id), runs, t0)
 }
 
-// Cancelled while Scheduled, never ran (a delay): no RunAt; cancelled
-// while Scheduled for a retry after a run: no run ended it, no RunAt (and
-// never its due time, after its end).
+// Cancelled while Scheduled, never ran (a delay), or Scheduled for a
+// retry after a run: no run ended it, and it keeps the due time it had
+// (Cancel removes a far job's schedule by it; the run times leave
+// cancelled jobs out), never a run's start.
 func TestAttackRTCancelledWhileScheduled(t *testing.T) {
 	t.Parallel()
 	r := newRT(t, nil)
@@ -323,15 +324,20 @@ func TestAttackRTCancelledWhileScheduled(t *testing.T) {
 	if rec := r.e.Get(t, retry); rec.State != ledger.Scheduled || rec.Attempt != 1 {
 		t.Fatalf("the retried job is %s at attempt %d; want Scheduled after its first run", rec.State, rec.Attempt)
 	}
+	due := map[string]int64{}
 	for _, id := range []string{never, retry} {
+		due[id] = r.e.Get(t, id).RunAt
 		if _, err := r.e.Client.Cancel(ctx, id, "", 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	r.e.Advance(t, 2*time.Hour)
 	r.e.Drain(t, r.h)
-	ranNone(t, "cancelled, never ran", r.e.Get(t, never))
-	ranNone(t, "cancelled while Scheduled for a retry", r.e.Get(t, retry))
+	for what, id := range map[string]string{"cancelled, never ran": never, "cancelled while Scheduled for a retry": retry} {
+		if rec := r.e.Get(t, id); rec.State != ledger.Failed || !rec.Cancelled || rec.RunAt != due[id] || due[id] == 0 {
+			t.Errorf("%s: %s (cancelled %v) with RunAt %d; want Failed, cancelled, its due time %d kept", what, rec.State, rec.Cancelled, rec.RunAt, due[id])
+		}
+	}
 	if n := len(r.runsOf(retry)); n != 1 {
 		t.Fatalf("the cancelled job ran %d times, want 1", n)
 	}

@@ -94,7 +94,11 @@ func (s *Store) move(ctx context.Context, id string, from []State, to State, rea
 			in = in.Or(st.Equal(expression.Value(f)))
 		}
 	}
-	return s.transition(ctx, id, isJob(id).And(in), expression.Set(st, expression.Value(to)), to, reason, expiresAt)
+	upd := expression.Set(st, expression.Value(to))
+	if to.Terminal() {
+		upd = upd.Remove(expression.Name(AttrRunAt)) // an end no run wrote: no run's start (Finish.Began)
+	}
+	return s.transition(ctx, id, isJob(id).And(in), upd, to, reason, expiresAt)
 }
 
 // transition applies upd, plus what every move to state to writes (the
@@ -109,11 +113,6 @@ func (s *Store) transition(ctx context.Context, id string, cond expression.Condi
 		upd = upd.Remove(expression.Name(AttrLeaseUntil))
 	}
 	upd = s.withIndex(upd, to, id, nowMs)
-	if to.Terminal() {
-		// An end no run wrote: its RunAt is no run's start (Finish.Began),
-		// so none is kept.
-		upd = upd.Remove(expression.Name(AttrRunAt))
-	}
 	if reason != "" {
 		upd = upd.Set(expression.Name(AttrLastError), expression.Value(truncate(reason, MaxLastError))).
 			Set(expression.Name(AttrListErr), expression.Value(truncate(reason, MaxListError)))
@@ -267,7 +266,9 @@ func (s *Store) DeadLetter(ctx context.Context, seen Record, reason string, expi
 	if !seen.State.Active() || seen.State == AwaitingContinuation {
 		return seen, false, nil
 	}
-	upd := expression.Set(expression.Name(AttrState), expression.Value(Failed))
+	// An end no run of its own wrote: its RunAt is no run's start
+	// (Finish.Began), so none is kept.
+	upd := expression.Set(expression.Name(AttrState), expression.Value(Failed)).Remove(expression.Name(AttrRunAt))
 	if hookLease > 0 {
 		upd = upd.Set(expression.Name(AttrHookPending), expression.Value(true)).
 			Set(expression.Name(AttrHookUntil), expression.Value(s.now().Add(hookLease).UnixMilli()))

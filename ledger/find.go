@@ -346,10 +346,10 @@ type End struct {
 	At        int64 // its end (the record's last change), Unix ms
 	// Began is when its last run began, Unix ms: an ended job's RunAt
 	// (Finish.Began). 0 when no run's start is kept: a job that never
-	// ran, one ended by no run of its own (cancelled, dead-lettered, an
-	// orphan out of attempts), or one that ended before this version
-	// kept it. (A job that ended before it and had a RunAt keeps its last
-	// due time there: it counts from that until its retention ends.)
+	// ran, one ended by no run of its own (dead-lettered, an orphan out
+	// of attempts). A cancelled job (Cancelled) keeps its last due time
+	// there, which Cancel removes its far schedule by; so does a job that
+	// ended before this version kept the start, until its retention ends.
 	Began int64
 	Runs  int // the attempts it spent: 0 never started
 	// Continues: a continuation of one parent (ParentID).

@@ -167,7 +167,9 @@ type Finish struct {
 	// the run began: kept as the record's RunAt, so an ended job's RunAt
 	// is its last run's start, which the byState index projects (the
 	// dashboard's run times read it). Zero, with such a State, removes
-	// RunAt: an end no run's start is known of keeps none.
+	// RunAt: an end no run's start is known of (an orphan out of
+	// attempts) keeps none. A cancel (Withdraw, EndActive) keeps a job's
+	// due time, which its far schedule is named by; DeadLetter removes it.
 	Began     time.Time
 	ExpiresAt time.Time // end of the retention (see TTL); zero keeps the record forever
 	// CutOff: the invocation's deadline cut the run off. The attempt is

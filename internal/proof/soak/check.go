@@ -278,10 +278,11 @@ func checkPolicy(_ context.Context, f *facts) []string {
 }
 
 // endedRunAt says what is wrong with an ended job's RunAt, or "": it is
-// its last run's start (what the dashboard times) or nothing, never a time
-// after its end, never kept by a job that did not run.
+// its last run's start (what the dashboard times), nothing, or for a
+// cancelled job its due time: never a time after its end, never kept by a
+// job that did not run, unless cancelled.
 func endedRunAt(rec ledger.Record) string {
-	if rec.RunAt != 0 && (rec.RunAt > rec.UpdatedAt || rec.Attempt == 0 && !rec.Compensable) {
+	if rec.RunAt != 0 && !rec.Cancelled && (rec.RunAt > rec.UpdatedAt || rec.Attempt == 0 && !rec.Compensable) {
 		return fmt.Sprintf("ended %s at %d (attempt %d, cancelled %v) with RunAt %d: not its last run's start", rec.State, rec.UpdatedAt, rec.Attempt, rec.Cancelled, rec.RunAt)
 	}
 	return ""

@@ -303,8 +303,8 @@ func TestSelectCheck(t *testing.T) {
 }
 
 // TestEndedRunAtCheck: an ended job's RunAt after its end, or kept by a
-// job that never ran (a cancel of a Scheduled job that left its due
-// time), is a violation; a last run's start, or none, is not.
+// job that never ran and was not cancelled, is a violation; a last run's
+// start, none, or a cancelled job's due time is not.
 func TestEndedRunAtCheck(t *testing.T) {
 	for _, c := range []struct {
 		rec ledger.Record
@@ -313,7 +313,8 @@ func TestEndedRunAtCheck(t *testing.T) {
 		{ledger.Record{State: ledger.Succeeded, Attempt: 1, RunAt: 100, UpdatedAt: 150}, false},
 		{ledger.Record{State: ledger.Failed, Attempt: 2, UpdatedAt: 150}, false},
 		{ledger.Record{State: ledger.Failed, Cancelled: true, UpdatedAt: 150}, false},
-		{ledger.Record{State: ledger.Failed, Cancelled: true, RunAt: 90, UpdatedAt: 150}, true},
+		{ledger.Record{State: ledger.Failed, Cancelled: true, RunAt: 900, UpdatedAt: 150}, false}, // its due time, kept
+		{ledger.Record{State: ledger.Failed, RunAt: 90, UpdatedAt: 150}, true},                    // never ran, not cancelled
 		{ledger.Record{State: ledger.Succeeded, Attempt: 1, RunAt: 200, UpdatedAt: 150}, true},
 	} {
 		if got := endedRunAt(c.rec) != ""; got != c.bad {
