@@ -26,8 +26,10 @@ run: ## the demo: start the emulator, provision, run the worker, enqueue the see
 
 test: vet lint browser redis ## golangci-lint, then every test against the default emulator (started and stopped here), the browser, Redis and CDK tests, a short fuzz run
 	NEXJOB_WITH_AWSCLI=1 $(EMU) $(GO) test -count=1 -timeout 20m ./...
-	@# One iteration of each comparison: their like-for-like checks hold (no timings judged here).
-	$(EMU) $(GO) test -count=1 -run '^$$' -bench Ratio -benchtime 1x ./enqueue/ ./handler/ >/dev/null
+	@# One iteration of each comparison: their like-for-like checks hold (no timings judged here);
+	@# the timings go to a file, and only a failure is shown.
+	@log=$$(mktemp) && $(EMU) $(GO) test -count=1 -run '^$$' -bench Ratio -benchtime 1x ./enqueue/ ./handler/ >$$log 2>&1 \
+		|| { grep -v 'ns/op' $$log | tail -40; rm -f $$log; exit 1; }; rm -f $$log
 	cd infra && $(GO) test -count=1 -timeout 20m ./...
 	@# The example app, a module of its own: its tests start their own emulator (nexjobtest.Main);
 	@# its stack's test builds its binaries and synthesises the stack.

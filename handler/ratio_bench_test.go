@@ -154,16 +154,16 @@ func bareRun(ctx context.Context, db *dynamodb.Client, table, id string) error {
 		Key:                 key,
 		ConditionExpression: aws.String("#id = :id AND #token = :token AND #state = :proc"),
 		UpdateExpression: aws.String("SET #state = :st, #updatedAt = :now, #hist2 = if_not_exists(#hist1, :noHist), " +
-			"#hist1 = if_not_exists(#hist0, :noHist), #hist0 = :hist, #expiresAt = :exp, " +
+			"#hist1 = if_not_exists(#hist0, :noHist), #hist0 = :hist, #runAt = :runAt, #expiresAt = :exp, " +
 			"#nonce2 = if_not_exists(#nonce1, :noNonce), #nonce1 = if_not_exists(#nonce, :noNonce), #nonce = :nonce " +
 			"REMOVE #leaseUntil, #listState, #listAt, #lastError, #listErr, #cutOffs"),
 		ExpressionAttributeNames: map[string]string{"#id": "id", "#token": "token", "#state": "state",
-			"#updatedAt": "updatedAt", "#hist0": "hist0", "#hist1": "hist1", "#hist2": "hist2",
+			"#updatedAt": "updatedAt", "#hist0": "hist0", "#hist1": "hist1", "#hist2": "hist2", "#runAt": "runAt",
 			"#expiresAt": "expiresAt", "#nonce": "nonce", "#nonce1": "nonce1", "#nonce2": "nonce2",
 			"#leaseUntil": "leaseUntil", "#listState": "listState", "#listAt": "listAt",
 			"#lastError": "lastError", "#listErr": "listErr", "#cutOffs": "cutOffs"},
 		ExpressionAttributeValues: map[string]types.AttributeValue{":id": s(id), ":token": n(token),
-			":proc": s("Processing"), ":st": s("Succeeded"), ":now": n(done),
+			":proc": s("Processing"), ":st": s("Succeeded"), ":now": n(done), ":runAt": n(ms), // the run's start: an ended job's RunAt
 			":noHist": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{}},
 			":hist": &types.AttributeValueMemberM{Value: map[string]types.AttributeValue{
 				"n": n(out.Attributes["attempt"].(*types.AttributeValueMemberN).Value), "at": n(done), "st": s("Succeeded")}},
