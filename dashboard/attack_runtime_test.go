@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"slices"
 	"strings"
@@ -13,13 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nexjob/nexjob-aws/admin"
-	"github.com/nexjob/nexjob-aws/dashboard"
 	"github.com/nexjob/nexjob-aws/enqueue"
 	"github.com/nexjob/nexjob-aws/handler"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
-	"github.com/nexjob/nexjob-aws/settings"
 )
 
 // rtdJob's run takes Secs seconds of the Env's clock; "retry" fails its
@@ -128,12 +124,7 @@ func TestAttackRTOverviewTimesAreLastRuns(t *testing.T) {
 		}
 	}
 
-	a, err := admin.New(settings.Settings{AWS: e.Cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, IndexAllStates: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet, Now: e.Now}))
-	t.Cleanup(srv.Close)
+	srv := serveAllStates(t, e)
 	code, page := get(t, client(t), srv.URL+"/")
 	if code != http.StatusOK {
 		t.Fatalf("overview: %d", code)

@@ -93,13 +93,21 @@ func chartRig(t *testing.T) (*nexjobtest.Env, *httptest.Server, []string) {
 	add(email{To: "bounce"})
 	e.Drain(t, h)
 
+	srv := serveAllStates(t, e)
+	return e, srv, ids
+}
+
+// serveAllStates serves a read-only dashboard on e's tables, which index
+// every state, at e's clock.
+func serveAllStates(t *testing.T, e *nexjobtest.Env) *httptest.Server {
+	t.Helper()
 	a, err := admin.New(settings.Settings{AWS: e.Cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, IndexAllStates: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet, Now: e.Now}))
 	t.Cleanup(srv.Close)
-	return e, srv, ids
+	return srv
 }
 
 // series is the chart series a job's end is drawn in.
@@ -267,12 +275,7 @@ func TestCancelledJobKeepsItsDueTimeAndIsNotTimed(t *testing.T) {
 	if rec := e.Get(t, res.ID); rec.State != ledger.Failed || !rec.Cancelled || rec.RunAt != due || due == 0 {
 		t.Errorf("cancelled: %s (cancelled %v) with RunAt %d; want Failed, cancelled, its due time %d", rec.State, rec.Cancelled, rec.RunAt, due)
 	}
-	a, err := admin.New(settings.Settings{AWS: e.Cfg, Table: e.Table, QueueURL: e.QueueURL, DLQURL: e.DLQURL, Retention: handler.DefaultRetention, IndexAllStates: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(dashboard.New(a, &dashboard.Options{Logger: quiet, Now: e.Now}))
-	t.Cleanup(srv.Close)
+	srv := serveAllStates(t, e)
 	code, page := get(t, client(t), srv.URL+"/")
 	if code != http.StatusOK {
 		t.Fatalf("overview: %d\n%s", code, page)

@@ -116,7 +116,7 @@ type mapOutcome struct {
 // Cost: per item, a step's (one PutItem with the steps table); a
 // replayed item nothing.
 func Map[T, R any](ctx context.Context, name string, items []T, fn func(ctx context.Context, i int, item T) (R, error), o *MapOptions) (MapResult[R], error) {
-	res := MapResult[R]{Values: make([]R, len(items)), Errs: make([]error, len(items)), Done: make([]bool, len(items))}
+	res := newMapResult[R](len(items))
 	if stepsOf(ctx) == nil {
 		return res, ErrNotInRun
 	}
@@ -308,6 +308,11 @@ type itemFailed struct{ err error }
 
 func (e *itemFailed) Error() string { return e.err.Error() }
 
+// newMapResult is the result of n items, none done.
+func newMapResult[R any](n int) MapResult[R] {
+	return MapResult[R]{Values: make([]R, n), Errs: make([]error, n), Done: make([]bool, n)}
+}
+
 // Parallel runs branches, functions of their own, concurrently: it is Map
 // over the branches (each branch the step name#index, at most
 // MaxConcurrency at once, the same completion policies, results in the
@@ -323,8 +328,7 @@ func (e *itemFailed) Error() string { return e.err.Error() }
 func Parallel[R any](ctx context.Context, name string, branches []func(ctx context.Context) (R, error), o *MapOptions) (MapResult[R], error) {
 	for i, b := range branches {
 		if b == nil {
-			res := MapResult[R]{Values: make([]R, len(branches)), Errs: make([]error, len(branches)), Done: make([]bool, len(branches))}
-			return res, Permanent(fmt.Errorf("nexjob: parallel %q: branch %d is nil", name, i))
+			return newMapResult[R](len(branches)), Permanent(fmt.Errorf("nexjob: parallel %q: branch %d is nil", name, i))
 		}
 	}
 	return Map(ctx, name, branches, func(ctx context.Context, _ int, b func(context.Context) (R, error)) (R, error) {
