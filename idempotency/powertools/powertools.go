@@ -45,8 +45,11 @@
 // index or stream consumer of jobs sees them, and a KeyPrefix of more
 // than one character never meets the table's own ("j#…", "k#…").
 //
-// Costs are Powertools': a first call is a PutItem and an UpdateItem, a
-// repeat one PutItem whose failed condition returns the record.
+// Costs are Powertools': a first call is a PutItem (the hold, 1 write
+// unit) and an UpdateItem (1 unit per started KB of the record), a repeat
+// one PutItem whose failed condition returns the record (billed at the
+// record's size), a call whose function fails a PutItem and a DeleteItem
+// (TestPowertoolsCallCosts pins them).
 package powertools
 
 import (

@@ -23,6 +23,7 @@ import (
 	"github.com/nexjob/nexjob-aws/idempotency"
 	"github.com/nexjob/nexjob-aws/idempotency/idemtest"
 	"github.com/nexjob/nexjob-aws/idempotency/powertools"
+	"github.com/nexjob/nexjob-aws/internal/proof/awstest"
 	"github.com/nexjob/nexjob-aws/internal/proof/faults"
 	"github.com/nexjob/nexjob-aws/ledger"
 	"github.com/nexjob/nexjob-aws/nexjobtest"
@@ -561,5 +562,71 @@ func TestWrongKeyAttrIsNamed(t *testing.T) {
 	_, err := idempotency.Do(context.Background(), s, "order-1", func(context.Context) (int, error) { runs++; return 1, nil }, nil)
 	if err == nil || runs != 0 || !strings.Contains(err.Error(), "Options.KeyAttr") || !strings.Contains(err.Error(), `KeyAttr "pk", ExpiryAttr "expiresAt"`) || strings.Contains(err.Error(), "may have been written") {
 		t.Fatalf("the default layout on the nexjob table: %v, %d runs; want an error naming Options.KeyAttr and the nexjob table's attributes, nothing run", err, runs)
+	}
+}
+
+// The package doc's costs ("a first call is a PutItem and an UpdateItem,
+// a repeat one PutItem whose failed condition returns the record"),
+// pinned with the write units of the items written (awstest.ItemSize,
+// DynamoDB's rule): a small call's hold and record are one unit each; a
+// 2.5 KB result's record three. An error releases the hold: PutItem,
+// DeleteItem (a delete is billed at the deleted item's size, the hold's).
+func TestPowertoolsCallCosts(t *testing.T) {
+	t.Parallel()
+	cfg, tbl := table(t)
+	db := dynamodb.NewFromConfig(cfg) // the test's reads, not counted
+	counter := awstest.Count(&cfg)
+	s := store(t, cfg, &powertools.Options{Table: tbl, KeyPrefix: "costs"})
+	ctx := context.Background()
+	size := func(key string) int {
+		t.Helper()
+		out, err := db.GetItem(ctx, &dynamodb.GetItemInput{TableName: aws.String(tbl), Key: map[string]types.AttributeValue{"id": &types.AttributeValueMemberS{Value: s.KeyHash(key)}}, ConsistentRead: aws.Bool(true)})
+		if err != nil || len(out.Item) == 0 {
+			t.Fatalf("the record of %s: %v %v", key, out.Item, err)
+		}
+		return awstest.ItemSize(out.Item)
+	}
+	units := func(n int) int { return (n + 1023) / 1024 }
+	calls := func() string { defer counter.Reset(); return strings.Join(counter.Calls(), " ") }
+	for _, tc := range []struct {
+		name         string
+		result       string
+		hold, record int // write units
+	}{
+		{"small", "ok", 1, 1},
+		{"2.5 KB", strings.Repeat("r", 2500), 1, 3},
+	} {
+		hold := 0
+		fn := func(context.Context) (string, error) {
+			hold = size(tc.name) // the hold, as written
+			return tc.result, nil
+		}
+		counter.Reset()
+		res, err := idempotency.Do(ctx, s, tc.name, fn, &idempotency.CallOptions{Payload: "p"})
+		if err != nil || res.Replayed {
+			t.Fatalf("%s first call: %+v %v", tc.name, res, err)
+		}
+		if got := calls(); got != "DynamoDB.PutItem DynamoDB.UpdateItem" {
+			t.Errorf("%s first call: %s, want PutItem UpdateItem", tc.name, got)
+		}
+		if u := units(hold); u != tc.hold {
+			t.Errorf("%s: the hold is %d bytes, %d units; want %d", tc.name, hold, u, tc.hold)
+		}
+		if n := size(tc.name); units(n) != tc.record {
+			t.Errorf("%s: the record is %d bytes, %d units; want %d", tc.name, n, units(n), tc.record)
+		}
+		counter.Reset()
+		if again, err := idempotency.Do(ctx, s, tc.name, fn, &idempotency.CallOptions{Payload: "p"}); err != nil || !again.Replayed || again.Value != tc.result {
+			t.Fatalf("%s repeat: %+v %v", tc.name, again, err)
+		}
+		if got := calls(); got != "DynamoDB.PutItem" {
+			t.Errorf("%s repeat: %s, want one PutItem (billed at the record's %d units)", tc.name, got, tc.record)
+		}
+	}
+	if _, err := idempotency.Do(ctx, s, "declined", func(context.Context) (int, error) { return 0, errors.New("declined") }, nil); err == nil {
+		t.Fatal("the call's error: nil")
+	}
+	if got := calls(); got != "DynamoDB.PutItem DynamoDB.DeleteItem" {
+		t.Errorf("an error released: %s, want PutItem DeleteItem", got)
 	}
 }
