@@ -34,18 +34,10 @@ func TestDebouncedBurstCosts(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := h.Producer()
-	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: -1})
+	p := poller.New(e.SQS, e.QueueURL, h.Handle, &poller.Options{WaitTime: time.Second})
 	ctx := context.Background()
 	step := meterStep(t, meter)
-	runOne := func() {
-		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
-			if n, _ := p.Poll(ctx); n > 0 {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Fatal("no message")
-	}
+	runOne := func() { pollOne(t, p) }
 	get, upd := "DynamoDB.GetItem", "DynamoDB.UpdateItem"
 	db := &enqueue.Opts{Debounce: &enqueue.Debounce{Key: "burst", Period: time.Second}}
 	var id string
