@@ -73,6 +73,12 @@ func newAtk(t *testing.T, o *nexjobtest.Options, ho *handler.Options, work atkWo
 	return r
 }
 
+// atkLease is the take-over tests' lease. The ledger's clock is moved
+// past it, so its length costs no wait; the run's real deadline is the
+// lease less the finish margin, and a short one (3 s: 1 s to run) cut the
+// new run off when a busy machine was slow to answer its Query.
+const atkLease = time.Minute
+
 // step records name with value v, counting its function's calls.
 func (r *atkRig) step(ctx context.Context, id, name, v string) (string, error) {
 	return handler.Step(ctx, name, func(context.Context) (string, error) {
@@ -211,7 +217,7 @@ func TestOffAttackTakenOverRunStopsAtTheLook(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	var charges atomic.Int32
 	errA, valA := make(chan error, 1), make(chan string, 1)
-	r := newAtk(t, nil, &handler.Options{Lease: 3 * time.Second}, func(r *atkRig, ctx context.Context, j *handler.Job[atk]) error {
+	r := newAtk(t, nil, &handler.Options{Lease: atkLease}, func(r *atkRig, ctx context.Context, j *handler.Job[atk]) error {
 		first := false
 		v, err := handler.Step(ctx, "charge", func(context.Context) (string, error) {
 			if charges.Add(1) == 1 {
@@ -240,7 +246,7 @@ func TestOffAttackTakenOverRunStopsAtTheLook(t *testing.T) {
 	// Past the run's lease (and so ledger.CancelLook).
 	r.e.Advance(t, ledger.Millis(r.e.Get(t, id).LeaseUntil).Sub(r.e.Now())+time.Second)
 	// The message again, to another worker (its visibility ran out).
-	other := r.e.Handler(t, r.reg, &handler.Options{Logger: quiet, Lease: 3 * time.Second})
+	other := r.e.Handler(t, r.reg, &handler.Options{Logger: quiet, Lease: atkLease})
 	if _, err := other.Handle(context.Background(), ev); err != nil {
 		t.Fatal(err)
 	}
@@ -280,10 +286,10 @@ func TestOffAttackDeadlineAfterACutOff(t *testing.T) {
 		return err
 	})
 	id := r.enqueue(t, atk{}, &enqueue.Opts{Deadline: r.e.Now().Add(time.Minute)})
-	// The invocation's deadline cuts the run off (a 3 s function
-	// timeout, as TestCutOffsSpendTheAttempt): the run ends when its
-	// context does, after its step.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	// The invocation's deadline cuts the run off (as
+	// TestCutOffsSpendTheAttempt): the run ends when its context does,
+	// after its step.
+	ctx, cancel := context.WithTimeout(context.Background(), cutOffTimeout)
 	defer cancel()
 	msgs := r.e.Messages(t, r.e.QueueURL)
 	if _, err := r.h.Handle(ctx, poller.Event(r.e.QueueURL, msgs)); err != nil {
@@ -550,7 +556,7 @@ func TestOffAttackTakerGoesOnWithTheZombiesValue(t *testing.T) {
 	aHeld, aGo, bHeld, bGo := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
 	got := make(chan string, 2)
 	var runs, puts atomic.Int32
-	r := newAtk(t, nil, &handler.Options{Lease: 3 * time.Second}, func(r *atkRig, ctx context.Context, j *handler.Job[atk]) error {
+	r := newAtk(t, nil, &handler.Options{Lease: atkLease}, func(r *atkRig, ctx context.Context, j *handler.Job[atk]) error {
 		run := runs.Add(1)
 		v, err := handler.Step(ctx, "charge", func(context.Context) (string, error) {
 			if run == 1 {
@@ -586,7 +592,7 @@ func TestOffAttackTakerGoesOnWithTheZombiesValue(t *testing.T) {
 	close(release)
 	<-aHeld
 	r.e.Advance(t, ledger.Millis(r.e.Get(t, id).LeaseUntil).Sub(r.e.Now())+time.Second)
-	other := r.e.Handler(t, r.reg, &handler.Options{Logger: quiet, Lease: 3 * time.Second})
+	other := r.e.Handler(t, r.reg, &handler.Options{Logger: quiet, Lease: atkLease})
 	doneB := make(chan struct{})
 	go func() { defer close(doneB); _, _ = other.Handle(context.Background(), ev) }()
 	<-bHeld // the new run claimed, called its function, and writes
@@ -645,7 +651,7 @@ func TestOffAttackDebounceAfterACutOff(t *testing.T) {
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // a 3 s function timeout cuts the run off
+	ctx, cancel := context.WithTimeout(context.Background(), cutOffTimeout) // the function timeout cuts the run off
 	defer cancel()
 	if _, err := r.h.Handle(ctx, poller.Event(r.e.QueueURL, msgs[:1])); err != nil {
 		t.Fatal(err)

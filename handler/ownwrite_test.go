@@ -199,7 +199,7 @@ func TestDeadlineAfterACutOff(t *testing.T) {
 		return nil
 	}, nil)
 	id := r.enqueue(t, email{To: "deadline@example.com"}, &enqueue.Opts{Deadline: time.Now().Add(time.Hour)})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second) // a 3 s function timeout
+	ctx, cancel := context.WithTimeout(context.Background(), cutOffTimeout)
 	r.deliverCtx(ctx, t, r.receive(t, 1), 1)
 	cancel()
 	expect(t, r.get(t, id), ledger.Enqueued, 0, "cut off")
