@@ -265,8 +265,9 @@ func fail(log *slog.Logger, err error) {
 //
 //	func main() {
 //		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-//		defer stop()
-//		if err := lambdamain.Local(ctx, orders.Registry(), nil); err != nil {
+//		err := lambdamain.Local(ctx, orders.Registry(), nil)
+//		stop() // before log.Fatal, which runs no deferred call
+//		if err != nil {
 //			log.Fatal(err)
 //		}
 //	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -40,7 +41,7 @@ func (p *provider) Charge(_ context.Context, _ string, _ int, key string) (strin
 	p.mu.Lock()
 	p.keys = append(p.keys, key)
 	p.mu.Unlock()
-	return "ch_" + string(rune('0'+p.charges.Add(1))), nil
+	return "ch_" + strconv.Itoa(int(p.charges.Add(1))), nil
 }
 
 func paymentsAPI(t *testing.T, p *provider) func(context.Context, events.LambdaFunctionURLRequest) (events.LambdaFunctionURLResponse, error) {
