@@ -1,7 +1,6 @@
 package handler_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,8 +25,8 @@ import (
 
 // The rig of the attack_s3 tests: an Env with a blob bucket, every AWS
 // request (DynamoDB, SQS through faults.Transport; S3 through s3Faults,
-// which faults.Operation cannot name: S3's REST protocol has no
-// X-Amz-Target) under the test's control, a handler and a client both
+// which picks S3 requests by method and object key prefix, where
+// faults.Rule picks by operation and body) under the test's control, a handler and a client both
 // over it.
 
 // s3Rule fails S3 requests of one method whose object key starts with
@@ -120,7 +119,7 @@ func (f *s3Faults) RoundTrip(req *http.Request) (*http.Response, error) {
 			_, _ = io.Copy(io.Discard, req.Body)
 			_ = req.Body.Close()
 		}
-		return s3Reply(req, 503, "SlowDown", "injected: slow down"), nil
+		return faults.S3Reply(req, http.StatusServiceUnavailable, "SlowDown", "injected: slow down"), nil
 	}
 	resp, err := f.base.RoundTrip(req)
 	if err != nil || hit.fault == faults.Pass {
@@ -131,7 +130,7 @@ func (f *s3Faults) RoundTrip(req *http.Request) (*http.Response, error) {
 	if hit.fault == faults.Timeout {
 		return nil, &s3Timeout{}
 	}
-	return s3Reply(req, 500, "InternalError", "injected: the request was applied and its reply lost"), nil
+	return faults.S3Reply(req, http.StatusInternalServerError, "InternalError", "injected: the request was applied and its reply lost"), nil
 }
 
 type s3Timeout struct{}
@@ -139,18 +138,6 @@ type s3Timeout struct{}
 func (*s3Timeout) Error() string   { return "injected: S3 request timed out after it was sent" }
 func (*s3Timeout) Timeout() bool   { return true }
 func (*s3Timeout) Temporary() bool { return true }
-
-func s3Reply(req *http.Request, status int, code, msg string) *http.Response {
-	b := fmt.Appendf(nil, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code><Message>%s</Message><RequestId>injected</RequestId></Error>`, code, msg)
-	h := http.Header{}
-	h.Set("Content-Type", "application/xml")
-	h.Set("X-Amz-Request-Id", "injected")
-	return &http.Response{
-		Status: fmt.Sprintf("%d %s", status, http.StatusText(status)), StatusCode: status,
-		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
-		Header: h, Body: io.NopCloser(bytes.NewReader(b)), ContentLength: int64(len(b)), Request: req,
-	}
-}
 
 // s3Rig is one test's Env with a blob bucket, its fault transports, and
 // a Client over them (e.Client is replaced by it).

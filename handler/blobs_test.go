@@ -58,20 +58,25 @@ func bigRig(t *testing.T, bucket bool) (*nexjobtest.Env, *handler.Handler, *faul
 }
 
 // A 1 MB step: its value in S3, its item naming it; the woken run reads it
-// back; its function ran once; the item's write, applied and its reply
-// lost, reads as the value it recorded.
+// back; its function ran once. The item's write, applied and its reply
+// lost, reads as the value it recorded; the object's write, applied and
+// its reply lost, is resent to the same key; the woken run's read of the
+// object, throttled past the SDK's retries, fails that run, and the next
+// one reads it.
 func TestLargeStepGoesToTheBlobBucket(t *testing.T) {
 	t.Parallel()
 	e, h, ft, _, seen := bigRig(t, true)
 	lost := ft.Add(faults.Rule{Op: "DynamoDB.PutItem", Match: func(b []byte) bool { return strings.Contains(string(b), `"blob"`) }, Fault: faults.LostReply})
+	lostObject := ft.Add(faults.Rule{Op: "S3.PutObject", Fault: faults.LostReply})
+	slowRead := ft.Add(faults.Rule{Op: "S3.GetObject", Fault: faults.Throttle, Times: faults.Attempts})
 	res, err := e.Client.Enqueue(context.Background(), bigJob{Size: 1 << 20}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := e.RunToEnd(t, h, res.ID)
 	calls, got := seen()
-	if rec.State != ledger.Succeeded || calls != 1 || len(got) != (1<<20)+0 || lost.Fired() != 1 {
-		t.Fatalf("%s (%s), the step's function ran %d times, the replay read %d bytes, the lost reply fired %d", rec.State, rec.LastError, calls, len(got), lost.Fired())
+	if rec.State != ledger.Succeeded || calls != 1 || len(got) != 1<<20 || lost.Fired() != 1 || lostObject.Fired() != 1 || slowRead.Fired() != faults.Attempts {
+		t.Fatalf("%s (%s), the step's function ran %d times, the replay read %d bytes; faults fired: the item's lost reply %d, the object's %d, the read's throttles %d", rec.State, rec.LastError, calls, len(got), lost.Fired(), lostObject.Fired(), slowRead.Fired())
 	}
 	if v := rec.Steps["report"]; len(v) != (1<<20)+2 {
 		t.Fatalf("the step as the kit reads it: %d bytes", len(v))

@@ -10,8 +10,8 @@
 //     replaced by 500 InternalServerError. The SDK's retryer resends it,
 //     so a conditional write meets its own earlier write.
 //   - Throttle: 400 ProvisionedThroughputExceededException (SQS:
-//     RequestThrottled) without forwarding. Injected more times than the
-//     retryer's attempts, it outlasts the SDK's retries.
+//     RequestThrottled; S3: 503 SlowDown) without forwarding. Injected more
+//     times than the retryer's attempts, it outlasts the SDK's retries.
 //   - Timeout: the request is forwarded and applied, then the client sees a
 //     network timeout instead of the reply.
 //
@@ -19,8 +19,8 @@
 // a request held in flight until the test lets it go lands after
 // whatever the test did meanwhile (a slow DeleteSchedule).
 //
-// Rules pick requests by operation ("DynamoDB.PutItem", "SQS.SendMessage")
-// and optionally by their body, skip the first N matches and fire a given
+// Rules pick requests by operation ("DynamoDB.PutItem", "SQS.SendMessage",
+// "S3.PutObject") and optionally by their body, skip the first N matches and fire a given
 // number of times. Tests synchronise on Fired, never on time.
 package faults
 
@@ -190,10 +190,15 @@ func (t *Transport) Ops() []string {
 // Operation names the request as "Service.Operation" from its X-Amz-Target
 // header (the JSON protocols of DynamoDB, SQS, SSM and EventBridge), or for EventBridge
 // Scheduler's REST protocol from its method and path
-// ("Scheduler.CreateSchedule").
+// ("Scheduler.CreateSchedule"), or for S3's, signed for the service "s3",
+// from its method, path and query (path-style, as the emulators are
+// addressed: "S3.PutObject", "S3.GetObject", "S3.ListObjectsV2").
 func Operation(req *http.Request) string {
 	target := req.Header.Get("X-Amz-Target")
 	svc, op, ok := strings.Cut(target, ".")
+	if !ok && isS3(req) {
+		return "S3." + s3Operation(req)
+	}
 	if !ok {
 		p := strings.Trim(req.URL.Path, "/")
 		if p == "schedules" && req.Method == http.MethodGet {
@@ -219,6 +224,41 @@ func Operation(req *http.Request) string {
 		svc = "EventBridge"
 	}
 	return svc + "." + op
+}
+
+// isS3 reports whether req is signed for S3 (SigV4's credential scope
+// ".../s3/aws4_request").
+func isS3(req *http.Request) bool {
+	return strings.Contains(req.Header.Get("Authorization"), "/s3/aws4_request")
+}
+
+// s3Operation names a path-style S3 request: an object's by its method,
+// a bucket's by its method and sub-resource.
+func s3Operation(req *http.Request) string {
+	_, key, _ := strings.Cut(strings.TrimPrefix(req.URL.Path, "/"), "/")
+	q := req.URL.Query()
+	if key != "" {
+		if req.Method == http.MethodPut && req.Header.Get("X-Amz-Copy-Source") != "" {
+			return "CopyObject"
+		}
+		if a, ok := map[string]string{http.MethodPut: "PutObject", http.MethodGet: "GetObject", http.MethodHead: "HeadObject", http.MethodDelete: "DeleteObject"}[req.Method]; ok {
+			return a
+		}
+		return req.Method + "Object"
+	}
+	switch {
+	case q.Has("list-type") && req.Method == http.MethodGet:
+		return "ListObjectsV2"
+	case q.Has("delete") && req.Method == http.MethodPost:
+		return "DeleteObjects"
+	case q.Has("lifecycle"):
+		return map[string]string{http.MethodPut: "PutBucketLifecycleConfiguration", http.MethodGet: "GetBucketLifecycleConfiguration", http.MethodDelete: "DeleteBucketLifecycle"}[req.Method]
+	case len(q) == 0:
+		if a, ok := map[string]string{http.MethodPut: "CreateBucket", http.MethodHead: "HeadBucket", http.MethodDelete: "DeleteBucket", http.MethodGet: "ListObjects"}[req.Method]; ok {
+			return a
+		}
+	}
+	return req.Method + "Bucket"
 }
 
 // RoundTrip implements http.RoundTripper.
@@ -248,10 +288,12 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			r.After()
 		}
 	}()
-	switch r.Fault {
-	case Throttle:
+	switch {
+	case r.Fault == Throttle && strings.HasPrefix(op, "S3."):
+		return S3Reply(req, http.StatusServiceUnavailable, "SlowDown", "injected: slow down"), nil
+	case r.Fault == Throttle:
 		return reply(req, 400, errorBody(throttleCode(op), "injected: throttled")), nil
-	case Reject:
+	case r.Fault == Reject:
 		return reply(req, 400, []byte(r.Reply)), nil
 	}
 	resp, err := t.base.RoundTrip(req)
@@ -262,6 +304,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	_ = resp.Body.Close()
 	if r.Fault == Timeout {
 		return nil, &timeoutError{op: op}
+	}
+	if strings.HasPrefix(op, "S3.") {
+		return S3Reply(req, http.StatusInternalServerError, "InternalError", "injected: the request was applied and its reply lost"), nil
 	}
 	return reply(req, 500, errorBody(internalCode(op), "injected: the request was applied and its reply lost")), nil
 }
@@ -341,6 +386,22 @@ func reply(req *http.Request, status int, b []byte) *http.Response {
 		h.Set("Content-Type", "application/json")
 	}
 	h.Set("X-Amzn-Requestid", "injected")
+	return response(req, status, h, b)
+}
+
+// S3Reply is an S3 error reply (REST-XML: the code in the body's
+// <Error>), as S3 answers a throttle (503 SlowDown) or its own failure
+// (500 InternalError).
+func S3Reply(req *http.Request, status int, code, msg string) *http.Response {
+	b := fmt.Appendf(nil, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code><Message>%s</Message><RequestId>injected</RequestId></Error>`, code, msg)
+	h := http.Header{}
+	h.Set("Content-Type", "application/xml")
+	h.Set("X-Amz-Request-Id", "injected")
+	return response(req, status, h, b)
+}
+
+// response is an injected reply to req: status, header h, body b.
+func response(req *http.Request, status int, h http.Header, b []byte) *http.Response {
 	return &http.Response{
 		Status: fmt.Sprintf("%d %s", status, http.StatusText(status)), StatusCode: status,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
